@@ -1,0 +1,1 @@
+"""Attention backends; every module here registers itself (see rpevit.registry)."""

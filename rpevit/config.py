@@ -1,0 +1,223 @@
+"""TrialConfig: the flat, typed record of every knob of one trial, validated before anything trains.
+
+One record drives every task (`train`, `bench`, `kernel_mse`), the single-trial CLI and the
+sweep runner. Validation errors name the field, the value and what is allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from rpevit import registry
+
+DATASETS = ("digits", "mnist", "cifar10", "cifar100")
+
+
+class ConfigError(ValueError):
+    """A trial config that cannot run; the message names field, value and allowed values."""
+
+
+def _choices(*values: str) -> dict[str, Any]:
+    return {"metadata": {"choices": values}}
+
+
+@dataclass
+class TrialConfig:
+    # what to run
+    task: str = "train"
+    dataset: str = "digits"
+    attention: str = "softmax"
+    pe: str = "ape"  # one registered name, or several joined by '+' (e.g. "ape+rope")
+
+    # model (0 means: the dataset's default)
+    image_size: int = 0
+    patch_size: int = 0
+    dim: int = 64
+    depth: int = 4
+    heads: int = 4
+    mlp_ratio: float = 2.0
+    drop_path: float = 0.0
+    dropout: float = 0.0
+
+    # attention options
+    num_features: int = 64  # m, random features of FAVOR+ / ReLU
+    redraw_interval: int = 0  # training steps between FAVOR+ feature redraws; 0 = never
+    feature_type: str = field(default="orthogonal", **_choices("orthogonal", "iid"))
+    relu_projection: str = field(default="random", **_choices("random", "identity"))
+    kernel_eps: float = 1e-3
+
+    # position encoding options
+    rope_base: float = 100.0
+    luo_path: str = field(default="auto", **_choices("auto", "fft", "dense"))
+    string_sparsity: float = 0.1  # f, fraction of learned above-diagonal entries of S
+    cayley_solver: str = field(default="auto", **_choices("auto", "dense", "sparse"))
+    reflection_block: int = 0  # coordinates per Householder block; 0 = the whole head
+    reflection_count: int = 2  # reflections per block
+    rotinv_mode: str = field(default="exact", **_choices("exact", "random"))
+    rotinv_degree: int = 2  # degree of p in |c_i - c_j|^2
+    rotinv_draws: int = 16  # Gaussian projections of the random mode
+
+    # optimisation
+    epochs: int = 10
+    batch_size: int = 128
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    warmup_epochs: float = 1.0
+    label_smoothing: float = 0.0
+    grad_clip: float = 1.0  # max global grad norm; 0 = off
+
+    # data
+    data_dir: str = ""  # '' -> $RPEVIT_DATA, else ./data
+    train_subset: int = 0  # 0 = all training images
+    val_fraction: float = 0.1
+    augment: str = field(default="auto", **_choices("auto", "none", "crop_flip"))
+
+    # runtime
+    seed: int = 0
+    device: str = field(default="auto", **_choices("auto", "cpu", "cuda"))
+    amp: str = field(default="auto", **_choices("auto", "bf16", "none"))
+    eval_batch_size: int = 1024
+
+    # bench task
+    bench_batch: int = 32
+    bench_warmup: int = 3
+    bench_iters: int = 10
+
+    # kernel_mse task
+    kmse_dim: int = 16
+    kmse_features: int = 16
+    kmse_estimator: str = field(default="positive", **_choices("positive", "trig"))
+    kmse_projection: str = field(
+        default="gaussian", **_choices("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher")
+    )
+    kmse_norm: float = 1.0  # |x| = |y|
+    kmse_angle: float = 0.5  # angle between x and y, radians
+    kmse_draws: int = 2000  # Monte Carlo repetitions
+
+    # ---- construction and validation ----
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> "TrialConfig":
+        """Build and validate; unknown keys and wrong types are errors, not silently dropped."""
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown field(s) {unknown}; allowed fields: {', '.join(sorted(known))}"
+            )
+        hints = typing.get_type_hints(cls)
+        coerced = {k: _coerce(k, v, hints[k], source) for k, v in values.items()}
+        cfg = cls(**coerced)
+        cfg.validate(source=source)
+        return cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "TrialConfig":
+        return TrialConfig.from_dict({**self.to_dict(), **changes})
+
+    @property
+    def pe_names(self) -> list[str]:
+        return [p.strip() for p in self.pe.split("+") if p.strip()]
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+    def validate(self, *, source: str = "config") -> None:
+        registry.load_all()
+        bad = lambda name, value, allowed: ConfigError(  # noqa: E731
+            f"{source}: field {name!r} has value {value!r}; allowed: {allowed}"
+        )
+        for f in fields(self):
+            choices = f.metadata.get("choices")
+            if choices and getattr(self, f.name) not in choices:
+                raise bad(f.name, getattr(self, f.name), ", ".join(choices))
+        if self.task not in registry.TASKS:
+            raise bad("task", self.task, ", ".join(sorted(registry.TASKS)))
+        if self.dataset not in DATASETS:
+            raise bad("dataset", self.dataset, ", ".join(DATASETS))
+        if self.attention not in registry.ATTENTIONS:
+            raise bad("attention", self.attention, ", ".join(sorted(registry.ATTENTIONS)))
+        if not self.pe_names:
+            raise bad("pe", self.pe, ", ".join(sorted(registry.POSITION_ENCODINGS)))
+        for name in self.pe_names:
+            if name not in registry.POSITION_ENCODINGS:
+                raise bad("pe", name, ", ".join(sorted(registry.POSITION_ENCODINGS)))
+        hooks = [registry.POSITION_ENCODINGS[n].hook for n in self.pe_names]
+        if hooks.count("score") > 1:
+            raise bad("pe", self.pe, "at most one score-hook encoding in a combination")
+        if len(set(self.pe_names)) != len(self.pe_names):
+            raise bad("pe", self.pe, "each encoding at most once in a combination")
+        positive = ("dim", "depth", "heads", "batch_size", "eval_batch_size", "num_features",
+                    "bench_batch", "bench_iters", "kmse_dim", "kmse_features", "kmse_draws",
+                    "rotinv_draws", "reflection_count")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise bad(name, getattr(self, name), "an integer > 0")
+        for name in ("epochs", "image_size", "patch_size", "train_subset", "redraw_interval",
+                     "reflection_block", "bench_warmup", "seed", "rotinv_degree"):
+            if getattr(self, name) < 0:
+                raise bad(name, getattr(self, name), "an integer >= 0")
+        if self.dim % self.heads:
+            raise bad("dim", self.dim, f"a multiple of heads={self.heads}")
+        if not 0.0 < self.string_sparsity <= 1.0:
+            raise bad("string_sparsity", self.string_sparsity, "a fraction in (0, 1]")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise bad("val_fraction", self.val_fraction, "a fraction in [0, 1)")
+        for name in ("lr", "mlp_ratio", "rope_base", "kernel_eps", "kmse_norm"):
+            if getattr(self, name) <= 0:
+                raise bad(name, getattr(self, name), "a number > 0")
+        for name in ("weight_decay", "warmup_epochs", "label_smoothing", "grad_clip",
+                     "drop_path", "dropout", "kmse_angle"):
+            if getattr(self, name) < 0:
+                raise bad(name, getattr(self, name), "a number >= 0")
+        if self.label_smoothing >= 1 or self.drop_path >= 1 or self.dropout >= 1:
+            raise bad("label_smoothing/drop_path/dropout", None, "values in [0, 1)")
+        if self.task == "train":
+            from rpevit.data import DATASET_SPECS
+
+            spec = DATASET_SPECS[self.dataset]
+            image = self.image_size or spec.image_size
+            if image != spec.image_size:
+                raise bad("image_size", self.image_size,
+                          f"0 or {spec.image_size} for dataset {self.dataset!r} (train uses native size)")
+        image, patch = self.resolved_image_size, self.resolved_patch_size
+        if patch <= 0 or image % patch:
+            raise bad("patch_size", self.patch_size, f"a divisor of image_size={image}")
+        for name in self.pe_names:
+            registry.POSITION_ENCODINGS[name].check_config(self, source)
+        registry.ATTENTIONS[self.attention].check_config(self, source)
+
+    @property
+    def resolved_image_size(self) -> int:
+        from rpevit.data import DATASET_SPECS
+
+        return self.image_size or DATASET_SPECS[self.dataset].image_size
+
+    @property
+    def resolved_patch_size(self) -> int:
+        from rpevit.data import DATASET_SPECS
+
+        return self.patch_size or DATASET_SPECS[self.dataset].patch_size
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        side = self.resolved_image_size // self.resolved_patch_size
+        return side, side
+
+
+def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
+    """Accept ints for floats and exact types otherwise; anything else names the field."""
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(
+        f"{source}: field {name!r} has value {value!r} of type {type(value).__name__}; "
+        f"allowed: a value of type {hint.__name__}"
+    )

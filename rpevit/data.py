@@ -1,0 +1,205 @@
+"""Datasets as whole uint8 tensors on the training device, normalised and augmented there in batches.
+
+Sources, in order: `<data_dir>/<name>.npz` (keys x_train, y_train, x_test, y_test, uint8, the
+format of ../shared/data), else torchvision's downloader into data_dir, cached as `<name>.npz`.
+`digits` (scikit-learn's bundled 8x8 digits) needs no folder and no network. Tiny ViTs are starved
+by per-image CPU transforms, hence the on-device path.
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+VALIDATION_SEED = 0  # the hold-out is the same for every trial, whatever its seed
+DIGITS_TEST_FRACTION = 0.2
+
+
+class DataError(RuntimeError):
+    """A dataset that cannot be loaded; the message says which file to put where."""
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    image_size: int
+    channels: int
+    num_classes: int
+    patch_size: int  # default: 16 tokens for 8x8 and 28x28 images, 64 for 32x32
+    augment: str  # the default augmentation: "none" or "crop_flip"
+
+
+DATASET_SPECS = {
+    "digits": DatasetSpec("digits", 8, 1, 10, 2, "none"),
+    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none"),
+    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip"),
+    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip"),
+}
+
+
+@dataclass
+class Splits:
+    """uint8 images (N, C, H, W) and int64 labels, all on one device, plus train-set statistics."""
+
+    spec: DatasetSpec
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    mean: Tensor  # (1, C, 1, 1), pixel scale 0-1
+    std: Tensor
+
+    def normalize(self, x: Tensor) -> Tensor:
+        return (x.float() / 255.0 - self.mean) / self.std
+
+
+def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
+    """--data-dir, else $RPEVIT_DATA, else ./data; always absolute (Ray trials change cwd)."""
+    chosen = data_dir or os.environ.get("RPEVIT_DATA") or "data"
+    return Path(chosen).expanduser().resolve()
+
+
+def load_arrays(name: str, data_dir: str | os.PathLike | None = None) -> dict[str, np.ndarray]:
+    """The four arrays of a dataset, validated against its spec."""
+    if name not in DATASET_SPECS:
+        raise DataError(f"field 'dataset' has value {name!r}; allowed: {', '.join(DATASET_SPECS)}")
+    if name == "digits":
+        return _digits_arrays()
+    folder = resolve_data_dir(data_dir)
+    path = folder / f"{name}.npz"
+    if not path.exists():
+        _download(name, folder, path)
+    try:
+        with np.load(path) as archive:
+            arrays = {key: archive[key] for key in archive.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise DataError(f"dataset file {path} is corrupt or not an .npz archive ({err}); "
+                        f"replace it with a valid {name}.npz") from err
+    _check_arrays(arrays, DATASET_SPECS[name], str(path))
+    return arrays
+
+
+def _digits_arrays() -> dict[str, np.ndarray]:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)  # 0..16 -> 0..255
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, digits.target.astype(np.uint8), test_size=DIGITS_TEST_FRACTION,
+        random_state=0, stratify=digits.target,
+    )
+    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test}
+
+
+def _download(name: str, folder: Path, path: Path) -> None:
+    expected = (f"put {path.name} (keys x_train, y_train, x_test, y_test; uint8) in {folder}, "
+                f"or pass --data-dir / set RPEVIT_DATA to a folder that holds it")
+    if os.environ.get("RPEVIT_OFFLINE") == "1":
+        raise DataError(f"dataset {name!r}: {path} does not exist and downloads are off "
+                        f"(RPEVIT_OFFLINE=1); {expected}")
+    import torchvision.datasets as tvd
+
+    cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}[name]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        parts = {split: cls(str(folder / "torchvision"), train=(split == "train"), download=True)
+                 for split in ("train", "test")}
+    except Exception as err:  # any download failure becomes the same actionable message
+        raise DataError(f"dataset {name!r}: {path} does not exist and the download failed "
+                        f"({type(err).__name__}: {err}); {expected}") from err
+    arrays = {}
+    for split, ds in parts.items():
+        arrays[f"x_{split}"] = np.asarray(ds.data, dtype=np.uint8)
+        arrays[f"y_{split}"] = np.asarray(ds.targets, dtype=np.uint8)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    tmp.replace(path)
+
+
+def _check_arrays(arrays: dict[str, np.ndarray], spec: DatasetSpec, source: str) -> None:
+    side = spec.image_size
+    shape = f"(N, {side}, {side})" if spec.channels == 1 else f"(N, {side}, {side}, {spec.channels})"
+    for split in ("train", "test"):
+        xk, yk = f"x_{split}", f"y_{split}"
+        for key in (xk, yk):
+            if key not in arrays:
+                raise DataError(f"dataset file {source}: key {key!r} is missing; "
+                                f"expected keys x_train, y_train, x_test, y_test")
+        x, y = arrays[xk], arrays[yk]
+        want = (side, side) if spec.channels == 1 else (side, side, spec.channels)
+        if x.dtype != np.uint8 or x.shape[1:] != want:
+            raise DataError(f"dataset file {source}: key {xk!r} has shape {x.shape} and dtype {x.dtype}; "
+                            f"expected uint8 of shape {shape}")
+        if y.ndim != 1 or len(y) != len(x) or not np.issubdtype(y.dtype, np.integer):
+            raise DataError(f"dataset file {source}: key {yk!r} has shape {y.shape} and dtype {y.dtype}; "
+                            f"expected integer labels of shape ({len(x)},)")
+        if len(y) and (y.min() < 0 or y.max() >= spec.num_classes):
+            raise DataError(f"dataset file {source}: key {yk!r} holds labels outside 0..{spec.num_classes - 1}")
+
+
+def load_splits(name: str, *, data_dir: str | None = None, device: torch.device | str = "cpu",
+                val_fraction: float = 0.1, train_subset: int = 0) -> Splits:
+    """Train / fixed seeded validation hold-out / test, as device tensors."""
+    spec = DATASET_SPECS[name]
+    arrays = load_arrays(name, data_dir)
+    order = np.random.default_rng(VALIDATION_SEED).permutation(len(arrays["x_train"]))
+    n_val = int(round(val_fraction * len(order)))
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    if train_subset:
+        train_idx = train_idx[:train_subset]
+
+    def images(x: np.ndarray) -> Tensor:
+        t = torch.from_numpy(np.ascontiguousarray(x))
+        t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2)  # -> N C H W
+        return t.contiguous().to(device)
+
+    def labels(y: np.ndarray) -> Tensor:
+        return torch.from_numpy(y.astype(np.int64)).to(device)
+
+    x_train = images(arrays["x_train"][train_idx])
+    pixels = x_train.float().div_(255.0)
+    mean = pixels.mean(dim=(0, 2, 3), keepdim=True)
+    std = pixels.std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-6)
+    return Splits(
+        spec=spec,
+        x_train=x_train, y_train=labels(arrays["y_train"][train_idx]),
+        x_val=images(arrays["x_train"][val_idx]), y_val=labels(arrays["y_train"][val_idx]),
+        x_test=images(arrays["x_test"]), y_test=labels(arrays["y_test"]),
+        mean=mean, std=std,
+    )
+
+
+def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
+    """Per-image random crop from a zero-padded copy and horizontal flip, on x's device (uint8 in/out)."""
+    b, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
+    dev = x.device
+    oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
+    ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
+    flip = torch.rand(b, generator=generator, device=dev) < 0.5
+    rows = oy[:, None] + torch.arange(h, device=dev)  # b h
+    cols = ox[:, None] + torch.arange(w, device=dev)  # b w
+    cols = torch.where(flip[:, None], cols.flip(-1), cols)
+    return padded[
+        torch.arange(b, device=dev)[:, None, None, None],
+        torch.arange(c, device=dev)[None, :, None, None],
+        rows[:, None, :, None],
+        cols[:, None, None, :],
+    ]
+
+
+def batch_indices(n: int, batch_size: int, generator: torch.Generator | None = None):
+    """Index tensors of consecutive batches; shuffled with `generator` when given."""
+    device = generator.device if generator is not None else "cpu"
+    order = (torch.randperm(n, generator=generator, device=device) if generator is not None
+             else torch.arange(n))
+    for start in range(0, n, batch_size):
+        yield order[start:start + batch_size]

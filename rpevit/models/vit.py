@@ -1,0 +1,101 @@
+"""A timm-style ViT whose attention backend and position encodings are chosen by name.
+
+Patch embedding -> (token hook) -> depth x pre-norm Block(Attention, Mlp, DropPath) -> norm ->
+mean pool over patch tokens -> linear head. Inside Attention, the q/k hook rotates q and k, and
+the score hook's modulation goes to the backend (design.md section 2).
+"""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
+from torch import Tensor, nn
+
+from rpevit import registry
+from rpevit.config import TrialConfig
+from rpevit.pe.base import PositionEncoding
+
+
+def build_encodings(cfg: TrialConfig, hook_kinds: tuple[str, ...], layer: int) -> nn.ModuleList:
+    """Instances of the encodings named in cfg.pe whose hook is one of `hook_kinds`."""
+    registry.load_all()
+    classes = [registry.POSITION_ENCODINGS[name] for name in cfg.pe_names]
+    return nn.ModuleList(c(cfg, layer=layer) for c in classes if c.hook in hook_kinds)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TrialConfig, layer: int) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
+        self.encodings = build_encodings(cfg, ("qk", "score"), layer)
+        self.backend = registry.ATTENTIONS[cfg.attention](cfg, layer=layer)
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.proj_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        modulation = None
+        for pe in self.encodings:
+            q, k = pe.rotate(q, k)
+            modulation = pe.modulation() or modulation
+        out = self.backend(q, k, v, modulation)
+        return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: TrialConfig, layer: int, drop_path: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.dim)
+        self.attn = Attention(cfg, layer)
+        self.norm2 = nn.LayerNorm(cfg.dim)
+        self.mlp = Mlp(cfg.dim, int(cfg.dim * cfg.mlp_ratio), drop=cfg.dropout)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path(self.attn(self.norm1(x)))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class ViT(nn.Module):
+    def __init__(self, cfg: TrialConfig, in_chans: int, num_classes: int) -> None:
+        super().__init__()
+        self.patch_embed = PatchEmbed(
+            img_size=cfg.resolved_image_size, patch_size=cfg.resolved_patch_size,
+            in_chans=in_chans, embed_dim=cfg.dim,
+        )
+        self.token_encodings = build_encodings(cfg, ("token",), layer=-1)
+        rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
+        self.blocks = nn.Sequential(*(Block(cfg, i, rates[i]) for i in range(cfg.depth)))
+        self.norm = nn.LayerNorm(cfg.dim)
+        self.head = nn.Linear(cfg.dim, num_classes)
+        self.apply(_init_weights)
+
+    def forward_features(self, images: Tensor) -> Tensor:
+        x = self.patch_embed(images)  # b n c, row-major patches as pe.base.grid_positions
+        for pe in self.token_encodings:
+            x = pe.add_to_tokens(x)
+        return self.norm(self.blocks(x))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.head(self.forward_features(images).mean(dim=1))
+
+
+def _init_weights(m: nn.Module) -> None:
+    """timm's ViT init: trunc-normal(0.02) linear weights, zero biases, unit LayerNorms."""
+    if isinstance(m, nn.Linear):
+        trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
+def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
+    """Seeded construction: the same cfg.seed gives the same initial weights and random patterns."""
+    torch.manual_seed(cfg.seed)
+    return ViT(cfg, in_chans, num_classes)
+
+
+__all__ = ["Attention", "Block", "ViT", "build_model", "PositionEncoding"]

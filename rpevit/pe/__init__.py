@@ -1,0 +1,1 @@
+"""Position encodings; every module here registers itself (see rpevit.registry)."""

@@ -1,0 +1,30 @@
+"""`none` (no position information) and `ape` (learned absolute embedding, the token hook)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rpevit.config import TrialConfig
+from rpevit.pe.base import PositionEncoding
+from rpevit.registry import register_pe
+
+
+@register_pe("none")
+class NoPosition(PositionEncoding):
+    hook = "none"
+
+
+@register_pe("ape")
+class LearnedAbsolute(PositionEncoding):
+    """x_i + e_i with a learned e per patch position (ViT's APE, trunc-normal std 0.02 as in timm)."""
+
+    hook = "token"
+
+    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
+        super().__init__(cfg, layer=layer)
+        n = cfg.grid[0] * cfg.grid[1]
+        self.embedding = nn.Parameter(torch.zeros(1, n, cfg.dim))
+        nn.init.trunc_normal_(self.embedding, std=0.02)
+
+    def add_to_tokens(self, x: Tensor) -> Tensor:
+        return x + self.embedding

@@ -1,0 +1,60 @@
+"""The three position-encoding hooks of design.md section 2, as one base class.
+
+A position encoding declares `hook`:
+- "token": `add_to_tokens(x)` adds a vector to each patch embedding (built once per model);
+- "qk":    `rotate(q, k)` maps q_i -> T(r_i) q_i, k_j -> T(r_j) k_j per head, BEFORE any
+           kernel feature map (built once per attention layer);
+- "score": `modulation()` returns the multiplicative weights c_ij of the attention matrix, as a
+           `RelativeBias` (Luo et al.: a table over 2-D offsets) or a `LowRankModulation`
+           (c_ij = sum_l f_il g_jl); each attention backend applies it its own efficient way.
+Positions are integer patch coordinates (x, y) on the H x W grid, row-major token order.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+if TYPE_CHECKING:
+    from rpevit.attention.base import Modulation
+    from rpevit.config import TrialConfig
+
+
+def grid_positions(grid: tuple[int, int]) -> Tensor:
+    """(N, 2) float tensor of (x, y) patch coordinates in row-major token order."""
+    h, w = grid
+    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack([xs.flatten(), ys.flatten()], dim=-1).float()
+
+
+class PositionEncoding(nn.Module):
+    """Base class: identity for every hook. Subclasses set `hook` and override one method."""
+
+    hook: ClassVar[str] = "none"
+
+    def __init__(self, cfg: "TrialConfig", *, layer: int = 0) -> None:
+        super().__init__()
+        self.grid = cfg.grid
+        self.heads = cfg.heads
+        self.head_dim = cfg.head_dim
+        self.dim = cfg.dim
+        self.layer = layer
+        self.register_buffer("positions", grid_positions(cfg.grid), persistent=False)
+
+    @classmethod
+    def check_config(cls, cfg: "TrialConfig", source: str) -> None:
+        """Raise ConfigError if this encoding cannot run with cfg (e.g. head dim parity)."""
+
+    def seed_generator(self, cfg: "TrialConfig", salt: int = 0) -> torch.Generator:
+        """A CPU generator from the trial seed, distinct per layer: fixed random patterns."""
+        return torch.Generator().manual_seed(hash((cfg.seed, self.layer, type(self).__name__, salt)) % 2**62)
+
+    def add_to_tokens(self, x: Tensor) -> Tensor:  # x: b n c
+        return x
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:  # q, k: b h n d
+        return q, k
+
+    def modulation(self) -> "Modulation | None":
+        return None

@@ -1,0 +1,86 @@
+"""Rotary position encodings on the 2-D patch grid (q/k hook).
+
+Rotation plane k of a head turns (x_{2k}, x_{2k+1}) by the angle w_k . r_i, so that
+(T(r_i) q)^T (T(r_j) k) = q^T T(r_j - r_i) k: the logit depends only on the relative position.
+- `rope` (axial): planes 0..d/4-1 turn with x, planes d/4..d/2-1 with y, theta_k = base^(-4k/d).
+- `rope_mixed` (Heo et al. 2024): every plane turns with a learned 2-D frequency w_k per head
+  and layer, initialised at magnitude theta_k in a random direction.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.pe.base import PositionEncoding
+from rpevit.registry import register_pe
+
+
+def axial_frequencies(head_dim: int, base: float) -> Tensor:
+    """(d/2, 2) frequency vectors: the first half of the planes along x, the second along y."""
+    quarter = head_dim // 4
+    theta = base ** (-4.0 * torch.arange(quarter, dtype=torch.float64) / head_dim)
+    zeros = torch.zeros_like(theta)
+    along_x = torch.stack([theta, zeros], dim=-1)
+    along_y = torch.stack([zeros, theta], dim=-1)
+    return torch.cat([along_x, along_y]).float()
+
+
+def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:
+    """Rotate consecutive pairs of x (b h n d) by angles broadcastable to (b h n d/2)."""
+    pairs = rearrange(x, "... (k two) -> ... k two", two=2)
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    rotated = torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+    return rearrange(rotated, "... k two -> ... (k two)")
+
+
+def _check_head_dim(cls: type, cfg: TrialConfig, source: str, multiple: int) -> None:
+    if cfg.head_dim % multiple:
+        raise ConfigError(
+            f"{source}: field 'dim' has value {cfg.dim} (head dim {cfg.head_dim} with heads={cfg.heads}); "
+            f"allowed: pe {cls.pe_name!r} needs a head dim divisible by {multiple}"
+        )
+
+
+@register_pe("rope")
+class AxialRoPE(PositionEncoding):
+    hook = "qk"
+    pe_name = "rope"
+
+    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
+        super().__init__(cfg, layer=layer)
+        angles = self.positions @ axial_frequencies(cfg.head_dim, cfg.rope_base).T  # n, d/2
+        self.register_buffer("angles", angles, persistent=False)
+
+    @classmethod
+    def check_config(cls, cfg: TrialConfig, source: str) -> None:
+        _check_head_dim(cls, cfg, source, 4)
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return apply_rotary(q, self.angles), apply_rotary(k, self.angles)
+
+
+@register_pe("rope_mixed")
+class MixedRoPE(PositionEncoding):
+    hook = "qk"
+    pe_name = "rope_mixed"
+
+    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
+        super().__init__(cfg, layer=layer)
+        half = cfg.head_dim // 2
+        theta = cfg.rope_base ** (-2.0 * torch.arange(half, dtype=torch.float32) / half)
+        direction = torch.rand(cfg.heads, half, generator=self.seed_generator(cfg)) * 2 * math.pi
+        unit = torch.stack([torch.cos(direction), torch.sin(direction)], dim=-1)  # h, d/2, 2
+        self.frequencies = nn.Parameter(theta[None, :, None] * unit)
+
+    @classmethod
+    def check_config(cls, cfg: TrialConfig, source: str) -> None:
+        _check_head_dim(cls, cfg, source, 2)
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        angles = torch.einsum("nc,hkc->hnk", self.positions, self.frequencies)
+        return apply_rotary(q, angles), apply_rotary(k, angles)

@@ -1,0 +1,51 @@
+"""Name -> class registries, so a new attention, encoding, dataset or task is one file.
+
+Every module in `rpevit.attention`, `rpevit.pe` and `rpevit.tasks` is imported by its package
+(`load_all`), and registers itself with a decorator. Config validation reads the names from here.
+"""
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+ATTENTIONS: dict[str, type] = {}
+POSITION_ENCODINGS: dict[str, type] = {}
+TASKS: dict[str, Callable] = {}
+
+
+def _register(table: dict, kind: str, name: str) -> Callable[[T], T]:
+    def add(obj: T) -> T:
+        if name in table and table[name] is not obj:
+            raise ValueError(f"{kind} {name!r} is registered twice ({table[name]} and {obj})")
+        table[name] = obj
+        return obj
+
+    return add
+
+
+def register_attention(name: str) -> Callable[[T], T]:
+    return _register(ATTENTIONS, "attention", name)
+
+
+def register_pe(name: str) -> Callable[[T], T]:
+    return _register(POSITION_ENCODINGS, "pe", name)
+
+
+def register_task(name: str) -> Callable[[T], T]:
+    return _register(TASKS, "task", name)
+
+
+def import_submodules(package_name: str) -> None:
+    """Import every module of a package so that its registrations run."""
+    package = importlib.import_module(package_name)
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package_name}.{info.name}")
+
+
+def load_all() -> None:
+    for pkg in ("rpevit.attention", "rpevit.pe", "rpevit.tasks"):
+        import_submodules(pkg)

@@ -1,0 +1,1 @@
+"""Tasks: functions config -> summary row; every module here registers itself."""
