@@ -38,7 +38,7 @@ class TrialConfig:
     depth: int = 4
     heads: int = 4
     mlp_ratio: float = 2.0
-    drop_path: float = 0.0
+    drop_path: float = 0.1
     dropout: float = 0.0
 
     # attention options
@@ -61,18 +61,18 @@ class TrialConfig:
 
     # optimisation
     epochs: int = 10
-    batch_size: int = 128
+    batch_size: int = 0  # 0 = the dataset's default (digits 16, others 128)
     lr: float = 1e-3
     weight_decay: float = 0.05
     warmup_epochs: float = 1.0
-    label_smoothing: float = 0.0
+    label_smoothing: float = 0.1
     grad_clip: float = 1.0  # max global grad norm; 0 = off
 
     # data
     data_dir: str = ""  # '' -> $RPEVIT_DATA, else ./data
     train_subset: int = 0  # 0 = all training images
     val_fraction: float = 0.1
-    augment: str = field(default="auto", **_choices("auto", "none", "crop_flip"))
+    augment: str = field(default="auto", **_choices("auto", "none", "crop", "crop_flip"))
 
     # runtime
     seed: int = 0
@@ -151,13 +151,13 @@ class TrialConfig:
             raise bad("pe", self.pe, "at most one score-hook encoding in a combination")
         if len(set(self.pe_names)) != len(self.pe_names):
             raise bad("pe", self.pe, "each encoding at most once in a combination")
-        positive = ("dim", "depth", "heads", "batch_size", "eval_batch_size", "num_features",
+        positive = ("dim", "depth", "heads", "eval_batch_size", "num_features",
                     "bench_batch", "bench_iters", "kmse_dim", "kmse_features", "kmse_draws",
                     "rotinv_draws", "reflection_count")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise bad(name, getattr(self, name), "an integer > 0")
-        for name in ("epochs", "image_size", "patch_size", "train_subset", "redraw_interval",
+        for name in ("epochs", "batch_size", "image_size", "patch_size", "train_subset", "redraw_interval",
                      "reflection_block", "bench_warmup", "seed", "rotinv_degree"):
             if getattr(self, name) < 0:
                 raise bad(name, getattr(self, name), "an integer >= 0")
@@ -202,6 +202,12 @@ class TrialConfig:
         from rpevit.data import DATASET_SPECS
 
         return self.patch_size or DATASET_SPECS[self.dataset].patch_size
+
+    @property
+    def resolved_batch_size(self) -> int:
+        from rpevit.data import DATASET_SPECS
+
+        return self.batch_size or DATASET_SPECS[self.dataset].batch_size
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -31,14 +31,16 @@ class DatasetSpec:
     channels: int
     num_classes: int
     patch_size: int  # default: 16 tokens for 8x8 and 28x28 images, 64 for 32x32
-    augment: str  # the default augmentation: "none" or "crop_flip"
+    augment: str  # the default augmentation: "none", "crop" or "crop_flip"
+    crop_padding: int  # zero padding of the random crop
+    batch_size: int  # default training batch
 
 
 DATASET_SPECS = {
-    "digits": DatasetSpec("digits", 8, 1, 10, 2, "none"),
-    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none"),
-    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip"),
-    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip"),
+    "digits": DatasetSpec("digits", 8, 1, 10, 2, "none", 1, 16),
+    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none", 2, 128),
+    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip", 4, 128),
+    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip", 4, 128),
 }
 
 
@@ -177,17 +179,18 @@ def load_splits(name: str, *, data_dir: str | None = None, device: torch.device 
     )
 
 
-def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
-    """Per-image random crop from a zero-padded copy and horizontal flip, on x's device (uint8 in/out)."""
+def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True) -> Tensor:
+    """Per-image random crop from a zero-padded copy (and horizontal flip), on x's device, uint8 in/out."""
     b, c, h, w = x.shape
     padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
     dev = x.device
     oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
     ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
-    flip = torch.rand(b, generator=generator, device=dev) < 0.5
+    flipped = torch.rand(b, generator=generator, device=dev) < 0.5
+    flipped &= flip
     rows = oy[:, None] + torch.arange(h, device=dev)  # b h
     cols = ox[:, None] + torch.arange(w, device=dev)  # b w
-    cols = torch.where(flip[:, None], cols.flip(-1), cols)
+    cols = torch.where(flipped[:, None], cols.flip(-1), cols)
     return padded[
         torch.arange(b, device=dev)[:, None, None, None],
         torch.arange(c, device=dev)[None, :, None, None],

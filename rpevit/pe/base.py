@@ -11,6 +11,7 @@ Positions are integer patch coordinates (x, y) on the H x W grid, row-major toke
 """
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -47,8 +48,12 @@ class PositionEncoding(nn.Module):
         """Raise ConfigError if this encoding cannot run with cfg (e.g. head dim parity)."""
 
     def seed_generator(self, cfg: "TrialConfig", salt: int = 0) -> torch.Generator:
-        """A CPU generator from the trial seed, distinct per layer: fixed random patterns."""
-        return torch.Generator().manual_seed(hash((cfg.seed, self.layer, type(self).__name__, salt)) % 2**62)
+        """A CPU generator from the trial seed, distinct per layer: fixed random patterns.
+
+        crc32, not hash(): Python salts str hashes per process, which made patterns irreproducible.
+        """
+        key = repr((cfg.seed, self.layer, type(self).__name__, salt)).encode()
+        return torch.Generator().manual_seed(zlib.crc32(key))
 
     def add_to_tokens(self, x: Tensor) -> Tensor:  # x: b n c
         return x

@@ -1,0 +1,125 @@
+"""Metrics of one trial: classification quality, information criteria, cost, and where it ran.
+
+Every number in a summary row comes from here, so the formulas are tested once (against
+scikit-learn and hand computations in tests/test_metrics.py).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import platform
+import resource
+import subprocess
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+
+def confusion_matrix(y_true: Tensor, y_pred: Tensor, num_classes: int) -> Tensor:
+    """(C, C) counts; rows true class, columns predicted class."""
+    idx = y_true.long() * num_classes + y_pred.long()
+    return torch.bincount(idx, minlength=num_classes**2).reshape(num_classes, num_classes)
+
+
+def classification_metrics(logits: Tensor, y_true: Tensor) -> dict[str, float]:
+    """Top-1 accuracy, macro precision/recall/F1 (sklearn's zero_division=0), log-likelihood.
+
+    The log-likelihood is sum_i log p(y_i | x_i) under the model's softmax, in nats.
+    """
+    num_classes = logits.shape[-1]
+    logits = logits.double()
+    y_pred = logits.argmax(dim=-1)
+    cm = confusion_matrix(y_true, y_pred, num_classes).double()
+    tp = cm.diag()
+    predicted, actual = cm.sum(dim=0), cm.sum(dim=1)
+    precision = torch.where(predicted > 0, tp / predicted.clamp_min(1), torch.zeros_like(tp))
+    recall = torch.where(actual > 0, tp / actual.clamp_min(1), torch.zeros_like(tp))
+    denom = precision + recall
+    f1 = torch.where(denom > 0, 2 * precision * recall / denom.clamp_min(1e-300), torch.zeros_like(tp))
+    # sklearn's macro average runs over the labels present in y_true or y_pred
+    present = (predicted + actual) > 0
+    log_probs = torch.log_softmax(logits, dim=-1)
+    return {
+        "test_acc": (y_pred == y_true).double().mean().item(),
+        "precision": precision[present].mean().item(),
+        "recall": recall[present].mean().item(),
+        "f1": f1[present].mean().item(),
+        "log_likelihood": log_probs.gather(1, y_true.long()[:, None]).sum().item(),
+    }
+
+
+def information_criteria(log_likelihood: float, params: int, n: int) -> dict[str, float]:
+    """AIC = 2k - 2 LL and BIC = k ln n - 2 LL, with k trainable parameters and n test samples."""
+    return {"aic": 2 * params - 2 * log_likelihood, "bic": params * math.log(n) - 2 * log_likelihood}
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device, *, warmup: int, iters: int) -> float:
+    """Median wall seconds of fn() after warm-up, synchronised on GPU before and after each call."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peak_memory_mb(device: torch.device) -> tuple[float, str]:
+    """(peak MiB, what it measures): CUDA allocator peak on GPU, else the process's max RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda_max_allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process_max_rss"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu:{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The commit of the rpevit checkout, with '+dirty' when it has uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+def environment(device: torch.device) -> dict[str, str]:
+    def version(pkg: str) -> str:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {
+        "device_name": device_name(device),
+        "torch_version": torch.__version__,
+        "ray_version": version("ray"),
+        "rpevit_version": version("rpevit"),
+        "git_commit": git_commit(),
+        "python_version": platform.python_version(),
+    }

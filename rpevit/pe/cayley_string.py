@@ -1,0 +1,104 @@
+"""Cayley-STRING (Schenck et al. 2025): q_i -> RoPE(r_i) P q_i with P = (I - S)(I + S)^-1.
+
+Every STRING equals RoPE(r) P for an orthogonal P shared by the tokens of a head, so
+(RoPE(r_i) P q)^T (RoPE(r_j) P k) = q^T P^T RoPE(r_j - r_i) P k stays relative. P is computed
+ONCE per head per forward pass (one d x d solve) and applied to q and k as one batched matmul;
+the per-token work is RoPE's plus one (d x d) product, never a per-token solve.
+- `cayley_string`: S skew-symmetric with all d(d-1)/2 above-diagonal entries learned, init 0
+  (P = I: training starts from axial RoPE).
+- `sparse_cayley_string`: a fixed random pattern holding a fraction f = cfg.string_sparsity of
+  the above-diagonal entries per head (from the trial seed), only those learned; P through a
+  dense LU or the sparse CG solver of `rpevit.pe.sparse_solve` (cfg.cayley_solver).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from rpevit.config import TrialConfig
+from rpevit.pe.rope import AxialRoPE, apply_rotary
+from rpevit.pe.sparse_solve import SolveInfo, cayley_solve_sparse, skew_from_entries
+from rpevit.registry import register_pe
+
+
+def cayley_orthogonal(skew: Tensor) -> Tensor:
+    """(I - S)(I + S)^-1 = (I + S)^-1 (I - S) for skew S (..., d, d): orthogonal, det +1."""
+    eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device)
+    return torch.linalg.solve(eye + skew, eye - skew)
+
+
+def apply_head_orthogonal(x: Tensor, p: Tensor) -> Tensor:
+    """x (... h n d) -> P x per head, P (h, d, d): one batched matmul over all tokens."""
+    return x @ p.transpose(-1, -2)
+
+
+def sparse_solver_is_faster(head_dim: int, sparsity: float) -> bool:
+    """The `auto` rule for cfg.cayley_solver, from benchmarks/cayley_solvers.py on a 2-core CPU.
+
+    Measured with `.venv/bin/python benchmarks/cayley_solvers.py` (forward + backward of P, 1
+    thread): the dense LU won every cell of d in {16..512} x f in {0.01..1.0} (closest: d = 256,
+    f = 0.01, sparse 1.07x the dense time), so auto = dense everywhere. Not measured on a GPU.
+    """
+    return False
+
+
+class _StringBase(AxialRoPE):
+    """RoPE(r) P with P = `self.orthogonal()` (h, d, d), defined by each subclass; q and k share
+    one matmul and one rotary call."""
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        p = self.orthogonal().to(q.dtype)
+        qk = apply_rotary(apply_head_orthogonal(torch.stack((q, k)), p), self.angles)
+        return qk[0], qk[1]
+
+
+@register_pe("cayley_string")
+class CayleyString(_StringBase):
+    pe_name = "cayley_string"
+
+    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
+        super().__init__(cfg, layer=layer)
+        d = cfg.head_dim
+        rows, cols = torch.triu_indices(d, d, offset=1)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.skew_entries = nn.Parameter(torch.zeros(cfg.heads, rows.numel()))
+
+    def skew(self) -> Tensor:
+        return skew_from_entries(self.skew_entries, self.rows, self.cols, self.head_dim)
+
+    def orthogonal(self) -> Tensor:
+        return cayley_orthogonal(self.skew())
+
+
+@register_pe("sparse_cayley_string")
+class SparseCayleyString(_StringBase):
+    pe_name = "sparse_cayley_string"
+
+    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
+        super().__init__(cfg, layer=layer)
+        d, h = cfg.head_dim, cfg.heads
+        upper_rows, upper_cols = torch.triu_indices(d, d, offset=1)
+        count = max(1, round(cfg.string_sparsity * upper_rows.numel()))
+        gen = self.seed_generator(cfg)
+        picks = torch.stack([torch.randperm(upper_rows.numel(), generator=gen)[:count] for _ in range(h)])
+        picks = picks.sort(dim=1).values  # row-major order: f = 1 lists the entries as cayley_string
+        self.register_buffer("rows", upper_rows[picks])  # (h, k), persistent: part of the model
+        self.register_buffer("cols", upper_cols[picks])
+        self.skew_entries = nn.Parameter(torch.zeros(h, count))
+        self.solver = "sparse" if cfg.cayley_solver == "sparse" or (
+            cfg.cayley_solver == "auto" and sparse_solver_is_faster(d, cfg.string_sparsity)
+        ) else "dense"
+        self.solve_log: list[SolveInfo] = []  # CG iterations / residual of the latest sparse solve
+
+    def skew(self) -> Tensor:
+        return skew_from_entries(self.skew_entries, self.rows, self.cols, self.head_dim)
+
+    def orthogonal(self) -> Tensor:
+        if self.solver == "dense":
+            return cayley_orthogonal(self.skew())
+        eye = torch.eye(self.head_dim, dtype=self.skew_entries.dtype, device=self.skew_entries.device)
+        self.solve_log.clear()
+        identity = eye.expand(self.heads, -1, -1)
+        inverse = cayley_solve_sparse(self.skew_entries, self.rows, self.cols, identity, self.solve_log)
+        return 2 * inverse - eye  # (I + S)^-1 (I - S) = 2 (I + S)^-1 - I

@@ -1,0 +1,74 @@
+"""Reflection STRING: q_i -> RoPE(r_i) P q_i with P a product of Householder reflections.
+
+H(v) = I - 2 v v^T / |v|^2 is orthogonal, so any product P is, and RoPE(r) P is a STRING
+(relative: (RoPE(r_i) P q)^T (RoPE(r_j) P k) = q^T P^T RoPE(r_j - r_i) P k). The head's d
+coordinates split into disjoint blocks of cfg.reflection_block (0 = one block, the whole head);
+each block gets cfg.reflection_count learned reflections, applied together as one rank-count
+update in compact WY form, P x = x - V^T (T (V x)): O(N d * count), never a d x d matrix.
+Init: v ~ N(0, I) from the global (seeded) RNG, so P starts as a random orthogonal map, not I
+(an odd number of reflections cannot make I).
+"""
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.pe.rope import AxialRoPE, apply_rotary
+from rpevit.registry import register_pe
+
+
+def householder_wy_rows(vectors: Tensor) -> Tensor:
+    """W = T^T V (h, k, c, s) with H(v_0) ... H(v_{c-1}) = I - V^T T V (compact WY form).
+
+    vectors V: (h, k, c, s), rows v_t, any norms. T is upper triangular with
+    T^-1 = striu(V V^T) + diag(|v_t|^2 / 2) (Joffrain et al. 2006, "Accumulating Householder
+    transformations, revisited"), so W is one triangular solve: no per-reflection loop.
+    """
+    gram = vectors @ vectors.transpose(-1, -2)  # h k c c
+    t_inverse = gram.triu() - 0.5 * torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1))
+    return torch.linalg.solve_triangular(t_inverse.transpose(-1, -2), vectors, upper=False)
+
+
+def householder_product(x: Tensor, vectors: Tensor) -> Tensor:
+    """P x with P = H(v_0) H(v_1) ... H(v_{c-1}) per head and block: x - (x V^T) W, O(N d c).
+
+    x: (... h n d); vectors: (h, blocks, c, block) with blocks * block = d.
+    """
+    rows = householder_wy_rows(vectors)
+    x = rearrange(x, "... h n (k s) -> ... h k n s", k=vectors.shape[1])
+    x = x - (x @ vectors.transpose(-1, -2)) @ rows  # two thin matmuls of rank c
+    return rearrange(x, "... h k n s -> ... h n (k s)")
+
+
+@register_pe("reflection_string")
+class ReflectionString(AxialRoPE):
+    pe_name = "reflection_string"
+
+    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
+        super().__init__(cfg, layer=layer)
+        block = cfg.reflection_block or cfg.head_dim
+        self.reflection_vectors = nn.Parameter(
+            torch.randn(cfg.heads, cfg.head_dim // block, cfg.reflection_count, block)
+        )
+
+    @classmethod
+    def check_config(cls, cfg: TrialConfig, source: str) -> None:
+        super().check_config(cfg, source)
+        if cfg.reflection_block and cfg.head_dim % cfg.reflection_block:
+            raise ConfigError(
+                f"{source}: field 'reflection_block' has value {cfg.reflection_block}; allowed: 0 (whole head) "
+                f"or a divisor of the head dim {cfg.head_dim} (dim={cfg.dim}, heads={cfg.heads})"
+            )
+
+    def orthogonal(self) -> Tensor:
+        """The dense (h, d, d) P, for tests and inspection; `rotate` never builds it."""
+        eye = torch.eye(self.head_dim, dtype=self.reflection_vectors.dtype, device=self.reflection_vectors.device)
+        columns = householder_product(eye.expand(self.heads, -1, -1), self.reflection_vectors)  # rows: P e_i
+        return columns.transpose(-1, -2)
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        qk = householder_product(torch.stack((q, k)), self.reflection_vectors.to(q.dtype))
+        qk = apply_rotary(qk, self.angles)
+        return qk[0], qk[1]

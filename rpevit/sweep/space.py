@@ -1,0 +1,341 @@
+"""YAML search space -> the explicit, validated list of trial configs of a sweep.
+
+The driver expands every space itself (grid products, seeded samples, seeds, include/exclude)
+and hands Tune that fixed list, so `--dry-run`, validation, the run and `--resume` all see the
+same trials in the same order. Each trial is a full TrialConfig dict plus a stable `trial_key`.
+
+Format (every key but `fixed`/`grid` optional):
+
+    name: all12                 # results/<name>/; default: the file's stem
+    task: train                 # train | bench | kernel_mse
+    fixed: {dataset: digits, epochs: 2}
+    grid: {attention: [softmax, favor], pe: [ape, rope]}     # cartesian product, or a LIST of
+                                                             # such mappings: union of products
+    sample: {lr: {loguniform: [1.0e-4, 1.0e-2]}}             # choice | uniform | loguniform |
+    num_samples: 4                                           # randint [lo, hi) ; drawn per grid
+    sample_seed: 0                                           # point from this seed
+    seeds: [0, 1, 2]            # every trial crossed with these seeds
+    exclude: [{attention: favor, pe: rope}]   # drop grid trials matching ALL keys of an entry
+    include: [{attention: softmax, pe: ape+rope}]   # extra trials: entry over `fixed`, x seeds
+    resources: {cpus_per_trial: 1, gpus_per_trial: 0.25, max_concurrent: 8}
+
+Precedence: fixed < grid < sample < seeds < `--set` overrides.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import random
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rpevit.config import ConfigError, TrialConfig
+
+TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
+                  "sample_seed", "seeds", "exclude", "include", "resources")
+SAMPLERS = ("choice", "uniform", "loguniform", "randint")
+KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what a trial computes
+
+
+class SpaceError(ConfigError):
+    """A search space that cannot run; the message names file, key, value and what is allowed."""
+
+
+@dataclass
+class Resources:
+    cpus_per_trial: float = 1.0
+    gpus_per_trial: float = 0.0
+    max_concurrent: int = 0  # 0 = as many as the cluster fits
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str) -> "Resources":
+        allowed = [f.name for f in fields(cls)]
+        if not isinstance(values, dict):
+            raise SpaceError(f"{source}: 'resources' has value {values!r}; allowed: a mapping of "
+                             f"{', '.join(allowed)}")
+        for key, value in values.items():
+            if key not in allowed:
+                raise SpaceError(f"{source}: unknown key resources.{key}; allowed: {', '.join(allowed)}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise SpaceError(f"{source}: resources.{key} has value {value!r}; allowed: a number >= 0")
+        if "max_concurrent" in values and not isinstance(values["max_concurrent"], int):
+            raise SpaceError(f"{source}: resources.max_concurrent has value {values['max_concurrent']!r}; "
+                             f"allowed: an integer >= 0 (0 = as many as fit)")
+        res = cls(**{k: type(getattr(cls, k))(v) for k, v in values.items()})
+        if res.cpus_per_trial <= 0:
+            raise SpaceError(f"{source}: resources.cpus_per_trial has value {res.cpus_per_trial!r}; "
+                             f"allowed: a number > 0")
+        if res.gpus_per_trial > 1 and not float(res.gpus_per_trial).is_integer():
+            raise SpaceError(f"{source}: resources.gpus_per_trial has value {res.gpus_per_trial!r}; "
+                             f"allowed: a fraction in [0, 1] or a whole number of GPUs")
+        return res
+
+
+@dataclass
+class Space:
+    name: str
+    task: str
+    source: str
+    trials: list[dict[str, Any]]  # full TrialConfig dicts, in run order
+    keys: list[str]  # trial_key of each trial
+    resources: Resources = field(default_factory=Resources)
+    duplicates_dropped: int = 0
+
+    def varying_fields(self) -> list[str]:
+        """Config fields whose value differs between trials: what identifies a trial."""
+        names = [f.name for f in fields(TrialConfig) if f.name not in KEY_EXCLUDED_FIELDS]
+        return [n for n in names if len({json.dumps(t[n]) for t in self.trials}) > 1]
+
+    def label(self, index: int) -> str:
+        trial = self.trials[index]
+        return " ".join(f"{n}={trial[n]}" for n in self.varying_fields()) or self.keys[index]
+
+    def table(self) -> str:
+        """One row per trial with its differing values (the dry-run view)."""
+        columns = ["#", "trial_key", *self.varying_fields()]
+        rows = [[str(i), key, *(str(t[c]) for c in columns[2:])]
+                for i, (t, key) in enumerate(zip(self.trials, self.keys))]
+        widths = [max(len(c), *(len(r[j]) for r in rows)) for j, c in enumerate(columns)]
+        line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+        return "\n".join([line(columns), *(line(r) for r in rows)])
+
+
+def trial_key(config: dict[str, Any]) -> str:
+    """Stable id of a trial: a hash of its non-default config values (minus the data location).
+
+    Hashing only what differs from the defaults keeps keys (and so `--resume`) stable when new
+    fields with defaults are added to TrialConfig.
+    """
+    defaults = TrialConfig().to_dict()
+    explicit = {k: v for k, v in sorted(config.items())
+                if k not in KEY_EXCLUDED_FIELDS and v != defaults.get(k)}
+    return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads 1e-3 as a float (YAML 1.1 would give the string '1e-3')."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                  |\.[0-9_]+(?:[eE][-+][0-9]+)?
+                  |[-+]?\.(?:inf|Inf|INF)
+                  |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."),
+)
+
+
+def parse_value(text: str) -> Any:
+    """A scalar as YAML reads it ('3' -> 3, '1e-3' -> 0.001, 'rope' -> 'rope')."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """`--set field=value` pairs -> {field: value}; fields are checked with the trial configs."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise SpaceError(f"--set has value {item!r}; allowed: field=value")
+        out[name.strip()] = parse_value(value)
+    return out
+
+
+def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Space:
+    """Read, expand and validate a YAML space file."""
+    path = Path(path)
+    try:
+        spec = yaml.load(path.read_text(), Loader=_Loader)
+    except OSError as err:
+        raise SpaceError(f"{path}: cannot read the space file ({err})") from err
+    except yaml.YAMLError as err:
+        raise SpaceError(f"{path}: not valid YAML ({err})") from err
+    return expand_space(spec, source=str(path), default_name=path.stem, overrides=overrides)
+
+
+def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep",
+                 overrides: dict[str, Any] | None = None) -> Space:
+    """The explicit trial list of a parsed space (see the module docstring for the format)."""
+    if not isinstance(spec, dict):
+        raise SpaceError(f"{source}: the file holds {type(spec).__name__}; allowed: a mapping with "
+                         f"keys {', '.join(TOP_LEVEL_KEYS)}")
+    for key in spec:
+        if key not in TOP_LEVEL_KEYS:
+            raise SpaceError(f"{source}: unknown key {key!r}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
+    name = str(spec.get("name", default_name))
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise SpaceError(f"{source}: 'name' has value {name!r}; allowed: letters, digits, '_', '.', '-'")
+
+    fixed = _mapping(spec.get("fixed", {}), "fixed", source)
+    task = spec.get("task", fixed.get("task", "train"))
+    if "task" in fixed and fixed["task"] != task:
+        raise SpaceError(f"{source}: 'task' is {task!r} but fixed.task is {fixed['task']!r}; give it once")
+    fixed = {**fixed, "task": task}
+
+    grids = _grids(spec.get("grid", {}), source)
+    samplers = _samplers(spec.get("sample", {}), source)
+    num_samples = _count(spec.get("num_samples", 1), "num_samples", source)
+    if samplers and "num_samples" not in spec:
+        raise SpaceError(f"{source}: 'sample' is given without 'num_samples'; allowed: an integer >= 1")
+    sample_seed = _count(spec.get("sample_seed", 0), "sample_seed", source, minimum=0)
+    seeds = _seeds(spec.get("seeds"), source)
+    exclude = _partials(spec.get("exclude", []), "exclude", source)
+    include = _partials(spec.get("include", []), "include", source)
+    resources = Resources.from_dict(spec.get("resources", {}), source)
+    overrides = dict(overrides or {})
+    _check_fields(overrides, "--set", source)
+
+    rng = random.Random(sample_seed)
+    grid_trials: list[dict[str, Any]] = []
+    for _ in range(num_samples):
+        for grid in grids:
+            for point in _product(grid):
+                sampled = {k: _draw(rng, kind, args) for k, (kind, args) in samplers.items()}
+                grid_trials.extend(_with_seeds({**fixed, **point, **sampled}, seeds))
+    for entry in exclude:
+        if not any(_matches(t, entry) for t in grid_trials):
+            raise SpaceError(f"{source}: exclude entry {entry} matches no trial; allowed: values "
+                             f"that occur in the grid (check for typos)")
+    trials = [t for t in grid_trials if not any(_matches(t, e) for e in exclude)]
+    for entry in include:
+        trials.extend(_with_seeds({**fixed, **entry}, seeds if "seed" not in entry else None))
+    if not trials:
+        raise SpaceError(f"{source}: the space expands to no trials; allowed: at least one")
+
+    configs, keys, seen = [], [], set()
+    for i, values in enumerate(trials):
+        values = {**values, **overrides}
+        cfg = TrialConfig.from_dict(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
+        full = cfg.to_dict()
+        key = trial_key(full)
+        if key not in seen:
+            seen.add(key)
+            configs.append(full)
+            keys.append(key)
+    return Space(name=name, task=task, source=source, trials=configs, keys=keys,
+                 resources=resources, duplicates_dropped=len(trials) - len(configs))
+
+
+# ---- pieces ----
+_FIELDS = tuple(f.name for f in fields(TrialConfig))
+_DEFAULTS = {f.name: f.default for f in fields(TrialConfig)}
+
+
+def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
+    for key in values:
+        if key not in _FIELDS:
+            raise SpaceError(f"{source}: {where} key {key!r} is not a TrialConfig field; "
+                             f"allowed: {', '.join(_FIELDS)}")
+
+
+def _mapping(value: Any, where: str, source: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpaceError(f"{source}: {where!r} has value {value!r}; allowed: a mapping field -> value")
+    _check_fields(value, where, source)
+    return dict(value)
+
+
+def _grids(value: Any, source: str) -> list[dict[str, list]]:
+    grids = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and not value:
+        raise SpaceError(f"{source}: 'grid' is an empty list; allowed: a mapping or a non-empty list of mappings")
+    out = []
+    for j, grid in enumerate(grids):
+        where = "grid" if not isinstance(value, list) else f"grid[{j}]"
+        grid = _mapping(grid, where, source)
+        for key, options in grid.items():
+            if not isinstance(options, list):
+                raise SpaceError(f"{source}: {where}.{key} has value {options!r}; allowed: a list of values")
+            if not options:
+                raise SpaceError(f"{source}: {where}.{key} is an empty list; allowed: at least one value")
+        out.append(grid)
+    return out
+
+
+def _product(grid: dict[str, list]) -> list[dict[str, Any]]:
+    return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+
+
+def _samplers(value: Any, source: str) -> dict[str, tuple[str, list]]:
+    sample = _mapping(value, "sample", source)
+    out = {}
+    for key, spec in sample.items():
+        allowed = "{choice: [v, ...]} | {uniform: [lo, hi]} | {loguniform: [lo, hi]} | {randint: [lo, hi]}"
+        if not (isinstance(spec, dict) and len(spec) == 1 and next(iter(spec)) in SAMPLERS):
+            raise SpaceError(f"{source}: sample.{key} has value {spec!r}; allowed: {allowed}")
+        kind, args = next(iter(spec.items()))
+        if not isinstance(args, list) or not args:
+            raise SpaceError(f"{source}: sample.{key}.{kind} has value {args!r}; allowed: a non-empty list")
+        if kind != "choice":
+            numeric = all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in args)
+            if len(args) != 2 or not numeric or not args[0] < args[1]:
+                raise SpaceError(f"{source}: sample.{key}.{kind} has value {args!r}; allowed: [lo, hi] "
+                                 f"numbers with lo < hi")
+            if kind == "loguniform" and args[0] <= 0:
+                raise SpaceError(f"{source}: sample.{key}.loguniform has value {args!r}; allowed: 0 < lo < hi")
+            if kind == "randint" and not all(isinstance(a, int) for a in args):
+                raise SpaceError(f"{source}: sample.{key}.randint has value {args!r}; allowed: integers lo < hi")
+        out[key] = (kind, args)
+    return out
+
+
+def _draw(rng: random.Random, kind: str, args: list) -> Any:
+    if kind == "choice":
+        return args[rng.randrange(len(args))]
+    if kind == "uniform":
+        return rng.uniform(args[0], args[1])
+    if kind == "loguniform":
+        return math.exp(rng.uniform(math.log(args[0]), math.log(args[1])))
+    return rng.randrange(args[0], args[1])  # randint: [lo, hi) as in Tune
+
+
+def _count(value: Any, where: str, source: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SpaceError(f"{source}: {where!r} has value {value!r}; allowed: an integer >= {minimum}")
+    return value
+
+
+def _seeds(value: Any, source: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise SpaceError(f"{source}: 'seeds' has value {value!r}; allowed: a non-empty list of integers >= 0")
+    for seed in value:
+        _count(seed, "seeds", source, minimum=0)
+    return value
+
+
+def _with_seeds(values: dict[str, Any], seeds: list[int] | None) -> list[dict[str, Any]]:
+    return [values] if seeds is None else [{**values, "seed": s} for s in seeds]
+
+
+def _partials(value: Any, where: str, source: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise SpaceError(f"{source}: {where!r} has value {value!r}; allowed: a list of partial configs")
+    out = []
+    for j, entry in enumerate(value):
+        entry = _mapping(entry, f"{where}[{j}]", source)
+        if not entry:
+            raise SpaceError(f"{source}: {where}[{j}] is empty; allowed: a mapping of at least one field")
+        out.append(entry)
+    return out
+
+
+def _matches(trial: dict[str, Any], partial: dict[str, Any]) -> bool:
+    """Whether a trial (defaults filled in) has every value of the partial config."""
+    full = {**_DEFAULTS, **trial}
+    return all(full[k] == v for k, v in partial.items())
+
+
+def _short(values: dict[str, Any], fixed: dict[str, Any]) -> str:
+    return "(" + ", ".join(f"{k}={v}" for k, v in values.items() if fixed.get(k) != v or k == "task") + ")"

@@ -1,0 +1,88 @@
+"""The `bench` task: cost of one variant at a given token count N (image_size / patch_size) and batch.
+
+Medians after warm-up, synchronised on GPU, on random images (no data is loaded): forward,
+forward+backward (backward = the difference), a full training step, inference in eval mode,
+peak memory, FLOPs and parameters. Token-scaling and per-variant cost studies are sweeps of it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from rpevit import metrics
+from rpevit.config import TrialConfig
+from rpevit.data import DATASET_SPECS
+from rpevit.flops import count_flops
+from rpevit.models import build_model
+from rpevit.registry import register_task
+from rpevit.tasks.train import autocast_context, make_optimizer, resolve_device
+
+
+@register_task("bench")
+def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
+        on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
+    """Time one variant; `checkpoint_dir`/`on_epoch` are accepted for the common task signature."""
+    device = resolve_device(cfg.device)
+    spec = DATASET_SPECS[cfg.dataset]
+    model = build_model(cfg, spec.channels, spec.num_classes).to(device)
+    optimizer = make_optimizer(model, cfg)
+    g = torch.Generator().manual_seed(cfg.seed)
+    side = cfg.resolved_image_size
+    images = torch.randn(cfg.bench_batch, spec.channels, side, side, generator=g).to(device)
+    labels = torch.randint(0, spec.num_classes, (cfg.bench_batch,), generator=g).to(device)
+
+    def loss() -> torch.Tensor:
+        with autocast_context(cfg, device):
+            return F.cross_entropy(model(images).float(), labels)
+
+    def forward() -> None:
+        loss()
+
+    def forward_backward() -> None:
+        model.zero_grad(set_to_none=True)
+        loss().backward()
+
+    def train_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss().backward()
+        optimizer.step()
+
+    def infer() -> None:
+        with torch.no_grad(), autocast_context(cfg, device):
+            model(images)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    timing = {"warmup": cfg.bench_warmup, "iters": cfg.bench_iters}
+    model.train()
+    fwd = metrics.median_time(forward, device, **timing)
+    fwd_bwd = metrics.median_time(forward_backward, device, **timing)
+    step = metrics.median_time(train_step, device, **timing)
+    model.eval()
+    inf = metrics.median_time(infer, device, **timing)
+    peak_mb, peak_kind = metrics.peak_memory_mb(device)
+    flops, unsupported = count_flops(model, images[:2])
+    tokens = cfg.grid[0] * cfg.grid[1]
+    if log:
+        log(f"bench {cfg.attention}+{cfg.pe} N={tokens} batch={cfg.bench_batch}: fwd {1e3 * fwd:.2f} ms, "
+            f"fwd+bwd {1e3 * fwd_bwd:.2f} ms, step {1e3 * step:.2f} ms, infer {1e3 * inf:.2f} ms")
+    return {
+        **cfg.to_dict(),
+        "tokens": tokens,
+        "forward_ms": 1e3 * fwd,
+        "backward_ms": 1e3 * max(fwd_bwd - fwd, 0.0),
+        "forward_backward_ms": 1e3 * fwd_bwd,
+        "train_step_ms": 1e3 * step,
+        "infer_ms": 1e3 * inf,
+        "infer_ms_per_sample": 1e3 * inf / cfg.bench_batch,
+        "images_per_s": cfg.bench_batch / step,
+        "flops": flops,
+        "flops_unsupported": ",".join(sorted(unsupported)),
+        "params": metrics.count_parameters(model),
+        "peak_mem_mb": peak_mb,
+        "peak_mem_kind": peak_kind,
+        **metrics.environment(device),
+    }

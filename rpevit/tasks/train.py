@@ -1,0 +1,224 @@
+"""The `train` task: fit one ViT, evaluate it, return one summary row.
+
+Readable in one sitting (nanoGPT style): data on the device, AdamW + warm-up/cosine schedule,
+label smoothing, gradient clipping, bf16 autocast on GPU, a checkpoint after every epoch that a
+resumed run continues from exactly (model, optimiser, scheduler, RNG states, history).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rpevit import metrics
+from rpevit.config import TrialConfig
+from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
+from rpevit.flops import count_flops
+from rpevit.models import build_model
+from rpevit.registry import register_task
+
+CHECKPOINT_NAME = "checkpoint.pt"
+EpochCallback = Callable[[dict, "Path | None"], None]
+
+
+class DivergedError(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("field 'device' has value 'cuda' but torch sees no CUDA device; allowed here: cpu, auto")
+    return torch.device(name)
+
+
+def autocast_context(cfg: TrialConfig, device: torch.device):
+    use_bf16 = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def make_optimizer(model: nn.Module, cfg: TrialConfig) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on biases, norms and position tables (the 1-D / embedding params)."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 or "embedding" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+
+
+def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """Linear warm-up to the base lr, then cosine decay to zero at the last step."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: Splits, x: Tensor, cfg: TrialConfig, device: torch.device) -> Tensor:
+    """Float32 logits of every image in x, in eval mode, in batches."""
+    model.eval()
+    out = []
+    for idx in batch_indices(len(x), cfg.eval_batch_size):
+        with autocast_context(cfg, device):
+            out.append(model(data.normalize(x[idx.to(x.device)])).float())
+    return torch.cat(out) if out else torch.empty(0, data.spec.num_classes, device=device)
+
+
+def _rng_state(device: torch.device, generator: torch.Generator) -> dict:
+    state = {"torch": torch.get_rng_state(), "data": generator.get_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def _set_rng_state(state: dict, device: torch.device, generator: torch.Generator) -> None:
+    torch.set_rng_state(state["torch"])
+    generator.set_state(state["data"])
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def save_checkpoint(path: Path, payload: dict) -> None:
+    """Atomic: a kill during the write leaves the previous checkpoint intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)
+
+
+@register_task("train")
+def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
+        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print) -> dict:
+    """Train and evaluate; returns the summary row (config + metrics + environment)."""
+    log = log or (lambda _msg: None)
+    device = resolve_device(cfg.device)
+    data = load_splits(cfg.dataset, data_dir=cfg.data_dir or None, device=device,
+                       val_fraction=cfg.val_fraction, train_subset=cfg.train_subset)
+    model = build_model(cfg, data.spec.channels, data.spec.num_classes).to(device)
+    optimizer = make_optimizer(model, cfg)
+    n_train = len(data.x_train)
+    batch_size = cfg.resolved_batch_size
+    steps_per_epoch = math.ceil(n_train / batch_size)
+    total_steps = max(1, cfg.epochs * steps_per_epoch)
+    warmup_steps = max(1, min(total_steps, round(cfg.warmup_epochs * steps_per_epoch)))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
+    augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
+    history: list[dict] = []
+    start_epoch = 0
+
+    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir else None
+    if ckpt_path is not None and ckpt_path.exists():
+        state = torch.load(ckpt_path, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        _set_rng_state(state["rng"], device, generator)
+        history, start_epoch = state["history"], state["epoch"]
+        log(f"resumed from {ckpt_path} after epoch {start_epoch}")
+
+    for epoch in range(start_epoch, cfg.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros((), device=device)
+        correct = torch.zeros((), device=device, dtype=torch.long)
+        for idx in batch_indices(n_train, batch_size, generator):
+            images = data.x_train[idx]
+            if augment != "none":
+                images = random_crop_flip(images, generator, data.spec.crop_padding, augment == "crop_flip")
+            labels = data.y_train[idx]
+            with autocast_context(cfg, device):
+                logits = model(data.normalize(images))
+                loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach() * len(idx)
+            correct += (logits.argmax(-1) == labels).sum()
+        train_loss = loss_sum.item() / n_train  # one sync per epoch, not per step
+        if not math.isfinite(train_loss):
+            raise DivergedError(f"training loss is {train_loss} at epoch {epoch + 1} "
+                                f"(lr={cfg.lr}, grad_clip={cfg.grad_clip})")
+        metrics.synchronize(device)
+        epoch_s = time.perf_counter() - t0
+        row = {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": correct.item() / n_train,
+               **_validation(model, data, cfg, device), "lr": scheduler.get_last_lr()[0],
+               "epoch_s": epoch_s}
+        history.append(row)
+        log(f"epoch {epoch + 1}/{cfg.epochs} train_loss {row['train_loss']:.4f} "
+            f"train_acc {row['train_acc']:.4f} val_loss {row['val_loss']:.4f} "
+            f"val_acc {row['val_acc']:.4f} lr {row['lr']:.2e} {epoch_s:.1f}s")
+        if ckpt_path is not None:
+            save_checkpoint(ckpt_path, {
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "rng": _rng_state(device, generator),
+                "history": history, "epoch": epoch + 1, "config": cfg.to_dict(),
+            })
+        if on_epoch is not None:
+            on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
+
+    return summarize(model, data, cfg, device, history)
+
+
+def _validation(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device) -> dict:
+    if len(data.x_val) == 0:
+        return {"val_loss": float("nan"), "val_acc": float("nan")}
+    logits = predict(model, data, data.x_val, cfg, device)
+    return {"val_loss": F.cross_entropy(logits, data.y_val).item(),
+            "val_acc": (logits.argmax(-1) == data.y_val).float().mean().item()}
+
+
+def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device,
+              history: list[dict]) -> dict:
+    """Test metrics, information criteria, FLOPs, timing, memory and environment in one flat row."""
+    logits = predict(model, data, data.x_test, cfg, device)
+    quality = metrics.classification_metrics(logits, data.y_test)
+    params = metrics.count_parameters(model)
+    example = data.normalize(data.x_test[:2])
+    flops, unsupported = count_flops(model, example)
+    batch = data.normalize(data.x_test[: cfg.eval_batch_size])
+
+    def infer() -> None:
+        with torch.no_grad(), autocast_context(cfg, device):
+            model(batch)
+
+    model.eval()
+    infer_s = metrics.median_time(infer, device, warmup=2, iters=5)
+    epoch_times = [row["epoch_s"] for row in history]
+    train_s_per_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
+    peak_mb, peak_kind = metrics.peak_memory_mb(device)
+    return {
+        **cfg.to_dict(),
+        **quality,
+        **metrics.information_criteria(quality["log_likelihood"], params, len(data.y_test)),
+        "params": params,
+        "flops": flops,
+        "flops_unsupported": ",".join(sorted(unsupported)),
+        "train_s_per_epoch": train_s_per_epoch,
+        "images_per_s": len(data.x_train) / train_s_per_epoch if epoch_times else float("nan"),
+        "infer_ms_per_sample": 1000.0 * infer_s / len(batch),
+        "peak_mem_mb": peak_mb,
+        "peak_mem_kind": peak_kind,
+        "n_train": len(data.x_train),
+        "n_test": len(data.y_test),
+        "epochs_done": len(history),
+        "final_val_acc": history[-1]["val_acc"] if history else float("nan"),
+        **metrics.environment(device),
+    }

@@ -1,0 +1,61 @@
+"""Single-trial CLI, no Ray: `python -m rpevit.train --dataset digits --attention softmax --pe ape`.
+
+Every TrialConfig field is a flag (underscores as dashes). Prints one progress line per epoch and,
+last, the summary row as one JSON object. `--task bench|kernel_mse` runs those tasks the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import typing
+from dataclasses import MISSING, fields
+
+from rpevit import registry
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.data import DataError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rpevit.train", description=__doc__.splitlines()[0])
+    hints = typing.get_type_hints(TrialConfig)
+    for f in fields(TrialConfig):
+        default = f.default if f.default is not MISSING else None
+        choices = f.metadata.get("choices")
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=hints[f.name],
+                            default=None, choices=choices,
+                            help=f"default: {default!r}")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="save a checkpoint after every epoch here and resume from it if present")
+    parser.add_argument("--quiet", action="store_true", help="print only the final JSON row")
+    return parser
+
+
+def _json_safe(row: dict) -> dict:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    checkpoint_dir, quiet = args.pop("checkpoint_dir"), args.pop("quiet")
+    given = {k: v for k, v in args.items() if v is not None}
+    try:
+        cfg = TrialConfig.from_dict(given, source="command line")
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    registry.load_all()
+    task = registry.TASKS[cfg.task]
+    log = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        row = task(cfg, checkpoint_dir=checkpoint_dir, log=log)
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(json.dumps(_json_safe(row), sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""FAVOR+ / Performer-ReLU against the dense normalised phi(Q) phi(K)^T average; Luo FFT == dense ==
+brute force; low-rank modulation; redraw schedule and checkpoint determinism."""
+import math
+
+import pytest
+import torch
+
+from rpevit.attention.base import LowRankModulation, RelativeBias
+from rpevit.attention.kernelized import FavorAttention, ReluAttention
+from rpevit.attention.softmax import SoftmaxAttention
+from rpevit.config import TrialConfig
+
+
+def make_cfg(**kw):
+    base = dict(image_size=8, patch_size=2, dim=16, heads=2, num_features=12)
+    return TrialConfig.from_dict({**base, **kw})
+
+
+def qkv(n=16, d=8, b=2, h=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def brute_force_features(backend, x):
+    """phi written from the definitions, row by row, from the backend's own projection W."""
+    x = x * backend.head_dim ** -0.25
+    if isinstance(backend, FavorAttention):
+        w = backend.projection.double()
+        return torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2) / math.sqrt(w.shape[0])
+    proj = x @ backend.projection.double().T if backend.uses_projection else x
+    return torch.clamp(proj, min=0) + backend.eps
+
+
+def dense_reference(backend, q, k, v, c=None):
+    """out_i = sum_j A_ij v_j / sum_j A_ij with A = (phi(Q) phi(K)^T) * c, formed explicitly."""
+    a = brute_force_features(backend, q) @ brute_force_features(backend, k).transpose(-1, -2)
+    if c is not None:
+        a = a * c
+    return (a @ v) / a.sum(-1, keepdim=True)
+
+
+def luo_brute_force_weights(table, grid):
+    """c_ij = exp(b[h, y_j - y_i + H-1, x_j - x_i + W-1]) by explicit loops."""
+    h, w = grid
+    n = h * w
+    c = torch.empty(table.shape[0], n, n, dtype=table.dtype)
+    for i in range(n):
+        for j in range(n):
+            c[:, i, j] = torch.exp(table[:, j // w - i // w + h - 1, j % w - i % w + w - 1])
+    return c
+
+
+BACKENDS = [
+    ("favor", {}),
+    ("favor", {"feature_type": "iid"}),
+    ("relu", {}),
+    ("relu", {"relu_projection": "identity"}),
+]
+
+
+def build(name, **kw):
+    cfg = make_cfg(attention=name, **kw)
+    return {"favor": FavorAttention, "relu": ReluAttention}[name](cfg, layer=1)
+
+
+@pytest.mark.parametrize("name,kw", BACKENDS)
+def test_linear_attention_equals_dense_definition(name, kw):
+    backend = build(name, **kw)
+    q, k, v = qkv()
+    torch.testing.assert_close(backend(q, k, v), dense_reference(backend, q, k, v))
+
+
+@pytest.mark.parametrize("name,kw", BACKENDS)
+@pytest.mark.parametrize("grid", [(4, 4), (3, 5)])
+def test_luo_fft_equals_dense_equals_brute_force(name, kw, grid):
+    q, k, v = qkv(n=grid[0] * grid[1], seed=1)
+    table = torch.randn(2, 2 * grid[0] - 1, 2 * grid[1] - 1, generator=torch.Generator().manual_seed(3),
+                        dtype=torch.float64)
+    bias = RelativeBias(table, grid)
+    expected = dense_reference(build(name, **kw), q, k, v, luo_brute_force_weights(table, grid))
+    for path in ("fft", "dense", "auto"):
+        out = build(name, luo_path=path, **kw)(q, k, v, bias)
+        torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name,kw", BACKENDS)
+def test_luo_numerator_and_denominator_fft(name, kw):
+    """The FFT sums themselves: sum_j c_ij phi(k_j) v_j^T and sum_j c_ij phi(k_j) per query."""
+    from rpevit.attention.toeplitz import toeplitz_fft_matvec
+
+    grid = (3, 5)
+    backend = build(name, **kw)
+    _, k, v = qkv(n=15, seed=2)
+    table = torch.randn(2, 5, 9, dtype=torch.float64)
+    c = luo_brute_force_weights(table, grid)
+    phi_k = brute_force_features(backend, k)
+    num = toeplitz_fft_matvec(torch.exp(table), torch.einsum("bhnm,bhnd->bhnmd", phi_k, v).flatten(-2), grid)
+    den = toeplitz_fft_matvec(torch.exp(table), phi_k, grid)
+    torch.testing.assert_close(num.unflatten(-1, (phi_k.shape[-1], -1)),
+                               torch.einsum("hij,bhjm,bhjd->bhimd", c, phi_k, v))
+    torch.testing.assert_close(den, torch.einsum("hij,bhjm->bhim", c, phi_k))
+
+
+def random_low_rank(n, rank=3, batched=False, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    shape = (2, 2, n, rank) if batched else (2, n, rank)
+    return LowRankModulation(torch.rand(*shape, generator=g, dtype=torch.float64),
+                             torch.rand(*shape, generator=g, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name,kw", BACKENDS)
+@pytest.mark.parametrize("batched", [False, True])
+def test_low_rank_modulation_kernelized(name, kw, batched):
+    backend = build(name, **kw)
+    q, k, v = qkv()
+    mod = random_low_rank(16, batched=batched)
+    torch.testing.assert_close(backend(q, k, v, mod), dense_reference(backend, q, k, v, mod.dense()))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_low_rank_modulation_softmax_exact(batched):
+    q, k, v = qkv()
+    mod = random_low_rank(16, batched=batched)
+    mod.f[..., 0, :] = 0.0  # a row of c that is zero except through other l: log c would be -inf
+    mod.f[..., 0, 1] = 1.0
+    weights = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])) * mod.dense()
+    expected = weights @ v / weights.sum(-1, keepdim=True)
+    torch.testing.assert_close(SoftmaxAttention(make_cfg())(q, k, v, mod), expected)
+
+
+def test_softmax_luo_equals_definition():
+    grid = (3, 5)
+    q, k, v = qkv(n=15)
+    table = torch.randn(2, 5, 9, dtype=torch.float64)
+    weights = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(8)) * luo_brute_force_weights(table, grid)
+    out = SoftmaxAttention(make_cfg())(q, k, v, RelativeBias(table, grid))
+    torch.testing.assert_close(out, weights @ v / weights.sum(-1, keepdim=True))
+
+
+def test_stabilizers_cancel_with_large_inputs():
+    """Inputs whose exp would overflow without the max subtraction still give the exact ratio."""
+    backend = build("favor")
+    q, k, v = qkv(seed=4)
+    q, k = q * 6, k * 6
+    out = backend(q.float(), k.float(), v.float())
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.double(), dense_reference(backend, q, k, v), rtol=1e-3, atol=1e-4)
+
+
+def test_projection_is_persistent_fixed_in_eval_and_redrawn_in_training():
+    backend = build("favor", redraw_interval=2)
+    q, k, v = qkv()
+    assert {"projection", "forward_count"} <= set(backend.state_dict())
+    w0 = backend.projection.clone()
+    backend.eval()
+    for _ in range(5):
+        backend(q, k, v)
+    assert torch.equal(backend.projection, w0) and int(backend.forward_count) == 0
+    backend.train()
+    backend(q, k, v), backend(q, k, v)
+    assert torch.equal(backend.projection, w0)  # forwards 0 and 1 use draw 0
+    backend(q, k, v)
+    w1 = backend.projection.clone()
+    assert not torch.equal(w1, w0)  # forward 2 uses draw 1
+    never = build("favor", redraw_interval=0)
+    for _ in range(4):
+        never(q, k, v)
+    assert torch.equal(never.projection, w0)
+
+
+def test_redraw_is_deterministic_and_resumes_from_checkpoint():
+    q, k, v = qkv()
+    run = build("favor", redraw_interval=3)
+    for _ in range(5):
+        run(q, k, v)
+    checkpoint = {key: t.clone() for key, t in run.state_dict().items()}
+    later = [run(q, k, v) for _ in range(4)]
+    resumed = build("favor", redraw_interval=3)  # fresh: count 0, draw 0; the load restores both
+    resumed.load_state_dict(checkpoint)
+    for a in later:
+        torch.testing.assert_close(resumed(q, k, v), a, rtol=0, atol=0)
+    assert torch.equal(resumed.projection, run.projection)
+
+
+def test_projection_distinct_per_layer_and_seed_and_orthogonal_blocks():
+    cfg = make_cfg(attention="favor", num_features=20)
+    w = [FavorAttention(cfg, layer=i).projection for i in range(3)]
+    assert not torch.equal(w[0], w[1]) and not torch.equal(w[1], w[2])
+    assert torch.equal(FavorAttention(cfg, layer=1).projection, w[1])
+    assert not torch.equal(FavorAttention(cfg.replace(seed=1), layer=0).projection, w[0])
+    block = w[0][:8].double()
+    gram = block @ block.T
+    torch.testing.assert_close(gram - torch.diag(torch.diagonal(gram)), torch.zeros(8, 8, dtype=torch.float64),
+                               atol=1e-5, rtol=0)
+
+
+def test_relu_identity_has_no_projection_and_eps_positive():
+    backend = build("relu", relu_projection="identity", kernel_eps=0.01)
+    assert "projection" not in backend.state_dict()
+    q, k, v = qkv()
+    q, k = -q.abs(), -k.abs()  # every ReLU is zero: only eps keeps the normaliser positive
+    torch.testing.assert_close(backend(q, k, v), v.mean(dim=-2, keepdim=True).expand_as(v))
+
+
+def test_auto_luo_path_switches_to_fft_at_the_threshold(monkeypatch):
+    from rpevit.attention import kernelized
+
+    calls = []
+    original = kernelized.toeplitz_fft_matvec
+    monkeypatch.setattr(kernelized, "toeplitz_fft_matvec", lambda *a: calls.append(a[1].shape[2]) or original(*a))
+    monkeypatch.setattr(kernelized, "LUO_FFT_MIN_TOKENS", 16)
+    backend = build("favor")
+    for grid in [(3, 5), (4, 4)]:
+        q, k, v = qkv(n=grid[0] * grid[1])
+        backend(q, k, v, RelativeBias(torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1, dtype=torch.float64), grid))
+    assert calls == [16]  # 15 tokens: dense; 16 tokens: fft

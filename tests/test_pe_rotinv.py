@@ -1,0 +1,156 @@
+"""Rotation-invariant RPE: low-rank factors vs dense p(|c_i - c_j|^2), invariance, unbiasedness."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rpevit.attention.base import LowRankModulation
+from rpevit.attention.softmax import SoftmaxAttention
+from rpevit.config import TrialConfig
+from rpevit.models.vit import build_model
+from rpevit.pe.rotation_invariant import (
+    RotationInvariantRPE,
+    centred_coordinates,
+    double_factorial_odd,
+    exact_distance_features,
+    random_projection_features,
+)
+
+BASE = {"dataset": "digits", "dim": 32, "heads": 2, "pe": "rotinv"}
+
+
+def brute_p(coords: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """(h, N, N) dense p(|c_i - c_j|^2) from pairwise differences."""
+    t = ((coords[:, None, :] - coords[None, :, :]) ** 2).sum(-1)
+    return sum(a[:, k, None, None] * t**k for k in range(a.shape[1]))
+
+
+def rotation(angle: float) -> torch.Tensor:
+    return torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]], dtype=torch.float64)
+
+
+def coefficients(heads: int, degree: int) -> torch.Tensor:
+    return torch.rand(heads, degree + 1, dtype=torch.float64, generator=torch.Generator().manual_seed(degree)) + 0.1
+
+
+def test_centred_coordinates_range():
+    c = centred_coordinates((8, 8))
+    assert torch.allclose(c.mean(0), torch.zeros(2), atol=1e-7)
+    assert c.abs().max() == 0.5
+    assert torch.isclose(torch.cdist(c, c).square().max(), torch.tensor(2.0))
+    assert torch.equal(centred_coordinates((1, 1)), torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3])
+def test_exact_factorisation_equals_dense_brute_force(degree):
+    coords = centred_coordinates((4, 5)).double()
+    a = coefficients(3, degree)
+    f, g = exact_distance_features(coords, a)
+    assert f.shape == (3, 20, math.comb(degree + 4, 4))
+    assert torch.allclose(LowRankModulation(f, g).dense(), brute_p(coords, a), atol=1e-12)
+
+
+@pytest.mark.parametrize("angle", [0.3, 1.1, math.pi / 2, 2.5])
+def test_exact_mode_rotation_invariant(angle):
+    coords = centred_coordinates((5, 5)).double()
+    a = coefficients(2, 2)
+    before = LowRankModulation(*exact_distance_features(coords, a)).dense()
+    after = LowRankModulation(*exact_distance_features(coords @ rotation(angle).T, a)).dense()
+    assert torch.allclose(before, after, atol=1e-12)
+    q, k, v = torch.randn(3, 2, 2, 25, 8, dtype=torch.float64)
+    attn = SoftmaxAttention(TrialConfig.from_dict({**BASE, "dim": 16}))
+    out_before = attn(q, k, v, LowRankModulation(*exact_distance_features(coords, a)))
+    out_after = attn(q, k, v, LowRankModulation(*exact_distance_features(coords @ rotation(angle).T, a)))
+    assert torch.allclose(out_before, out_after, atol=1e-10)
+    # and it is the attention of the definition: softmax weights times p, renormalised
+    weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1) * before
+    assert torch.allclose(out_before, (weights / weights.sum(-1, keepdim=True)) @ v, atol=1e-10)
+
+
+def test_random_features_equal_per_draw_brute_force():
+    coords = centred_coordinates((3, 4)).double()
+    a = coefficients(2, 2)
+    w = torch.randn(2, 7, 2, dtype=torch.float64)
+    f, g = random_projection_features(coords, a, w)
+    diff = coords[None, :, :] - coords[:, None, :]  # i j c: c_j - c_i
+    proj = torch.einsum("ijc,hmc->hijm", diff, w)
+    per_draw = sum(a[:, k, None, None, None] * proj ** (2 * k) / double_factorial_odd(k) for k in range(3))
+    assert f.shape == (2, 12, 7 * 5)
+    assert torch.allclose(LowRankModulation(f, g).dense(), per_draw.mean(-1), atol=1e-12)
+    assert per_draw.min() >= a[:, 0].min() - 1e-12  # every draw alone is >= a_0 > 0
+
+
+def test_random_mode_rotating_coordinates_equals_rotating_draws():
+    """w^T (R c) = (R^T w)^T c: rotating the grid is a re-draw of w, same distribution."""
+    coords = centred_coordinates((4, 4)).double()
+    a, w, r = coefficients(1, 3), torch.randn(1, 5, 2, dtype=torch.float64), rotation(0.7)
+    lhs = LowRankModulation(*random_projection_features(coords @ r.T, a, w)).dense()
+    rhs = LowRankModulation(*random_projection_features(coords, a, w @ r)).dense()
+    assert torch.allclose(lhs, rhs, atol=1e-12)
+
+
+@pytest.mark.parametrize("angle", [0.0, 0.9])
+def test_random_mode_unbiased_and_invariant_in_expectation(angle):
+    """Mean over M draws vs the exact p on the unrotated grid: within 5 sample std / sqrt(M)."""
+    coords = centred_coordinates((4, 4)).double()
+    a = coefficients(1, 2)
+    draws = 20000
+    w = torch.randn(1, draws, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    rotated = coords @ rotation(angle).T
+    diff = rotated[None, :, :] - rotated[:, None, :]
+    proj = torch.einsum("ijc,hmc->hijm", diff, w)
+    per_draw = sum(a[:, k, None, None, None] * proj ** (2 * k) / double_factorial_odd(k) for k in range(3))
+    mean = LowRankModulation(*random_projection_features(rotated, a, w)).dense()
+    assert torch.allclose(mean, per_draw.mean(-1), atol=1e-10)
+    exact = LowRankModulation(*exact_distance_features(coords, a)).dense()
+    tolerance = 5 * per_draw.std(-1) / math.sqrt(draws) + 1e-12
+    assert bool(((mean - exact).abs() <= tolerance).all())
+
+
+@pytest.mark.parametrize("mode", ["exact", "random"])
+def test_module_modulation_positive_and_matches_functions(mode):
+    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "rotinv_draws": 3, "rotinv_degree": 2})
+    pe = RotationInvariantRPE(cfg)
+    with torch.no_grad():
+        pe.raw_coefficients.copy_(torch.randn(2, 3))
+    c = pe.modulation().dense()
+    a = pe.coefficients().double()
+    coords = centred_coordinates(cfg.grid).double()
+    if mode == "exact":
+        assert torch.allclose(c.double(), brute_p(coords, a), atol=1e-5)
+    else:
+        ref = LowRankModulation(*random_projection_features(coords, a, pe.projections.double())).dense()
+        assert torch.allclose(c.double(), ref, atol=1e-5)
+    assert c.shape == (2, 16, 16) and bool((c >= a[:, :1, None].float() - 1e-6).all()) and bool((c > 0).all())
+
+
+def test_random_projections_seeded():
+    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": "random"})
+    a, b = RotationInvariantRPE(cfg, layer=2), RotationInvariantRPE(cfg, layer=2)
+    assert torch.equal(a.projections, b.projections)
+    assert not torch.equal(a.projections, RotationInvariantRPE(cfg, layer=3).projections)
+    assert a.projections.shape == (2, cfg.rotinv_draws, 2)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "favor", "relu"])
+@pytest.mark.parametrize("mode", ["exact", "random"])
+def test_gradients_reach_coefficients(attention, mode):
+    cfg = TrialConfig.from_dict({**BASE, "attention": attention, "rotinv_mode": mode, "rotinv_draws": 4})
+    model = build_model(cfg, 1, 10)
+    out = model(torch.randn(3, 1, 8, 8))
+    assert torch.isfinite(out).all()
+    out.logsumexp(-1).sum().backward()
+    for block in model.blocks:
+        grad = block.attn.encodings[0].raw_coefficients.grad
+        assert grad is not None and grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mode", ["exact", "random"])
+def test_every_op_has_a_flop_handle(mode):
+    from rpevit.flops import count_flops
+
+    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "depth": 1})
+    total, unsupported = count_flops(build_model(cfg, 1, 10), torch.randn(1, 1, 8, 8))
+    assert unsupported == {} and total > 0

@@ -1,0 +1,211 @@
+"""Search-space expansion and validation (no Ray): counts, sampling, keys, error messages, CLI dry-run."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.sweep.gpus import claim_least_loaded_gpu
+from rpevit.sweep.space import SpaceError, load_space, parse_overrides, trial_key
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import sweep  # noqa: E402  (the CLI at the repo root)
+
+
+def write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_grid_times_seeds(tmp_path):
+    space = load_space(write(tmp_path, """
+fixed: {dataset: digits, dim: 16, depth: 1}
+grid: {attention: [softmax, favor], pe: [ape, rope]}
+seeds: [0, 1, 2]
+"""))
+    assert len(space.trials) == 12 and len(set(space.keys)) == 12
+    combos = {(t["attention"], t["pe"], t["seed"]) for t in space.trials}
+    assert combos == {(a, p, s) for a in ("softmax", "favor") for p in ("ape", "rope") for s in (0, 1, 2)}
+    assert all(t["dim"] == 16 and t["depth"] == 1 for t in space.trials)
+    assert space.name == "space" and space.varying_fields() == ["attention", "pe", "seed"]
+
+
+def test_list_of_grids_is_a_union_and_duplicates_are_dropped(tmp_path):
+    space = load_space(write(tmp_path, """
+fixed: {dataset: digits, dim: 16}
+grid:
+  - {pe: [ape, rope], depth: [1]}
+  - {attention: [softmax, favor], pe: [rope], depth: [1]}
+  - {dataset: [mnist], patch_size: [4], depth: [2]}
+"""))
+    got = [(t["dataset"], t["attention"], t["pe"], t["depth"]) for t in space.trials]
+    assert got == [("digits", "softmax", "ape", 1), ("digits", "softmax", "rope", 1),
+                   ("digits", "favor", "rope", 1), ("mnist", "softmax", "ape", 2)]
+    assert space.duplicates_dropped == 1  # (softmax, rope) is in the first two grids
+
+
+def test_include_and_exclude(tmp_path):
+    space = load_space(write(tmp_path, """
+fixed: {dataset: digits, dim: 16}
+grid: {attention: [softmax, favor], pe: [ape, rope]}
+seeds: [0, 1]
+exclude: [{attention: favor, pe: rope}]
+include:
+  - {attention: softmax, pe: ape+rope}
+  - {attention: favor, pe: none, seed: 7}
+"""))
+    combos = sorted((t["attention"], t["pe"], t["seed"]) for t in space.trials)
+    expected = [(a, p, s) for a in ("softmax", "favor") for p in ("ape", "rope") for s in (0, 1)
+                if (a, p) != ("favor", "rope")] + [("softmax", "ape+rope", 0), ("softmax", "ape+rope", 1),
+                                                   ("favor", "none", 7)]
+    assert combos == sorted(expected)
+
+
+def test_samples_are_seeded_in_range_and_shared_by_seeds(tmp_path):
+    text = """
+fixed: {dataset: digits, dim: 16}
+grid: {pe: [ape, rope]}
+sample:
+  lr: {loguniform: [1.0e-4, 1.0e-2]}
+  weight_decay: {uniform: [0, 0.1]}
+  depth: {randint: [1, 4]}
+  attention: {choice: [softmax, favor]}
+num_samples: 5
+seeds: [0, 1]
+"""
+    space = load_space(write(tmp_path, text))
+    assert len(space.trials) == 2 * 5 * 2
+    for t in space.trials:
+        assert 1e-4 <= t["lr"] <= 1e-2 and 0 <= t["weight_decay"] <= 0.1
+        assert t["depth"] in (1, 2, 3) and t["attention"] in ("softmax", "favor")
+    pairs = list(zip(space.trials[::2], space.trials[1::2]))  # seeds are innermost
+    assert all(a["lr"] == b["lr"] and (a["seed"], b["seed"]) == (0, 1) for a, b in pairs)
+    assert len({t["lr"] for t in space.trials}) == 10  # one draw per (sample, grid point)
+    again = load_space(write(tmp_path, text))
+    assert again.keys == space.keys  # deterministic: dry-run, run and resume agree
+    other = load_space(write(tmp_path, text + "sample_seed: 1\n"))
+    assert {t["lr"] for t in other.trials}.isdisjoint({t["lr"] for t in space.trials})
+    logs = sorted(math.log10(t["lr"]) for t in space.trials[::2])
+    assert logs[-1] - logs[0] > 0.5  # spread over decades, not stuck at one value
+
+
+def test_trial_key_stability():
+    base = TrialConfig(dataset="digits", dim=16).to_dict()
+    assert trial_key(base) == trial_key({**base, "data_dir": "/elsewhere"})  # data location is not identity
+    assert trial_key(base) != trial_key({**base, "lr": 2e-3})
+    assert trial_key(base) != trial_key({**base, "seed": 1})
+    # explicit defaults and omitted defaults are the same trial; so are ints given for floats
+    assert trial_key(TrialConfig(lr=1e-3).to_dict()) == trial_key(TrialConfig().to_dict())
+    assert trial_key(TrialConfig.from_dict({"mlp_ratio": 2}).to_dict()) == trial_key(TrialConfig().to_dict())
+
+
+def test_yaml_scientific_notation_and_overrides(tmp_path):
+    space = load_space(write(tmp_path, "fixed: {dataset: digits, lr: 1e-3, epochs: 3}\n"),
+                       overrides=parse_overrides(["epochs=1", "pe=rope", "lr=5e-4"]))
+    assert space.trials[0]["lr"] == 5e-4 and space.trials[0]["epochs"] == 1 and space.trials[0]["pe"] == "rope"
+    assert load_space(write(tmp_path, "fixed: {lr: 1e-3}\n")).trials[0]["lr"] == 1e-3
+
+
+BAD_SPACES = [
+    ("grdi: {pe: [ape]}\n", ["unknown key 'grdi'", "allowed:", "grid"]),
+    ("grid: {attention: [sofmax]}\n", ["'attention'", "'sofmax'", "softmax"]),
+    ("grid: {pe: [ape, rotary]}\n", ["'pe'", "'rotary'", "rope_mixed"]),
+    ("fixed: {dim: big}\n", ["'dim'", "'big'", "int"]),
+    ("fixed: {epochs: 2.5}\n", ["'epochs'", "2.5", "int"]),
+    ("grid: {pe: []}\n", ["grid.pe is an empty list", "at least one value"]),
+    ("grid: {pe: rope}\n", ["grid.pe has value 'rope'", "a list of values"]),
+    ("grid: []\n", ["'grid' is an empty list"]),
+    ("grid: {atention: [softmax]}\n", ["grid key 'atention' is not a TrialConfig field", "attention"]),
+    ("include: [{atention: softmax}]\n", ["include[0] key 'atention' is not a TrialConfig field"]),
+    ("exclude: [{pee: rope}]\n", ["exclude[0] key 'pee' is not a TrialConfig field"]),
+    ("grid: {pe: [ape, rope]}\nexclude: [{pe: rope_mixed}]\n", ["exclude entry {'pe': 'rope_mixed'} matches no trial"]),
+    ("sample: {lr: {normal: [0, 1]}}\nnum_samples: 2\n", ["sample.lr has value {'normal': [0, 1]}", "loguniform"]),
+    ("sample: {lr: {loguniform: [0, 1]}}\nnum_samples: 2\n", ["sample.lr.loguniform", "0 < lo < hi"]),
+    ("sample: {lr: {uniform: [0.1]}}\nnum_samples: 2\n", ["sample.lr.uniform", "lo < hi"]),
+    ("sample: {lr: {uniform: [0.1, 0.2]}}\n", ["without 'num_samples'"]),
+    ("num_samples: 0\n", ["'num_samples' has value 0", "integer >= 1"]),
+    ("seeds: [0, -1]\n", ["'seeds' has value -1", "integer >= 0"]),
+    ("resources: {gpus: 1}\n", ["unknown key resources.gpus", "gpus_per_trial"]),
+    ("resources: {gpus_per_trial: -1}\n", ["resources.gpus_per_trial has value -1", ">= 0"]),
+    ("resources: {gpus_per_trial: 1.5}\n", ["resources.gpus_per_trial has value 1.5", "fraction"]),
+    ("task: train\nfixed: {task: bench}\n", ["'task' is 'train' but fixed.task is 'bench'"]),
+    ("fixed: {dim: 30, heads: 4}\n", ["'dim'", "30", "multiple of heads=4"]),
+    ("name: 'bad name'\n", ["'name' has value 'bad name'"]),
+    ("- just a list\n", ["holds list", "allowed: a mapping"]),
+]
+
+
+@pytest.mark.parametrize("text,needles", BAD_SPACES)
+def test_validation_errors_name_file_key_value_and_allowed(tmp_path, text, needles):
+    path = write(tmp_path, text, "bad.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_space(path)
+    message = str(info.value)
+    assert str(path) in message
+    for needle in needles:
+        assert needle in message, (needle, message)
+
+
+def test_unknown_set_field_and_bad_set_syntax(tmp_path):
+    path = write(tmp_path, "fixed: {dataset: digits}\n")
+    with pytest.raises(SpaceError, match="--set key 'lrr' is not a TrialConfig field"):
+        load_space(path, overrides=parse_overrides(["lrr=1"]))
+    with pytest.raises(SpaceError, match="field=value"):
+        parse_overrides(["lr"])
+
+
+@pytest.mark.parametrize("name,count", [("smoke", 4), ("all12", 72), ("rope_cifar100", 24)])
+def test_shipped_spaces_expand(name, count):
+    space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
+    assert len(space.trials) == count and space.name == name
+
+
+def test_all12_gives_each_dataset_its_recipe():
+    space = load_space(ROOT / "search_spaces" / "all12.yaml")
+    cifar = [t for t in space.trials if t["dataset"] == "cifar10"]
+    mnist = [t for t in space.trials if t["dataset"] == "mnist"]
+    assert len(cifar) == len(mnist) == 36
+    assert {(t["dim"], t["depth"], t["heads"], t["epochs"]) for t in cifar} == {(192, 9, 12, 200)}
+    assert {(t["attention"], t["pe"]) for t in mnist} == {
+        (a, p) for a in ("softmax", "favor", "relu") for p in ("ape", "luo_rpe", "circulant_string", "rope")}
+
+
+def test_cli_dry_run_prints_table_and_count(tmp_path, capsys):
+    path = write(tmp_path, "fixed: {dataset: digits}\ngrid: {pe: [ape, rope]}\nseeds: [0, 1]\n")
+    assert sweep.main(["--space", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "4 trials in sweep 'space'" in out
+    lines = [ln.split() for ln in out.splitlines() if ln[:1].isdigit() and "trials in sweep" not in ln]
+    assert [(c[2], c[3]) for c in lines] == [("ape", "0"), ("ape", "1"), ("rope", "0"), ("rope", "1")]
+    assert sweep.main(["--space", str(write(tmp_path, "grid: {pe: [x]}\n", "bad.yaml")), "--dry-run"]) == 2
+    assert "field 'pe' has value 'x'" in capsys.readouterr().err
+
+
+def test_cli_dry_run_does_not_import_ray(tmp_path):
+    path = write(tmp_path, "fixed: {dataset: digits}\n")
+    code = ("import sys, sweep; rc = sweep.main(['--space', %r, '--dry-run']); "
+            "assert 'ray' not in sys.modules, 'dry-run imported ray'; sys.exit(rc)" % str(path))
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_gpu_claims_spread_before_sharing_and_forget_dead_processes(tmp_path):
+    claims = tmp_path / "claims.json"
+    got = [claim_least_loaded_gpu(0.25, 2, pid=p, claims_file=claims) for p in (os.getpid(), os.getppid())]
+    assert got == [0, 1]  # one trial per GPU before any GPU takes a second
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert claim_least_loaded_gpu(0.5, 2, pid=dead.pid, claims_file=claims) == 0  # tie -> lowest index
+    # had the dead process's 0.5 on GPU 0 been kept, GPU 1 would be the least loaded
+    assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0
+    assert str(dead.pid) not in yaml.safe_load(claims.read_text())
+    assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0  # re-claim replaces, not adds
+    assert yaml.safe_load(claims.read_text())["1"] == [0, 0.25]

@@ -1,0 +1,85 @@
+"""The train task and the single-trial CLI: determinism, exact resume, divergence, JSON row."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rpevit.config import TrialConfig
+from rpevit.tasks.train import DivergedError, run
+from rpevit.train import main
+
+TIMING_KEYS = {"train_s_per_epoch", "images_per_s", "infer_ms_per_sample", "peak_mem_mb", "git_commit"}
+
+
+def _metrics(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in TIMING_KEYS}
+
+
+def test_same_seed_gives_identical_metrics(tiny) -> None:
+    cfg = TrialConfig.from_dict(tiny)
+    a, b = run(cfg, log=None), run(cfg, log=None)
+    assert _metrics(a) == _metrics(b)
+    c = run(cfg.replace(seed=1), log=None)
+    assert c["log_likelihood"] != a["log_likelihood"]
+
+
+@pytest.mark.parametrize("extra", [{}, {"augment": "crop_flip", "dropout": 0.1, "drop_path": 0.1}])
+def test_resume_from_checkpoint_matches_uninterrupted_run(tiny, tmp_path, extra) -> None:
+    cfg = TrialConfig.from_dict({**tiny, **extra, "epochs": 3})
+    straight = run(cfg, log=None)
+    # stop after the first epoch, as a kill would, then resume from the checkpoint on disk
+    run(cfg.replace(epochs=1), checkpoint_dir=tmp_path, log=None)
+    epochs_seen = []
+    resumed = run(cfg, checkpoint_dir=tmp_path, log=None,
+                  on_epoch=lambda row, ckpt: epochs_seen.append(row["epoch"]))
+    assert epochs_seen == [2, 3]
+    assert _metrics(resumed) == _metrics(straight)
+
+
+def test_divergence_raises(tiny) -> None:
+    cfg = TrialConfig.from_dict({**tiny, "lr": 1e8, "grad_clip": 0.0, "label_smoothing": 0.0,
+                                 "warmup_epochs": 0.0, "weight_decay": 0.0})
+    with pytest.raises(DivergedError, match="training loss is"):
+        run(cfg, log=None)
+
+
+def test_summary_row_has_every_metric(tiny) -> None:
+    row = run(TrialConfig.from_dict(tiny), log=None)
+    for key in ("test_acc", "precision", "recall", "f1", "log_likelihood", "aic", "bic", "params",
+                "flops", "train_s_per_epoch", "infer_ms_per_sample", "images_per_s", "peak_mem_mb",
+                "device_name", "torch_version", "ray_version", "git_commit"):
+        assert key in row, key
+    assert row["flops_unsupported"] == ""
+    assert row["aic"] == pytest.approx(2 * row["params"] - 2 * row["log_likelihood"])
+    assert 0.0 <= row["test_acc"] <= 1.0 and row["flops"] > 0
+
+
+def test_cli_prints_progress_then_one_json_row(capsys) -> None:
+    code = main(["--dataset", "digits", "--epochs", "2", "--dim", "16", "--depth", "1",
+                 "--heads", "2", "--train-subset", "100", "--pe", "rope"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert err.count("epoch ") == 2
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["pe"] == "rope" and row["dataset"] == "digits" and row["seed"] == 0
+    assert set(row) >= {"test_acc", "precision", "recall", "f1", "log_likelihood", "aic", "bic",
+                        "params", "flops", "train_s_per_epoch", "infer_ms_per_sample", "attention"}
+
+
+def test_cli_bad_input_exits_2_with_the_field(capsys) -> None:
+    assert main(["--dataset", "digits", "--pe", "alibi"]) == 2
+    assert "'pe'" in capsys.readouterr().err
+    assert main(["--dataset", "mnist", "--data-dir", "/nonexistent/rpevit"]) == 2
+    assert "/nonexistent/rpevit/mnist.npz" in capsys.readouterr().err
+
+
+def test_bench_task_reports_costs() -> None:
+    from rpevit.tasks.bench import run as bench
+
+    cfg = TrialConfig.from_dict({"task": "bench", "dataset": "cifar10", "image_size": 16,
+                                 "patch_size": 4, "dim": 16, "depth": 1, "heads": 2,
+                                 "bench_batch": 4, "bench_warmup": 1, "bench_iters": 2})
+    row = bench(cfg, log=None)
+    assert row["tokens"] == 16 and row["flops"] > 0 and row["flops_unsupported"] == ""
+    assert row["forward_ms"] > 0 and row["train_step_ms"] > 0 and row["infer_ms"] > 0
