@@ -20,11 +20,12 @@ import time
 from typing import Any, Callable
 
 import torch
-import yaml
 
 from rpevit.config import TrialConfig
 from rpevit.data import DATASET_SPECS
 from rpevit.models import build_model
+from rpevit.sweep.space import parse_overrides
+from rpevit.tasks.train import make_optimizer
 
 
 def dataset_for_tokens(tokens: int) -> dict[str, Any]:
@@ -38,16 +39,6 @@ def dataset_for_tokens(tokens: int) -> dict[str, Any]:
     return {"dataset": "cifar10", "patch_size": 32 // side}
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {pair!r}: expected field=value")
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def split_variant(name: str) -> tuple[str, str]:
     attention, sep, pe = name.partition("+")
     if not sep:
@@ -58,7 +49,7 @@ def split_variant(name: str) -> tuple[str, str]:
 def training_step(cfg: TrialConfig, batch: int, device: torch.device) -> Callable[[], None]:
     spec = DATASET_SPECS[cfg.dataset]
     model = build_model(cfg, spec.channels, spec.num_classes).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = make_optimizer(model, cfg)
     g = torch.Generator().manual_seed(0)
     images = torch.randn(batch, spec.channels, spec.image_size, spec.image_size, generator=g).to(device)
     labels = torch.randint(0, spec.num_classes, (batch,), generator=g).to(device)

@@ -61,10 +61,11 @@ class TrialConfig:
 
     # optimisation
     epochs: int = 10
-    batch_size: int = 0  # 0 = the dataset's default (digits 16, others 128)
-    lr: float = 1e-3
+    # 0 (batch, lr) / -1 (warm-up) = the dataset's recipe default (rpevit.data.DATASET_SPECS)
+    batch_size: int = 0
+    lr: float = 0.0
     weight_decay: float = 0.05
-    warmup_epochs: float = 1.0
+    warmup_epochs: float = -1.0
     label_smoothing: float = 0.1
     grad_clip: float = 1.0  # max global grad norm; 0 = off
 
@@ -167,13 +168,21 @@ class TrialConfig:
             raise bad("string_sparsity", self.string_sparsity, "a fraction in (0, 1]")
         if not 0.0 <= self.val_fraction < 1.0:
             raise bad("val_fraction", self.val_fraction, "a fraction in [0, 1)")
-        for name in ("lr", "mlp_ratio", "rope_base", "kernel_eps", "kmse_norm"):
+        if self.lr < 0:
+            raise bad("lr", self.lr, "a number > 0, or 0 for the dataset's default")
+        if self.warmup_epochs < 0 and self.warmup_epochs != -1:
+            raise bad("warmup_epochs", self.warmup_epochs, "a number >= 0, or -1 for the dataset's default")
+        for name in ("mlp_ratio", "rope_base", "kernel_eps", "kmse_norm"):
             if getattr(self, name) <= 0:
                 raise bad(name, getattr(self, name), "a number > 0")
-        for name in ("weight_decay", "warmup_epochs", "label_smoothing", "grad_clip",
+        for name in ("weight_decay", "label_smoothing", "grad_clip",
                      "drop_path", "dropout", "kmse_angle"):
             if getattr(self, name) < 0:
                 raise bad(name, getattr(self, name), "a number >= 0")
+        if self.task == "kernel_mse" and self.kmse_dim < 2:
+            raise bad("kmse_dim", self.kmse_dim, "an integer >= 2 (x and y span a plane)")
+        if self.task == "kernel_mse" and self.kmse_angle > 3.141592653589794:
+            raise bad("kmse_angle", self.kmse_angle, "radians in [0, pi]")
         if self.label_smoothing >= 1 or self.drop_path >= 1 or self.dropout >= 1:
             raise bad("label_smoothing/drop_path/dropout", None, "values in [0, 1)")
         if self.task == "train":
@@ -208,6 +217,18 @@ class TrialConfig:
         from rpevit.data import DATASET_SPECS
 
         return self.batch_size or DATASET_SPECS[self.dataset].batch_size
+
+    @property
+    def resolved_lr(self) -> float:
+        from rpevit.data import DATASET_SPECS
+
+        return self.lr or DATASET_SPECS[self.dataset].lr
+
+    @property
+    def resolved_warmup_epochs(self) -> float:
+        from rpevit.data import DATASET_SPECS
+
+        return DATASET_SPECS[self.dataset].warmup_epochs if self.warmup_epochs < 0 else self.warmup_epochs
 
     @property
     def grid(self) -> tuple[int, int]:

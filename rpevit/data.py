@@ -33,14 +33,17 @@ class DatasetSpec:
     patch_size: int  # default: 16 tokens for 8x8 and 28x28 images, 64 for 32x32
     augment: str  # the default augmentation: "none", "crop" or "crop_flip"
     crop_padding: int  # zero padding of the random crop
-    batch_size: int  # default training batch
+    batch_size: int  # recipe defaults, used when the config leaves them at 0 / -1
+    lr: float
+    warmup_epochs: float
 
 
 DATASET_SPECS = {
-    "digits": DatasetSpec("digits", 8, 1, 10, 2, "none", 1, 16),
-    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none", 2, 128),
-    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip", 4, 128),
-    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip", 4, 128),
+    # recipes measured on CPU: digits 30 epochs -> 95-96% test; MNIST 2 epochs -> ~96%
+    "digits": DatasetSpec("digits", 8, 1, 10, 2, "none", 1, 16, 1e-3, 1.0),
+    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none", 2, 64, 2e-3, 0.2),
+    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip", 4, 128, 1e-3, 5.0),
+    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip", 4, 128, 1e-3, 5.0),
 }
 
 

@@ -35,5 +35,7 @@ def test_good_config_round_trips() -> None:
     cfg = TrialConfig.from_dict({"dataset": "mnist", "pe": "ape+rope", "lr": 1, "seed": 3})
     assert cfg.lr == 1.0 and isinstance(cfg.lr, float)
     assert cfg.pe_names == ["ape", "rope"]
-    assert cfg.grid == (4, 4) and cfg.resolved_batch_size == 128
+    assert cfg.grid == (4, 4) and cfg.resolved_batch_size == 64 and cfg.resolved_lr == 1.0
+    default = TrialConfig.from_dict({"dataset": "mnist"})
+    assert default.resolved_lr == 2e-3 and default.resolved_warmup_epochs == 0.2
     assert TrialConfig.from_dict(cfg.to_dict()) == cfg

@@ -51,13 +51,13 @@ def test_orthogonal_relative_and_brute_force(cls, extra):
     p = pe.orthogonal()
     assert (p.transpose(-1, -2) @ p - torch.eye(16)).abs().max() < 1e-5
     q, k = torch.randn(2, 2, 16, 16, dtype=torch.float64), torch.randn(2, 2, 16, 16, dtype=torch.float64)
-    rq, rk = pe.rotate(q.float(), k.float())
+    rq, rk = pe.encode_qk(q.float(), k.float())
     # brute force: T(r_i) = RoPE(r_i) P as dense per-token matrices
     t = rope_matrices(pe.angles, 16)[None] @ p.double()[:, None]  # h n d d
     assert torch.allclose(rq.double(), torch.einsum("hnij,bhnj->bhni", t, q), atol=1e-5)
     assert torch.allclose(rk.double(), torch.einsum("hnij,bhnj->bhni", t, k), atol=1e-5)
     # relative: with the same q, k at every token, the logit depends only on r_j - r_i
-    rq, rk = pe.rotate(q[:, :, :1].expand_as(q).float(), k[:, :, :1].expand_as(k).float())
+    rq, rk = pe.encode_qk(q[:, :, :1].expand_as(q).float(), k[:, :, :1].expand_as(k).float())
     logits = rq @ rk.transpose(-1, -2)
     offsets = relative_offsets(pe.grid)
     for o in offsets.unique():
@@ -70,7 +70,7 @@ def test_init_is_axial_rope():
     rope = AxialRoPE(TrialConfig.from_dict({**BASE, "pe": "rope"}))
     q, k = torch.randn(2, 2, 2, 16, 16)
     assert torch.allclose(pe.orthogonal(), torch.eye(16).expand(2, 16, 16))
-    for a, b in zip(pe.rotate(q, k), rope.rotate(q, k)):
+    for a, b in zip(pe.encode_qk(q, k), rope.encode_qk(q, k)):
         assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -83,7 +83,7 @@ def test_full_sparsity_reproduces_dense_cayley(solver):
         sparse.skew_entries.copy_(dense.skew_entries)
     assert torch.allclose(sparse.orthogonal(), dense.orthogonal(), atol=1e-5)
     q, k = torch.randn(2, 3, 2, 16, 16)
-    for a, b in zip(sparse.rotate(q, k), dense.rotate(q, k)):
+    for a, b in zip(sparse.encode_qk(q, k), dense.encode_qk(q, k)):
         assert torch.allclose(a, b, atol=1e-5)
 
 
@@ -156,3 +156,24 @@ def test_every_op_has_a_flop_handle():
     cfg = TrialConfig.from_dict({**BASE, "pe": "cayley_string", "depth": 1})
     total, unsupported = count_flops(build_model(cfg, 1, 10), torch.randn(1, 1, 8, 8))
     assert unsupported == {} and total > 0
+
+
+@pytest.mark.parametrize("pe_name", ["cayley_string", "sparse_cayley_string", "reflection_string"])
+@pytest.mark.parametrize("attention", ["softmax", "favor"])
+def test_folding_p_into_the_projection_equals_applying_it_to_q_and_k(pe_name, attention):
+    """The ViT folds P into the q/k weights; the result must equal P applied to every token."""
+    from einops import rearrange
+
+    cfg = TrialConfig.from_dict({"pe": pe_name, "attention": attention, "dim": 32, "heads": 2,
+                                 "depth": 1, "string_sparsity": 0.5})
+    attn = build_model(cfg, 1, 10).blocks[0].attn.double()
+    pe = attn.encodings[0]
+    with torch.no_grad():
+        for name, param in pe.named_parameters():
+            param.normal_(0, 0.3)  # a P far from the identity
+    x = torch.randn(3, 16, 32, dtype=torch.float64)
+    q, k, v = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=2)
+    q, k = pe.encode_qk(q, k)
+    direct = attn.proj(rearrange(attn.backend(q, k, v), "b h n d -> b n (h d)"))
+    assert pe.head_transform() is not None
+    torch.testing.assert_close(attn(x), direct, atol=1e-10, rtol=1e-10)

@@ -46,13 +46,13 @@ def test_orthogonal_relative_and_brute_force(block, count):
     assert torch.allclose(torch.linalg.det(p.double()), torch.full((2,), (-1.0) ** (count * (16 // size)),
                                                                    dtype=torch.float64), atol=1e-5)
     q, k = torch.randn(2, 2, 2, 16, 16)
-    rq, rk = pe.rotate(q, k)
+    rq, rk = pe.encode_qk(q, k)
     eye = torch.eye(16).expand(16, 16, 16)
     rope = apply_rotary(eye, pe.angles[:, None, :]).transpose(-1, -2)  # n d d
     t = rope[None] @ p[:, None]  # h n d d: RoPE(r_i) P, per token
     assert torch.allclose(rq, torch.einsum("hnij,bhnj->bhni", t, q), atol=1e-5)
     assert torch.allclose(rk, torch.einsum("hnij,bhnj->bhni", t, k), atol=1e-5)
-    rq, rk = pe.rotate(q[:, :, :1].expand_as(q), k[:, :, :1].expand_as(k))
+    rq, rk = pe.encode_qk(q[:, :, :1].expand_as(q), k[:, :, :1].expand_as(k))
     logits = rq @ rk.transpose(-1, -2)
     offsets = relative_offsets(pe.grid)
     for o in offsets.unique():

@@ -63,7 +63,7 @@ def test_translation_leaves_logits_or_weights_unchanged(name):
         def window_logits(window):  # the windows overlap: one rotate call per placement
             q, k = background.clone()
             q[:, :, window], k[:, :, window] = content_q, content_k
-            rq, rk = pe.rotate(q, k)
+            rq, rk = pe.encode_qk(q, k)
             return rq[:, :, window] @ rk[:, :, window].transpose(-1, -2)
 
         logits = {"A": window_logits(WINDOW_A), "B": window_logits(WINDOW_B)}.get

@@ -7,6 +7,7 @@ the score hook's modulation goes to the backend (design.md section 2).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
@@ -23,6 +24,17 @@ def build_encodings(cfg: TrialConfig, hook_kinds: tuple[str, ...], layer: int) -
     return nn.ModuleList(c(cfg, layer=layer) for c in classes if c.hook in hook_kinds)
 
 
+def fold_head_transform(weight: Tensor, bias: Tensor, p: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """Rows of the q and k projections of head h -> P_h times them; v untouched."""
+    w = rearrange(weight, "(three h d) c -> three h d c", three=3, h=heads)
+    b = rearrange(bias, "(three h d) -> three h d", three=3, h=heads)
+    w_qk = torch.einsum("hde,thec->thdc", p, w[:2])
+    b_qk = torch.einsum("hde,the->thd", p, b[:2])
+    weight = rearrange(torch.cat([w_qk, w[2:]]), "three h d c -> (three h d) c")
+    bias = rearrange(torch.cat([b_qk, b[2:]]), "three h d -> (three h d)")
+    return weight, bias
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: TrialConfig, layer: int) -> None:
         super().__init__()
@@ -33,8 +45,18 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
 
+    def qkv_weights(self) -> tuple[Tensor, Tensor]:
+        """qkv weight and bias with every encoding's head transform P folded into the q/k rows."""
+        weight, bias = self.qkv.weight, self.qkv.bias
+        for pe in self.encodings:
+            p = pe.head_transform()
+            if p is not None:
+                weight, bias = fold_head_transform(weight, bias, p.to(weight.dtype), self.heads)
+        return weight, bias
+
     def forward(self, x: Tensor) -> Tensor:
-        q, k, v = rearrange(self.qkv(x), "b n (three h d) -> three b h n d", three=3, h=self.heads)
+        qkv = F.linear(x, *self.qkv_weights())
+        q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.heads)
         modulation = None
         for pe in self.encodings:
             q, k = pe.rotate(q, k)

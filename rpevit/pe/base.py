@@ -3,7 +3,10 @@
 A position encoding declares `hook`:
 - "token": `add_to_tokens(x)` adds a vector to each patch embedding (built once per model);
 - "qk":    `rotate(q, k)` maps q_i -> T(r_i) q_i, k_j -> T(r_j) k_j per head, BEFORE any
-           kernel feature map (built once per attention layer);
+           kernel feature map (built once per attention layer). A STRING T(r) = RoPE(r) P also
+           returns its position-independent P from `head_transform()`; the ViT folds P into the
+           q/k projection weights (P(Wx + b) = (PW)x + Pb, exact for every backend), so P costs
+           one d x d x dim product per head per forward instead of one per token;
 - "score": `modulation()` returns the multiplicative weights c_ij of the attention matrix, as a
            `RelativeBias` (Luo et al.: a table over 2-D offsets) or a `LowRankModulation`
            (c_ij = sum_l f_il g_jl); each attention backend applies it its own efficient way.
@@ -58,8 +61,20 @@ class PositionEncoding(nn.Module):
     def add_to_tokens(self, x: Tensor) -> Tensor:  # x: b n c
         return x
 
+    def head_transform(self) -> Tensor | None:
+        """A per-head orthogonal P (h, d, d) applied to q and k before `rotate`, or None."""
+        return None
+
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:  # q, k: b h n d
         return q, k
+
+    def encode_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """The whole q/k hook, P then T(r), on q and k directly (the ViT folds P instead)."""
+        p = self.head_transform()
+        if p is not None:
+            p = p.to(q.dtype).transpose(-1, -2)
+            q, k = q @ p, k @ p
+        return self.rotate(q, k)
 
     def modulation(self) -> "Modulation | None":
         return None

@@ -2,8 +2,8 @@
 
 Every STRING equals RoPE(r) P for an orthogonal P shared by the tokens of a head, so
 (RoPE(r_i) P q)^T (RoPE(r_j) P k) = q^T P^T RoPE(r_j - r_i) P k stays relative. P is computed
-ONCE per head per forward pass (one d x d solve) and applied to q and k as one batched matmul;
-the per-token work is RoPE's plus one (d x d) product, never a per-token solve.
+ONCE per head per forward pass (one d x d solve) and returned as the `head_transform`, which the
+ViT folds into the q/k projection weights: the per-token work is exactly RoPE's.
 - `cayley_string`: S skew-symmetric with all d(d-1)/2 above-diagonal entries learned, init 0
   (P = I: training starts from axial RoPE).
 - `sparse_cayley_string`: a fixed random pattern holding a fraction f = cfg.string_sparsity of
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from rpevit.config import TrialConfig
-from rpevit.pe.rope import AxialRoPE, apply_rotary
+from rpevit.pe.rope import AxialRoPE
 from rpevit.pe.sparse_solve import SolveInfo, cayley_solve_sparse, skew_from_entries
 from rpevit.registry import register_pe
 
@@ -25,11 +25,6 @@ def cayley_orthogonal(skew: Tensor) -> Tensor:
     """(I - S)(I + S)^-1 = (I + S)^-1 (I - S) for skew S (..., d, d): orthogonal, det +1."""
     eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device)
     return torch.linalg.solve(eye + skew, eye - skew)
-
-
-def apply_head_orthogonal(x: Tensor, p: Tensor) -> Tensor:
-    """x (... h n d) -> P x per head, P (h, d, d): one batched matmul over all tokens."""
-    return x @ p.transpose(-1, -2)
 
 
 def sparse_solver_is_faster(head_dim: int, sparsity: float) -> bool:
@@ -43,13 +38,10 @@ def sparse_solver_is_faster(head_dim: int, sparsity: float) -> bool:
 
 
 class _StringBase(AxialRoPE):
-    """RoPE(r) P with P = `self.orthogonal()` (h, d, d), defined by each subclass; q and k share
-    one matmul and one rotary call."""
+    """RoPE(r) P: `rotate` is RoPE's, P = `self.orthogonal()` (h, d, d) is the head transform."""
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        p = self.orthogonal().to(q.dtype)
-        qk = apply_rotary(apply_head_orthogonal(torch.stack((q, k)), p), self.angles)
-        return qk[0], qk[1]
+    def head_transform(self) -> Tensor:
+        return self.orthogonal()
 
 
 @register_pe("cayley_string")

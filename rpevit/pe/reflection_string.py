@@ -3,8 +3,10 @@
 H(v) = I - 2 v v^T / |v|^2 is orthogonal, so any product P is, and RoPE(r) P is a STRING
 (relative: (RoPE(r_i) P q)^T (RoPE(r_j) P k) = q^T P^T RoPE(r_j - r_i) P k). The head's d
 coordinates split into disjoint blocks of cfg.reflection_block (0 = one block, the whole head);
-each block gets cfg.reflection_count learned reflections, applied together as one rank-count
-update in compact WY form, P x = x - V^T (T (V x)): O(N d * count), never a d x d matrix.
+each block gets cfg.reflection_count learned reflections, accumulated in compact WY form,
+P x = x - V^T (T (V x)). P is built once per forward from the WY form (O(d^2 * count)) and
+folded into the q/k projection by the ViT, so the per-token work is RoPE's; `householder_product`
+applies P to tokens directly in O(N d * count) where no projection is there to fold into.
 Init: v ~ N(0, I) from the global (seeded) RNG, so P starts as a random orthogonal map, not I
 (an odd number of reflections cannot make I).
 """
@@ -15,7 +17,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.pe.rope import AxialRoPE, apply_rotary
+from rpevit.pe.rope import AxialRoPE
 from rpevit.registry import register_pe
 
 
@@ -63,12 +65,10 @@ class ReflectionString(AxialRoPE):
             )
 
     def orthogonal(self) -> Tensor:
-        """The dense (h, d, d) P, for tests and inspection; `rotate` never builds it."""
+        """The dense (h, d, d) P = H(v_0) ... H(v_{c-1}) per block, from the WY form."""
         eye = torch.eye(self.head_dim, dtype=self.reflection_vectors.dtype, device=self.reflection_vectors.device)
         columns = householder_product(eye.expand(self.heads, -1, -1), self.reflection_vectors)  # rows: P e_i
         return columns.transpose(-1, -2)
 
-    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-        qk = householder_product(torch.stack((q, k)), self.reflection_vectors.to(q.dtype))
-        qk = apply_rotary(qk, self.angles)
-        return qk[0], qk[1]
+    def head_transform(self) -> Tensor:
+        return self.orthogonal()

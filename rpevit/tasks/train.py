@@ -52,7 +52,7 @@ def make_optimizer(model: nn.Module, cfg: TrialConfig) -> torch.optim.Optimizer:
         if p.requires_grad:
             (no_decay if p.ndim <= 1 or "embedding" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.999))
+    return torch.optim.AdamW(groups, lr=cfg.resolved_lr, betas=(0.9, 0.999))
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -114,7 +114,7 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
     batch_size = cfg.resolved_batch_size
     steps_per_epoch = math.ceil(n_train / batch_size)
     total_steps = max(1, cfg.epochs * steps_per_epoch)
-    warmup_steps = max(1, min(total_steps, round(cfg.warmup_epochs * steps_per_epoch)))
+    warmup_steps = max(1, min(total_steps, round(cfg.resolved_warmup_epochs * steps_per_epoch)))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
     augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
@@ -155,7 +155,7 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
         train_loss = loss_sum.item() / n_train  # one sync per epoch, not per step
         if not math.isfinite(train_loss):
             raise DivergedError(f"training loss is {train_loss} at epoch {epoch + 1} "
-                                f"(lr={cfg.lr}, grad_clip={cfg.grad_clip})")
+                                f"(lr={cfg.resolved_lr}, grad_clip={cfg.grad_clip})")
         metrics.synchronize(device)
         epoch_s = time.perf_counter() - t0
         row = {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": correct.item() / n_train,
