@@ -6,11 +6,15 @@ sweep runner. Validation errors name the field, the value and what is allowed.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import typing
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rpevit import registry
+
+if TYPE_CHECKING:
+    from rpevit.data import DatasetSpec
 
 DATASETS = ("digits", "mnist", "cifar10", "cifar100")
 
@@ -186,9 +190,7 @@ class TrialConfig:
         if self.label_smoothing >= 1 or self.drop_path >= 1 or self.dropout >= 1:
             raise bad("label_smoothing/drop_path/dropout", None, "values in [0, 1)")
         if self.task == "train":
-            from rpevit.data import DATASET_SPECS
-
-            spec = DATASET_SPECS[self.dataset]
+            spec = self.spec
             image = self.image_size or spec.image_size
             if image != spec.image_size:
                 raise bad("image_size", self.image_size,
@@ -201,34 +203,30 @@ class TrialConfig:
         registry.ATTENTIONS[self.attention].check_config(self, source)
 
     @property
-    def resolved_image_size(self) -> int:
+    def spec(self) -> "DatasetSpec":
         from rpevit.data import DATASET_SPECS
 
-        return self.image_size or DATASET_SPECS[self.dataset].image_size
+        return DATASET_SPECS[self.dataset]
+
+    @property
+    def resolved_image_size(self) -> int:
+        return self.image_size or self.spec.image_size
 
     @property
     def resolved_patch_size(self) -> int:
-        from rpevit.data import DATASET_SPECS
-
-        return self.patch_size or DATASET_SPECS[self.dataset].patch_size
+        return self.patch_size or self.spec.patch_size
 
     @property
     def resolved_batch_size(self) -> int:
-        from rpevit.data import DATASET_SPECS
-
-        return self.batch_size or DATASET_SPECS[self.dataset].batch_size
+        return self.batch_size or self.spec.batch_size
 
     @property
     def resolved_lr(self) -> float:
-        from rpevit.data import DATASET_SPECS
-
-        return self.lr or DATASET_SPECS[self.dataset].lr
+        return self.lr or self.spec.lr
 
     @property
     def resolved_warmup_epochs(self) -> float:
-        from rpevit.data import DATASET_SPECS
-
-        return DATASET_SPECS[self.dataset].warmup_epochs if self.warmup_epochs < 0 else self.warmup_epochs
+        return self.spec.warmup_epochs if self.warmup_epochs < 0 else self.warmup_epochs
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -237,12 +235,14 @@ class TrialConfig:
 
 
 def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
-    """Accept ints for floats and exact types otherwise; anything else names the field."""
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+    """Accept any integer for int and any real for float (YAML, numpy); anything else names the field."""
+    if hint is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
         return float(value)
+    if hint is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
     if hint is int and isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, hint) and not (hint is int and isinstance(value, bool)):
+    if hint is str and isinstance(value, str):
         return value
     raise ConfigError(
         f"{source}: field {name!r} has value {value!r} of type {type(value).__name__}; "

@@ -171,6 +171,7 @@ def test_kernel_mse_report_numbers(tmp_path):
     top = at4.loc[at4["mse_closed"].idxmax()]
     assert top["kmse_norm"] == 1.0 and top["kmse_angle"] == 0.8  # |x + y|^2 = 2(1 + cos 0.8) is the largest
     assert f"| 4 | positive | gaussian | 3 | \\|x\\|=1, {math.degrees(0.8):.0f}°: {common.fmt(top['mse_closed'], 3)}" in text
+    assert "| trig | gaussian | 3 | 1 |" in text  # x = y at angle 0: the trig estimator is exact, no z
     assert png_ok(out / "kernel_mse_vs_m_0.png")
 
 

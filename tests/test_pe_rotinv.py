@@ -114,7 +114,7 @@ def test_module_modulation_positive_and_matches_functions(mode):
     cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "rotinv_draws": 3, "rotinv_degree": 2})
     pe = RotationInvariantRPE(cfg)
     with torch.no_grad():
-        pe.raw_coefficients.copy_(torch.randn(2, 3))
+        pe.raw_coefficients.copy_(torch.randn(2, 3, generator=torch.Generator().manual_seed(0)))
     c = pe.modulation().dense()
     a = pe.coefficients().double()
     coords = centred_coordinates(cfg.grid).double()
@@ -123,7 +123,9 @@ def test_module_modulation_positive_and_matches_functions(mode):
     else:
         ref = LowRankModulation(*random_projection_features(coords, a, pe.projections.double())).dense()
         assert torch.allclose(c.double(), ref, atol=1e-5)
-    assert c.shape == (2, 16, 16) and bool((c >= a[:, :1, None].float() - 1e-6).all()) and bool((c > 0).all())
+    # p >= a_0 in exact arithmetic; the float32 expansion cancels terms of size up to max(c)
+    slack = 1e-5 * c.detach().abs().max().item()
+    assert c.shape == (2, 16, 16) and bool((c >= a[:, :1, None].float() - slack).all()) and bool((c > 0).all())
 
 
 def test_random_projections_seeded():
