@@ -8,12 +8,16 @@ has decided about. Every variant must come back with `unsupported == {}` (tested
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
-from fvcore.nn import FlopCountAnalysis
-from fvcore.nn.jit_handles import get_shape
 from torch import nn
+
+with warnings.catch_warnings():  # fvcore's focal_loss calls the deprecated torch.jit.script at import
+    warnings.simplefilter("ignore", FutureWarning)
+    from fvcore.nn import FlopCountAnalysis
+    from fvcore.nn.jit_handles import get_shape
 
 
 def _sdpa_flop(inputs: list[Any], outputs: list[Any]) -> int:
