@@ -128,3 +128,12 @@ def write_markdown(path: Path, text: str) -> Path:
     path.write_text(text.rstrip() + "\n")
     print(f"wrote {path}")
     return path
+
+
+def script_main(doc: str, build: Callable[[Path], "str | None"], out_name: str, title: str, what: str) -> None:
+    """The body of every analysis script: RESULTS_DIR -> build(...) -> <RESULTS_DIR>/<out_name>."""
+    results_dir = cli(doc.splitlines()[0])
+    text = build(results_dir)
+    if text is None:
+        raise SystemExit(f"no successful {what} under {results_dir}")
+    write_markdown(results_dir / out_name, f"# {title}\n\n" + text)

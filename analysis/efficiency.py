@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import cli, fmt, load_trials, markdown_table, pyplot, save_figure, write_markdown
+from common import fmt, load_trials, markdown_table, pyplot, save_figure, script_main
 
 COST_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "flops", "params", "aic", "bic", "test_acc")
 PARETO_COSTS = (("flops", "FLOPs per image"), ("train_s_per_epoch", "train s / epoch"),
@@ -138,11 +138,7 @@ def plot_scaling(bench: pd.DataFrame, path: Path) -> Path:
 
 
 def main() -> None:
-    results_dir = cli(__doc__.splitlines()[0])
-    text = build(results_dir)
-    if text is None:
-        raise SystemExit(f"no successful train or bench trials under {results_dir}")
-    write_markdown(results_dir / "efficiency.md", "# Efficiency\n\n" + text)
+    script_main(__doc__, build, "efficiency.md", "Efficiency", "train or bench trials")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import bootstrap, cli, fmt, interval, load_trials, markdown_table, pyplot, save_figure, write_markdown
+from common import bootstrap, fmt, interval, load_trials, markdown_table, pyplot, save_figure, script_main
 
 BASELINE_ATTENTION, BASELINE_PE = "softmax", "ape"
 MIN_GAP = 0.005  # 0.5 points of accuracy: below it a single-seed gap is not distinguishable from noise
@@ -129,11 +129,7 @@ def plot_gap_closure(rows: list[dict], path: Path) -> Path:
 
 
 def main() -> None:
-    results_dir = cli(__doc__.splitlines()[0])
-    text = build(results_dir)
-    if text is None:
-        raise SystemExit(f"no successful train trials with test_acc under {results_dir}")
-    write_markdown(results_dir / "gap_closure.md", "# Gap closure\n\n" + text)
+    script_main(__doc__, build, "gap_closure.md", "Gap closure", "train trials with test_acc")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import cli, fmt, load_trials, markdown_table, pyplot, save_figure, write_markdown
+from common import fmt, load_trials, markdown_table, pyplot, save_figure, script_main
 
 PROJECTIONS = ("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher")
 ESTIMATORS = ("positive", "trig")
@@ -217,11 +217,7 @@ def build(results_dir: Path) -> str | None:
 
 
 def main() -> None:
-    results_dir = cli(__doc__.splitlines()[0])
-    text = build(results_dir)
-    if text is None:
-        raise SystemExit(f"no successful kernel_mse trials under {results_dir}")
-    write_markdown(results_dir / "kernel_mse.md", "# Kernel MSE\n\n" + text)
+    script_main(__doc__, build, "kernel_mse.md", "Kernel MSE", "kernel_mse trials")
 
 
 if __name__ == "__main__":
