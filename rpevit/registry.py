@@ -31,7 +31,13 @@ def register_attention(name: str) -> Callable[[T], T]:
 
 
 def register_pe(name: str) -> Callable[[T], T]:
-    return _register(POSITION_ENCODINGS, "pe", name)
+    """Also records the name on the class as `pe_name`, for its error messages."""
+
+    def add(cls: T) -> T:
+        cls.pe_name = name  # type: ignore[attr-defined]
+        return _register(POSITION_ENCODINGS, "pe", name)(cls)
+
+    return add
 
 
 def register_task(name: str) -> Callable[[T], T]:

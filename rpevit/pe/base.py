@@ -36,6 +36,7 @@ class PositionEncoding(nn.Module):
     """Base class: identity for every hook. Subclasses set `hook` and override one method."""
 
     hook: ClassVar[str] = "none"
+    pe_name: ClassVar[str] = ""  # set by @register_pe
 
     def __init__(self, cfg: "TrialConfig", *, layer: int = 0) -> None:
         super().__init__()

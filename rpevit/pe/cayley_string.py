@@ -46,7 +46,6 @@ class _StringBase(AxialRoPE):
 
 @register_pe("cayley_string")
 class CayleyString(_StringBase):
-    pe_name = "cayley_string"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)
@@ -65,7 +64,6 @@ class CayleyString(_StringBase):
 
 @register_pe("sparse_cayley_string")
 class SparseCayleyString(_StringBase):
-    pe_name = "sparse_cayley_string"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)

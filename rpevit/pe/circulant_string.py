@@ -49,7 +49,6 @@ def rope_like_coefficients(heads: int, head_dim: int, base: float) -> Tensor:
 @register_pe("circulant_string")
 class CirculantString(PositionEncoding):
     hook = "qk"
-    pe_name = "circulant_string"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)

@@ -46,7 +46,6 @@ def householder_product(x: Tensor, vectors: Tensor) -> Tensor:
 
 @register_pe("reflection_string")
 class ReflectionString(AxialRoPE):
-    pe_name = "reflection_string"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)

@@ -49,7 +49,6 @@ def _check_head_dim(cls: type, cfg: TrialConfig, source: str, multiple: int) -> 
 @register_pe("rope")
 class AxialRoPE(PositionEncoding):
     hook = "qk"
-    pe_name = "rope"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)
@@ -67,7 +66,6 @@ class AxialRoPE(PositionEncoding):
 @register_pe("rope_mixed")
 class MixedRoPE(PositionEncoding):
     hook = "qk"
-    pe_name = "rope_mixed"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)

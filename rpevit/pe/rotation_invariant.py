@@ -119,7 +119,6 @@ def _random_combine(a: Tensor, neg_pow: Tensor, z_pow: Tensor, selector: Tensor)
 @register_pe("rotinv")
 class RotationInvariantRPE(PositionEncoding):
     hook = "score"
-    pe_name = "rotinv"
 
     def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
         super().__init__(cfg, layer=layer)
