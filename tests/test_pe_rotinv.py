@@ -156,3 +156,37 @@ def test_every_op_has_a_flop_handle(mode):
     cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "depth": 1})
     total, unsupported = count_flops(build_model(cfg, 1, 10), torch.randn(1, 1, 8, 8))
     assert unsupported == {} and total > 0
+
+
+def test_bernstein_basis_converts_to_the_same_polynomial():
+    from rpevit.pe.rotation_invariant import bernstein_to_monomial
+
+    degree, t_max = 3, 2.0
+    b = torch.rand(degree + 1, dtype=torch.float64) + 0.1
+    t = torch.linspace(0, t_max, 11, dtype=torch.float64)
+    s = t / t_max
+    direct = sum(b[k] * math.comb(degree, k) * s**k * (1 - s) ** (degree - k) for k in range(degree + 1))
+    a = bernstein_to_monomial(degree, t_max) @ b
+    via_monomials = sum(a[k] * t**k for k in range(degree + 1))
+    torch.testing.assert_close(via_monomials, direct)
+
+
+def test_bernstein_rotinv_starts_neutral_stays_positive_and_can_decay():
+    cfg = TrialConfig.from_dict({**BASE, "rotinv_basis": "bernstein", "rotinv_degree": 2})
+    pe = RotationInvariantRPE(cfg)
+    torch.testing.assert_close(pe.modulation().dense(), torch.ones(2, 16, 16), atol=1e-5, rtol=0)
+    with torch.no_grad():  # b = (1, 0.01, 0.01): near 1 at distance 0, near 0.01 far away
+        pe.raw_coefficients.copy_(torch.log(torch.expm1(torch.tensor([[1.0, 0.01, 0.01]] * 2))))
+    c = pe.modulation().dense().double()
+    coords = centred_coordinates(cfg.grid).double()
+    torch.testing.assert_close(c, brute_p(coords, pe.coefficients().double()), atol=1e-5, rtol=1e-5)
+    dist = torch.cdist(coords, coords) ** 2
+    assert bool((c > 0).all())
+    assert c[0][dist == 0].min() > 0.99 and c[0][dist == dist.max()].max() < 0.05  # locality
+
+
+def test_bernstein_random_mode_is_refused():
+    from rpevit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="'rotinv_basis'.*'bernstein'.*rotinv_mode 'exact'"):
+        TrialConfig.from_dict({**BASE, "rotinv_basis": "bernstein", "rotinv_mode": "random"})

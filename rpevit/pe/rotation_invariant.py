@@ -1,8 +1,12 @@
 """Rotation-invariant RPE: A_ij proportional to exp(q_i^T k_j / sqrt(d)) * p(|c_i - c_j|^2).
 
-p(t) = sum_{k=0..K} a_k t^k, K = cfg.rotinv_degree, a_k = softplus(raw_k) > 0 per head, so
-p(t) >= a_0 > 0 for every distance t >= 0: the modulation is positive everywhere. (The price:
-with a_k >= 0, p is non-decreasing in t, it cannot decay with distance.)
+p(t) = sum_{k=0..K} a_k t^k, K = cfg.rotinv_degree, with two parametrisations (cfg.rotinv_basis):
+- monomial: a_k = softplus(raw_k) > 0 per head, so p(t) >= a_0 > 0 for every t >= 0, in both
+  modes; the price: p is non-decreasing in t, it cannot decay with distance (no locality);
+- bernstein: p(t) = sum_k b_k C(K, k) s^k (1 - s)^(K - k), s = t / T, T = 2 (the largest
+  squared distance on any grid), b_k = softplus(raw_k) > 0: positive on the whole grid, free to
+  decay or grow, and p = 1 at the start (b = 1, partition of unity). Its monomial coefficients
+  a = M b change sign, so a single random-mode draw could go negative: exact mode only.
 Coordinates: c = (r - grid centre) / max(H - 1, W - 1), so c lies in [-1/2, 1/2]^2 and
 t = |c_i - c_j|^2 in [0, 2] on every grid (at most 2 for a square grid's corners).
 
@@ -28,7 +32,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from rpevit.attention.base import LowRankModulation
-from rpevit.config import TrialConfig
+from rpevit.config import ConfigError, TrialConfig
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
@@ -39,6 +43,22 @@ def centred_coordinates(grid: tuple[int, int]) -> Tensor:
     ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     xy = torch.stack([xs.flatten() - (w - 1) / 2, ys.flatten() - (h - 1) / 2], dim=-1).double()
     return (xy / max(h - 1, w - 1, 1)).float()
+
+
+BERNSTEIN_RANGE = 2.0  # t = |c_i - c_j|^2 <= 2 for centred coordinates in [-1/2, 1/2]^2
+
+
+def bernstein_to_monomial(degree: int, t_max: float = BERNSTEIN_RANGE) -> Tensor:
+    """M (K+1, K+1), a = M b: sum_k b_k C(K,k) s^k (1-s)^(K-k) with s = t / t_max, in powers of t.
+
+    C(K,k) s^k (1-s)^(K-k) = sum_i C(K,k) C(K-k,i) (-1)^i s^(k+i), so M[j, k] collects j = k + i.
+    """
+    m = torch.zeros(degree + 1, degree + 1, dtype=torch.float64)
+    for k in range(degree + 1):
+        for j in range(k, degree + 1):
+            i = j - k
+            m[j, k] = math.comb(degree, k) * math.comb(degree - k, i) * (-1) ** i / t_max**j
+    return m
 
 
 def double_factorial_odd(k: int) -> int:
@@ -124,9 +144,13 @@ class RotationInvariantRPE(PositionEncoding):
         super().__init__(cfg, layer=layer)
         self.mode = cfg.rotinv_mode
         self.register_buffer("coordinates", centred_coordinates(cfg.grid), persistent=False)
-        # a_0 = 1, a_k = 0.1: p varies by under 2x over [0, 2] at K = 2, a mild start
-        start = torch.full((cfg.heads, cfg.rotinv_degree + 1), 0.1)
-        start[:, 0] = 1.0
+        if cfg.rotinv_basis == "bernstein":  # b = 1: p = 1 everywhere, no modulation at the start
+            start = torch.ones(cfg.heads, cfg.rotinv_degree + 1)
+            self.register_buffer("basis", bernstein_to_monomial(cfg.rotinv_degree).float(), persistent=False)
+        else:  # a_0 = 1, a_k = 0.1: p varies by under 2x over [0, 2] at K = 2, a mild start
+            start = torch.full((cfg.heads, cfg.rotinv_degree + 1), 0.1)
+            start[:, 0] = 1.0
+            self.basis = None
         self.raw_coefficients = nn.Parameter(torch.log(torch.expm1(start)))  # softplus^-1
         degree = cfg.rotinv_degree
         if self.mode == "exact":
@@ -139,9 +163,19 @@ class RotationInvariantRPE(PositionEncoding):
             self.register_buffer("projections", w)  # fixed: part of the model (checkpoints), from the seed
             self.register_buffer("selector", binomial_selector(degree).float(), persistent=False)
 
+    @classmethod
+    def check_config(cls, cfg: TrialConfig, source: str) -> None:
+        if cfg.rotinv_basis == "bernstein" and cfg.rotinv_mode == "random":
+            raise ConfigError(
+                f"{source}: field 'rotinv_basis' has value 'bernstein' with rotinv_mode 'random'; allowed: "
+                f"'bernstein' with rotinv_mode 'exact', or 'monomial' (its signed coefficients could make "
+                f"a random draw negative)"
+            )
+
     def coefficients(self) -> Tensor:
-        """(h, K + 1) polynomial coefficients a_k = softplus(raw) > 0."""
-        return F.softplus(self.raw_coefficients)
+        """(h, K + 1) monomial coefficients a_k of p: softplus(raw) > 0, or M softplus(raw) (Bernstein)."""
+        weights = F.softplus(self.raw_coefficients)
+        return weights if self.basis is None else weights @ self.basis.T
 
     def modulation(self) -> LowRankModulation:
         a = self.coefficients()
