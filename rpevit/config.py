@@ -48,6 +48,11 @@ class TrialConfig:
     # attention options
     num_features: int = 64  # m, random features of FAVOR+ / ReLU
     redraw_interval: int = 0  # training steps between FAVOR+ feature redraws; 0 = never
+    # fraction of training steps after which the draw is frozen: no redraw in the last stretch,
+    # so the final weights are adapted to the draw they are evaluated with (docs/random_features.md)
+    redraw_until: float = 0.8
+    # L2-normalised q and k with a learned per-head temperature (Luo et al. 2021, section 3.3)
+    qk_norm: str = field(default="none", **_choices("none", "l2"))
     feature_type: str = field(default="orthogonal", **_choices("orthogonal", "iid"))
     relu_projection: str = field(default="random", **_choices("random", "identity"))
     kernel_eps: float = 1e-3
@@ -55,6 +60,7 @@ class TrialConfig:
     # position encoding options
     rope_base: float = 100.0
     luo_path: str = field(default="auto", **_choices("auto", "fft", "dense"))
+    luo_scale: float = 10.0  # the Luo bias table is luo_scale * a raw parameter (rpevit/pe/relative_bias.py)
     string_sparsity: float = 0.1  # f, fraction of learned above-diagonal entries of S
     cayley_solver: str = field(default="auto", **_choices("auto", "dense", "sparse"))
     reflection_block: int = 0  # coordinates per Householder block; 0 = the whole head
@@ -85,6 +91,8 @@ class TrialConfig:
     device: str = field(default="auto", **_choices("auto", "cpu", "cuda"))
     amp: str = field(default="auto", **_choices("auto", "bf16", "none"))
     eval_batch_size: int = 1024
+    # fresh random-feature draws of the draw-aware test evaluation (random-feature backends); 0 = off
+    eval_draws: int = 8
 
     # bench task
     bench_batch: int = 32
@@ -169,6 +177,10 @@ class TrialConfig:
                 raise bad(name, getattr(self, name), "an integer >= 0")
         if self.dim % self.heads:
             raise bad("dim", self.dim, f"a multiple of heads={self.heads}")
+        if not 0.0 <= self.redraw_until <= 1.0:
+            raise bad("redraw_until", self.redraw_until, "a fraction of training steps in [0, 1]")
+        if self.eval_draws < 0:
+            raise bad("eval_draws", self.eval_draws, "an integer >= 0 (0 = no draw-aware evaluation)")
         if not 0.0 < self.string_sparsity <= 1.0:
             raise bad("string_sparsity", self.string_sparsity, "a fraction in (0, 1]")
         if not 0.0 <= self.val_fraction < 1.0:
@@ -177,7 +189,7 @@ class TrialConfig:
             raise bad("lr", self.lr, "a number > 0, or 0 for the dataset's default")
         if self.warmup_epochs < 0 and self.warmup_epochs != -1:
             raise bad("warmup_epochs", self.warmup_epochs, "a number >= 0, or -1 for the dataset's default")
-        for name in ("mlp_ratio", "rope_base", "kernel_eps", "kmse_norm"):
+        for name in ("mlp_ratio", "rope_base", "kernel_eps", "kmse_norm", "luo_scale"):
             if getattr(self, name) <= 0:
                 raise bad(name, getattr(self, name), "a number > 0")
         for name in ("weight_decay", "label_smoothing", "grad_clip",

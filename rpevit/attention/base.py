@@ -39,6 +39,11 @@ class RelativeBias:
         idx = relative_offsets(self.grid, self.table.device)
         return self.table.flatten(1)[:, idx]
 
+    def dense(self) -> Tensor:
+        """c as an (h, N, N) matrix, up to a per-head factor (which cancels in normalised attention)."""
+        log_c = self.dense_log()
+        return torch.exp(log_c - log_c.amax(dim=(-2, -1), keepdim=True))
+
 
 @dataclass
 class LowRankModulation:
@@ -52,6 +57,25 @@ class LowRankModulation:
 
 
 Modulation = Union[RelativeBias, LowRankModulation]
+
+
+def normalize_rows(weights: Tensor) -> Tensor:
+    """Rows of non-negative weights -> rows of attention probabilities."""
+    return weights / weights.sum(dim=-1, keepdim=True)
+
+
+def softmax_attention_matrix(q: Tensor, k: Tensor, modulation: Modulation | None = None) -> Tensor:
+    """Exact (b h n n) attention: A_ij proportional to exp(q_i^T k_j / sqrt(d)) c_ij; the dense reference."""
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    if modulation is not None:
+        weights = weights * modulation.dense().to(weights.dtype)
+    return normalize_rows(weights)
+
+
+def total_variation(a: Tensor, b: Tensor) -> Tensor:
+    """Total-variation distance 1/2 sum_j |a_ij - b_ij| between attention rows: (..., n, n) -> (..., n)."""
+    return 0.5 * (a - b).abs().sum(dim=-1)
 
 
 class AttentionBackend(nn.Module):
@@ -68,6 +92,18 @@ class AttentionBackend(nn.Module):
         self.heads = cfg.heads
         self.layer = layer
 
+    @property
+    def random_features(self) -> bool:
+        """True if the output depends on a random draw (judged over fresh draws, `use_draw`)."""
+        return False
+
     @classmethod
     def check_config(cls, cfg: "TrialConfig", source: str) -> None:
         """Raise ConfigError if this backend cannot run with cfg."""
+
+    def attention_matrix(self, q: Tensor, k: Tensor, modulation: Modulation | None = None) -> Tensor:
+        """The (b h n n) row-stochastic matrix A this backend applies to v (forward = A v), densely.
+
+        O(N^2): for fidelity metrics and tests on small N, never on the training path.
+        """
+        raise NotImplementedError

@@ -15,7 +15,8 @@ import torch
 from einops import einsum, rearrange
 from torch import Tensor
 
-from rpevit.attention.base import AttentionBackend, LowRankModulation, Modulation, RelativeBias
+from rpevit.attention.base import (AttentionBackend, LowRankModulation, Modulation, RelativeBias,
+                                   normalize_rows)
 from rpevit.attention.features import iid_gaussian, orthogonal_gaussian, positive_random_features
 from rpevit.attention.toeplitz import toeplitz_dense_matrix, toeplitz_fft_matvec
 from rpevit.config import TrialConfig
@@ -84,7 +85,10 @@ class KernelizedAttention(AttentionBackend):
 
     Random projections are a persistent buffer drawn from (seed, layer, redraw count), so eval
     and checkpoint resume reuse exactly the same matrix; during training they are redrawn every
-    `redraw_interval` forward passes (0: never), counted by the persistent `forward_count`.
+    `redraw_interval` forward passes (0: never), counted by the persistent `forward_count`, but
+    only during the first `redraw_until` of the training steps once the train task has set
+    `total_steps` (`set_training_length`): a redraw in the last stretch of a cosine schedule
+    leaves a draw the weights never adapted to, and that draw is the one evaluated.
     """
 
     linear_time = True
@@ -96,29 +100,57 @@ class KernelizedAttention(AttentionBackend):
         self.num_features = cfg.num_features
         self.feature_type = cfg.feature_type
         self.redraw_interval = cfg.redraw_interval
+        self.redraw_until = cfg.redraw_until
+        self.total_steps: int | None = None  # set by the train task; None: redraw for ever
         self.luo_path = cfg.luo_path
         self.register_buffer("forward_count", torch.zeros((), dtype=torch.long))
         if self.uses_projection:
             self.register_buffer("projection", self.draw_projection(0))
 
-    def draw_projection(self, draw: int) -> Tensor:
-        """(m, d) Gaussian rows (orthogonal blocks or iid), reproducible from (seed, layer, draw)."""
-        generator = torch.Generator().manual_seed(projection_seed(self.seed, self.layer, draw))
+    @property
+    def random_features(self) -> bool:
+        return self.uses_projection
+
+    def draw_projection(self, draw: int, salt: int = 0) -> Tensor:
+        """(m, d) Gaussian rows (orthogonal blocks or iid), reproducible from (seed, layer, draw, salt).
+
+        salt 0: the training draws; other salts: the fresh draws of the draw-aware evaluation.
+        """
+        generator = torch.Generator().manual_seed(projection_seed(self.seed, self.layer, draw, salt))
         sample = orthogonal_gaussian if self.feature_type == "orthogonal" else iid_gaussian
         return sample(self.num_features, self.head_dim, generator=generator)
+
+    def use_draw(self, projection: Tensor) -> None:
+        """Replace the current projection (the draw-aware evaluation swaps draws in and back)."""
+        self.projection.copy_(projection)
+
+    def redraws_frozen(self, step: int) -> bool:
+        """True from step redraw_until * total_steps on (never, while total_steps is unknown)."""
+        return self.total_steps is not None and step >= self.redraw_until * self.total_steps
 
     def maybe_redraw(self) -> None:
         if self.training and self.uses_projection and self.redraw_interval > 0:
             count = int(self.forward_count)
-            if count > 0 and count % self.redraw_interval == 0:
+            if count > 0 and count % self.redraw_interval == 0 and not self.redraws_frozen(count):
                 self.projection.copy_(self.draw_projection(count // self.redraw_interval))
             self.forward_count += 1
 
+    def features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """phi(q d^-1/4), phi(k d^-1/4): (q d^-1/4)^T (k d^-1/4) = q^T k / sqrt(d)."""
+        scale = self.head_dim ** -0.25
+        return self.feature_map(q * scale, is_query=True), self.feature_map(k * scale, is_query=False)
+
+    def attention_matrix(self, q: Tensor, k: Tensor, modulation: Modulation | None = None) -> Tensor:
+        """A_ij proportional to phi(q_i)^T phi(k_j) c_ij, densely (the definition the fast paths compute)."""
+        phi_q, phi_k = self.features(q, k)
+        weights = phi_q @ phi_k.transpose(-1, -2)
+        if modulation is not None:
+            weights = weights * modulation.dense().to(weights.dtype)
+        return normalize_rows(weights)
+
     def forward(self, q: Tensor, k: Tensor, v: Tensor, modulation: Modulation | None = None) -> Tensor:
         self.maybe_redraw()
-        scale = self.head_dim ** -0.25  # (q d^-1/4)^T (k d^-1/4) = q^T k / sqrt(d)
-        phi_q = self.feature_map(q * scale, is_query=True)
-        phi_k = self.feature_map(k * scale, is_query=False)
+        phi_q, phi_k = self.features(q, k)
         if isinstance(modulation, RelativeBias):
             n = q.shape[-2]
             path = self.luo_path if self.luo_path != "auto" else (
@@ -151,3 +183,10 @@ class ReluAttention(KernelizedAttention):
         if self.uses_projection:
             x = x @ self.projection.to(x.dtype).T  # b h n m
         return torch.relu(x) + self.eps
+
+
+def set_training_length(model: torch.nn.Module, total_steps: int) -> None:
+    """Tell every kernelized layer how many training steps the run has (for `redraw_until`)."""
+    for module in model.modules():
+        if isinstance(module, KernelizedAttention):
+            module.total_steps = total_steps

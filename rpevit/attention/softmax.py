@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor
 
-from rpevit.attention.base import AttentionBackend, LowRankModulation, Modulation, RelativeBias
+from rpevit.attention.base import (AttentionBackend, LowRankModulation, Modulation, RelativeBias,
+                                   softmax_attention_matrix)
 from rpevit.registry import register_attention
 
 
@@ -35,3 +36,6 @@ class SoftmaxAttention(AttentionBackend):
             return low_rank_softmax_attention(q, k, v, modulation)
         mask = modulation.dense_log().to(q.dtype) if isinstance(modulation, RelativeBias) else None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def attention_matrix(self, q: Tensor, k: Tensor, modulation: Modulation | None = None) -> Tensor:
+        return softmax_attention_matrix(q, k, modulation)

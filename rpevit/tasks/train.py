@@ -19,12 +19,15 @@ from torch import Tensor, nn
 
 from rpevit import metrics
 from rpevit.config import TrialConfig
+from rpevit.attention.kernelized import set_training_length
 from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
+from rpevit.evaluation import FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, softmax_swap_accuracy
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import register_task
 
 CHECKPOINT_NAME = "checkpoint.pt"
+WARMUP_MAX_FRACTION = 0.1  # warm-up never takes more than 10% of the training steps
 EpochCallback = Callable[[dict, "Path | None"], None]
 
 
@@ -46,13 +49,22 @@ def autocast_context(cfg: TrialConfig, device: torch.device):
 
 
 def make_optimizer(model: nn.Module, cfg: TrialConfig) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on biases, norms and position tables (the 1-D / embedding params)."""
+    """AdamW; no weight decay on what the model declares in `no_weight_decay()` (biases, norms,
+    temperatures, every position-encoding parameter), decay on the rest (weight matrices)."""
+    exempt = model.no_weight_decay()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
-            (no_decay if p.ndim <= 1 or "embedding" in name else decay).append(p)
+            (no_decay if name in exempt else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.resolved_lr, betas=(0.9, 0.999))
+
+
+def warmup_steps_for(cfg: TrialConfig, steps_per_epoch: int, total_steps: int) -> int:
+    """The recipe's warm-up, capped at WARMUP_MAX_FRACTION of the run so the schedule always decays
+    (a 5-epoch CIFAR warm-up in a 4-epoch run would otherwise end at peak lr)."""
+    wanted = round(cfg.resolved_warmup_epochs * steps_per_epoch)
+    return max(1, min(wanted, round(WARMUP_MAX_FRACTION * total_steps)))
 
 
 def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -114,7 +126,8 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
     batch_size = cfg.resolved_batch_size
     steps_per_epoch = math.ceil(n_train / batch_size)
     total_steps = max(1, cfg.epochs * steps_per_epoch)
-    warmup_steps = max(1, min(total_steps, round(cfg.resolved_warmup_epochs * steps_per_epoch)))
+    warmup_steps = warmup_steps_for(cfg, steps_per_epoch, total_steps)
+    set_training_length(model, total_steps)  # redraw_until counts in training steps
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
     augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
@@ -160,7 +173,7 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
         epoch_s = time.perf_counter() - t0
         row = {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": correct.item() / n_train,
                **_validation(model, data, cfg, device), "lr": scheduler.get_last_lr()[0],
-               "epoch_s": epoch_s}
+               "epoch_s": epoch_s, **fidelity_row(model, fidelity_batch(data))}
         history.append(row)
         log(f"epoch {epoch + 1}/{cfg.epochs} train_loss {row['train_loss']:.4f} "
             f"train_acc {row['train_acc']:.4f} val_loss {row['val_loss']:.4f} "
@@ -185,11 +198,23 @@ def _validation(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.
             "val_acc": (logits.argmax(-1) == data.y_val).float().mean().item()}
 
 
+def fidelity_batch(data: Splits) -> Tensor:
+    """The fixed, normalised test images of the attention-fidelity metric (the same every epoch)."""
+    return data.normalize(data.x_test[:FIDELITY_IMAGES])
+
+
 def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device,
               history: list[dict]) -> dict:
-    """Test metrics, information criteria, FLOPs, timing, memory and environment in one flat row."""
-    logits = predict(model, data, data.x_test, cfg, device)
+    """Test metrics, draw-aware and softmax-swap accuracy, attention fidelity, information criteria,
+    FLOPs, timing, memory and environment in one flat row."""
+    def predict_test(m: nn.Module) -> Tensor:
+        return predict(m, data, data.x_test, cfg, device)
+
+    logits = predict_test(model)
     quality = metrics.classification_metrics(logits, data.y_test)
+    draw_aware = {**draw_aware_accuracy(model, predict_test, data.y_test, cfg.eval_draws),
+                  "test_acc_softmax_swap": softmax_swap_accuracy(model, cfg, predict_test, data.y_test),
+                  **fidelity_row(model, fidelity_batch(data))}
     params = metrics.count_parameters(model)
     example = data.normalize(data.x_test[:2])
     flops, unsupported = count_flops(model, example)
@@ -207,6 +232,7 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
     return {
         **cfg.to_dict(),
         **quality,
+        **draw_aware,
         **metrics.information_criteria(quality["log_likelihood"], params, len(data.y_test)),
         "params": params,
         "flops": flops,
