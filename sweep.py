@@ -2,27 +2,33 @@
 
 The space is expanded and validated before anything runs (`--dry-run` shows the trial table).
 Results land in <results-dir>/<name>/{trials,epochs}.parquet; `--resume` continues a killed
-sweep. Exit code: 0 all trials ok, 1 some failed, 2 bad space or options.
+sweep. Exit code: 0 all trials ok, 1 some failed, 2 bad space or options (or the sweep folder is
+in use by another driver).
 """
 from __future__ import annotations
 
 import argparse
-import re
+import os
+import signal
 import sys
+from pathlib import Path
 
 from rpevit.config import ConfigError
-from rpevit.sweep.space import load_space, parse_overrides
+from rpevit.sweep.lock import sweep_dir, sweep_lock
+from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Resources, Space, check_name, load_space, parse_overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python sweep.py", description=__doc__.splitlines()[0])
     p.add_argument("--space", required=True, help="YAML search space (see rpevit/sweep/space.py)")
-    p.add_argument("--name", default=None, help="sweep name (default: the space's name)")
+    p.add_argument("--name", default=None, help="sweep name (default: the space's name); one folder name")
     p.add_argument("--results-dir", default="results", help="results go to <dir>/<name>/")
     p.add_argument("--data-dir", default=None, help="folder of <dataset>.npz (default $RPEVIT_DATA or ./data)")
     p.add_argument("--resume", action="store_true", help="continue the sweep in <results-dir>/<name>")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: rerun failed trials too")
     p.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    p.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS,
+                   help=f"refuse spaces that expand to more trials (default {DEFAULT_MAX_TRIALS:,})")
     p.add_argument("--address", default=None, help="join a Ray cluster: auto | host:port (or set RAY_ADDRESS)")
     p.add_argument("--gpus-per-trial", type=float, default=None, help="fractions share a GPU (0.25: 4 per GPU)")
     p.add_argument("--cpus-per-trial", type=float, default=None)
@@ -35,29 +41,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_options(args: argparse.Namespace, space: Space) -> None:
+    """What the space alone cannot know, checked before the dry run prints its table."""
+    given = {"cpus_per_trial": args.cpus_per_trial, "gpus_per_trial": args.gpus_per_trial,
+             "max_concurrent": args.max_concurrent}
+    Resources.from_dict({**vars(space.resources), **{k: v for k, v in given.items() if v is not None}},
+                        source=f"{space.source} + command line")
+    if args.data_dir is not None:
+        from rpevit.data import FOLDERLESS_DATASETS
+
+        folder = Path(args.data_dir).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"--data-dir has value {args.data_dir!r}, which is a file; allowed: a folder "
+                              f"holding <dataset>.npz")
+        if all(t["dataset"] in FOLDERLESS_DATASETS for t in space.trials):
+            raise ConfigError(f"--data-dir has value {args.data_dir!r} but no trial reads a data folder (dataset "
+                              f"{', '.join(FOLDERLESS_DATASETS)} is bundled with scikit-learn); allowed: leave "
+                              f"--data-dir out")
+    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    if local and any(t["device"] == "cuda" for t in space.trials):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("field 'device' has value 'cuda' but torch sees no CUDA device on this machine, "
+                              "where the local Ray runs the trials; allowed: cpu, auto (or --address a cluster "
+                              "with GPUs)")
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    """`kill <driver>`: unwind like Ctrl-C, so Ray is shut down and the sweep lock released."""
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        space = load_space(args.space, overrides=parse_overrides(args.overrides))
+        if args.max_trials < 1:
+            raise ConfigError(f"--max-trials has value {args.max_trials}; allowed: an integer >= 1")
+        if args.name is not None:
+            check_name(args.name, "--name")
+        space = load_space(args.space, overrides=parse_overrides(args.overrides), max_trials=args.max_trials)
         if args.name:
-            if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.name):
-                raise ConfigError(f"--name has value {args.name!r}; allowed: letters, digits, '_', '.', '-'")
             space.name = args.name
+        check_options(args, space)
         print(space.table())
         dropped = f" ({space.duplicates_dropped} duplicates dropped)" if space.duplicates_dropped else ""
         print(f"{len(space.trials)} trials{dropped} in sweep {space.name!r} from {args.space}")
         if args.dry_run:
             return 0
-        from rpevit.sweep.runner import SweepOptions, run_sweep  # imports Ray: not for dry runs
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        with sweep_lock(sweep_dir(args.results_dir, space.name)):  # before Ray: a second driver stops at once
+            from rpevit.sweep.runner import SweepOptions, run_sweep  # imports Ray: not for dry runs
 
-        opts = SweepOptions(results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
-                            retry_failed=args.retry_failed, address=args.address,
-                            cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
-                            max_concurrent=args.max_concurrent, dashboard=args.dashboard,
-                            max_failures=args.max_failures)
-        return run_sweep(space, opts)
+            opts = SweepOptions(results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
+                                retry_failed=args.retry_failed, address=args.address,
+                                cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+                                max_concurrent=args.max_concurrent, dashboard=args.dashboard,
+                                max_failures=args.max_failures)
+            return run_sweep(space, opts)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
 
 

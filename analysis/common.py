@@ -2,11 +2,15 @@
 
 RESULTS_DIR is either one sweep folder (holding trials.parquet) or a parent folder holding several
 `<name>/trials.parquet`; every script accepts both and writes its Markdown and PNGs into RESULTS_DIR.
+Only the rows whose trial_key the space.json beside each trials.parquet lists are used (rows of
+trials dropped from an edited space stay in the Parquet file); every script says how many it set aside.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -15,7 +19,15 @@ import pandas as pd
 
 from rpevit.sweep.results import OK, TRIALS_FILE
 
+try:  # the sweep package's own filter, when it has one (same rule: trial_key listed in space.json)
+    from rpevit.sweep.results import current_rows as _sweep_current_rows
+except ImportError:  # older checkout: the local filter below applies the same rule
+    _sweep_current_rows = None
+
 ENVIRONMENT_COLUMNS = ("device_name", "torch_version", "ray_version", "git_commit", "python_version")
+SPACE_FILE = "space.json"
+VARIANT = ("dataset", "attention", "pe", "qk_norm", "redraw")  # what one row of a per-variant table is
+RANDOM_FEATURE_ATTENTIONS = ("favor", "relu")  # relu only with relu_projection: random
 
 
 def trial_files(results_dir: Path) -> list[Path]:
@@ -26,17 +38,106 @@ def trial_files(results_dir: Path) -> list[Path]:
     return sorted(results_dir.glob(f"*/{TRIALS_FILE}"))
 
 
-def load_trials(results_dir: Path, task: str | None = None) -> pd.DataFrame:
-    """Successful trial rows (status ok) of every sweep found, optionally of one task; empty if none."""
-    files = trial_files(results_dir)
-    frames = [pd.read_parquet(f) for f in files]
-    if not frames:
-        return pd.DataFrame()
-    frame = pd.concat(frames, ignore_index=True, sort=False)
+def space_keys(folder: Path) -> set[str] | None:
+    """trial_keys of the space.json the sweep runner wrote into folder; None when there is none."""
+    path = Path(folder) / SPACE_FILE
+    return set(json.loads(path.read_text()).get("trial_keys", [])) if path.exists() else None
+
+
+def current_rows(frame: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, int]:
+    """Rows whose trial_key the folder's space.json lists, and how many were set aside. A space
+    that was edited after a sweep ran leaves rows of trials it no longer contains in trials.parquet;
+    mixing them in would average configurations the space no longer describes."""
+    if _sweep_current_rows is not None:
+        return _sweep_current_rows(frame, Path(folder))
+    keys = space_keys(folder)
+    if keys is None or "trial_key" not in frame.columns:
+        return frame, 0
+    keep = frame["trial_key"].isin(keys)
+    return frame[keep], int((~keep).sum())
+
+
+@dataclass
+class TrialRows:
+    """Successful current rows, with what was left out, so each script can say so in its Markdown."""
+
+    frame: pd.DataFrame
+    set_aside: int = 0  # rows of the selected tasks whose trial_key is not in their space.json
+    without_space: tuple[str, ...] = ()  # folders holding no space.json: all their rows kept
+    with_space: int = 0  # folders whose rows were filtered by their space.json
+
+    def note(self) -> str:
+        """One Markdown line on which rows were used: set-aside count and unfiltered folders."""
+        s = "" if self.set_aside == 1 else "s"
+        parts = [f"_{self.set_aside} row{s} set aside: not in the current {SPACE_FILE}_"] if self.with_space else []
+        if self.without_space:
+            parts.append(f"_no {SPACE_FILE} in {', '.join(self.without_space)}: all rows there kept_")
+        return "; ".join(parts)
+
+
+def _select(frame: pd.DataFrame, tasks: Sequence[str] | None) -> pd.DataFrame:
     frame = frame[frame["status"] == OK]
-    if task is not None:
-        frame = frame[frame["task"] == task] if "task" in frame.columns else frame.iloc[0:0]
-    return frame.reset_index(drop=True)
+    if tasks is not None:
+        frame = frame[frame["task"].isin(tasks)] if "task" in frame.columns else frame.iloc[0:0]
+    return frame
+
+
+def read_trials(results_dir: Path, tasks: Sequence[str] | None = None) -> TrialRows:
+    """Successful rows of the given tasks (all if None) of every sweep found, keeping only the
+    rows their folder's space.json lists (every row where a folder has no space.json)."""
+    results_dir = Path(results_dir)
+    frames, set_aside, without = [], 0, []
+    for path in trial_files(results_dir):
+        selected = _select(pd.read_parquet(path), tasks)
+        if space_keys(path.parent) is None:
+            without.append(path.parent.name if path.parent != results_dir else ".")
+            kept, dropped = selected, 0
+        else:
+            kept, dropped = current_rows(selected, path.parent)
+        frames.append(kept)
+        set_aside += dropped
+    frame = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
+    return TrialRows(frame.reset_index(drop=True), set_aside, tuple(without), len(frames) - len(without))
+
+
+def load_trials(results_dir: Path, task: str | None = None) -> pd.DataFrame:
+    """Successful current rows (see read_trials), optionally of one task; empty if none."""
+    return read_trials(results_dir, None if task is None else [task]).frame
+
+
+def column(frame: pd.DataFrame, name: str, default: Any = math.nan) -> pd.Series:
+    """frame[name], or default on every row: results written before a column existed lack it."""
+    if name in frame.columns:
+        return frame[name]
+    return pd.Series([default] * len(frame), index=frame.index, dtype=object if isinstance(default, str) else float)
+
+
+def has_random_features(frame: pd.DataFrame) -> pd.Series:
+    """Rows whose attention draws random features (FAVOR+; Performer-ReLU with a random projection)."""
+    relu_identity = (frame["attention"] == "relu") & (column(frame, "relu_projection", "random") == "identity")
+    return frame["attention"].isin(RANDOM_FEATURE_ATTENTIONS) & ~relu_identity
+
+
+def redraw_label(random_features: bool, interval: float, until: float) -> str:
+    """'off' (no redraws, or nothing to redraw), else 'every N' and ' until F' when the row says F."""
+    if not random_features or not (isinstance(interval, (int, float, np.number)) and interval > 0):
+        return "off"
+    label = f"every {int(interval)}"
+    return f"{label} until {until:g}" if until is not None and math.isfinite(until) else label
+
+
+def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
+    """A copy with the VARIANT columns filled in: qk_norm ('none' when absent), redraw (a label),
+    and relu without random features named 'relu-identity' (it is a different, deterministic backend)."""
+    out = frame.copy()
+    random = has_random_features(out)
+    out["qk_norm"] = column(out, "qk_norm", "none").fillna("none").astype(str)
+    interval = pd.to_numeric(column(out, "redraw_interval", 0), errors="coerce")
+    until = pd.to_numeric(column(out, "redraw_until"), errors="coerce")
+    out["redraw"] = [redraw_label(r, i, u) for r, i, u in zip(random, interval, until)]
+    identity = (out["attention"] == "relu") & ~random
+    out["attention"] = out["attention"].where(~identity, "relu-identity")
+    return out
 
 
 def bootstrap(groups: Sequence[np.ndarray], statistic: Callable[..., float], *, n_boot: int = 4000,
@@ -55,6 +156,15 @@ def bootstrap(groups: Sequence[np.ndarray], statistic: Callable[..., float], *, 
         return point, math.nan, math.nan
     alpha = (1 - level) / 2
     return point, float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha))
+
+
+def mean_interval(values: np.ndarray, scale: float = 1.0, digits: int = 3) -> str:
+    """'mean [95% bootstrap interval]' over seeds of the finite values; an em dash when there are none."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return "—"
+    return interval(*bootstrap([values], np.mean), digits=digits, scale=scale)
 
 
 def fmt(value: Any, digits: int = 4) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import fmt, load_trials, markdown_table, pyplot, save_figure, script_main
+from common import VARIANT, fmt, markdown_table, pyplot, read_trials, save_figure, script_main, with_variant
 
 COST_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "flops", "params", "aic", "bic", "test_acc")
 PARETO_COSTS = (("flops", "FLOPs per image"), ("train_s_per_epoch", "train s / epoch"),
@@ -43,9 +43,12 @@ def loglog_slope(n: np.ndarray, t: np.ndarray) -> float:
 
 
 def variant_costs(frame: pd.DataFrame) -> pd.DataFrame:
+    """Mean cost per variant (dataset, attention, pe, qk_norm, redraw): qk_norm and redraw schedules are
+    separate variants, so their costs and accuracies are not averaged together."""
+    frame = with_variant(frame)
     cols = [c for c in COST_COLUMNS if c in frame.columns]
-    table = frame.groupby(["dataset", "attention", "pe"])[cols].mean()
-    table["seeds"] = frame.groupby(["dataset", "attention", "pe"]).size()
+    table = frame.groupby(list(VARIANT))[cols].mean()
+    table["seeds"] = frame.groupby(list(VARIANT)).size()
     return table.reset_index()
 
 
@@ -72,17 +75,17 @@ def scaling_slopes(bench: pd.DataFrame) -> pd.DataFrame:
 
 def build(results_dir: Path) -> str | None:
     """Markdown section (and PNGs) for the train and bench trials under results_dir; None if neither."""
-    train, bench = load_trials(results_dir, task="train"), load_trials(results_dir, task="bench")
-    if train.empty and bench.empty:
+    trials = read_trials(results_dir, ["train", "bench"])
+    if trials.frame.empty:
         return None
-    parts = ["## Efficiency", ""]
+    train, bench = (trials.frame[trials.frame["task"] == task].reset_index(drop=True) for task in ("train", "bench"))
+    parts = ["## Efficiency", "", trials.note(), ""]
     if not train.empty:
         costs = variant_costs(train)
-        show = [c for c in ("seeds", *COST_COLUMNS) if c in costs.columns]
+        show = [*VARIANT[1:], *(c for c in ("seeds", *COST_COLUMNS) if c in costs.columns)]
         for dataset, g in costs.groupby("dataset"):
             parts += [f"### {dataset}: cost per variant (means over seeds)", "",
-                      markdown_table(["attention", "pe", *show], g[["attention", "pe", *show]].itertuples(index=False)),
-                      ""]
+                      markdown_table(show, g[show].itertuples(index=False)), ""]
         plot_pareto(costs, results_dir / "efficiency_pareto.png")
         parts += ["Accuracy against cost; ringed points form the Pareto front (no variant is both at least as "
                   "accurate and at most as costly).", "", "![accuracy vs cost](efficiency_pareto.png)", ""]
@@ -93,6 +96,12 @@ def build(results_dir: Path) -> str | None:
                   "![token scaling](token_scaling.png)", ""]
         plot_scaling(bench, results_dir / "token_scaling.png")
     return "\n".join(parts)
+
+
+def variant_label(r: pd.Series) -> str:
+    """attention+pe, with qk_norm and redraw only where they differ from the defaults (none, off)."""
+    extra = [f"qk {r['qk_norm']}"] * (r["qk_norm"] != "none") + [f"redraw {r['redraw']}"] * (r["redraw"] != "off")
+    return f"{r['attention']}+{r['pe']}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def plot_pareto(costs: pd.DataFrame, path: Path) -> Path:
@@ -108,7 +117,7 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path:
             front = pareto_front(cost, acc)
             for i, r in g.iterrows():
                 marker = {"softmax": "o", "favor": "s", "relu": "^"}.get(r["attention"], "D")
-                ax.scatter(cost[i], acc[i], marker=marker, s=40, label=f"{r['attention']}+{r['pe']}")
+                ax.scatter(cost[i], acc[i], marker=marker, s=40, label=variant_label(r))
                 if front[i]:
                     ax.scatter(cost[i], acc[i], s=160, facecolors="none", edgecolors="k")
             order = np.argsort(cost[front])

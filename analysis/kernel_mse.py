@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from common import fmt, load_trials, markdown_table, pyplot, save_figure, script_main
+from common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main
 
 PROJECTIONS = ("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher")
 ESTIMATORS = ("positive", "trig")
@@ -185,11 +185,11 @@ def plot_versus_m(g: pd.DataFrame, title: str, path: Path) -> Path:
 
 def build(results_dir: Path) -> str | None:
     """Markdown section (and PNGs) for the kernel_mse trials under results_dir; None if there are none."""
-    frame = load_trials(results_dir, task="kernel_mse")
-    if frame.empty:
+    trials = read_trials(results_dir, ["kernel_mse"])
+    if trials.frame.empty:
         return None
-    frame = with_derived(frame)
-    parts = ["## Kernel MSE of random-feature estimators", "",
+    frame = with_derived(trials.frame)
+    parts = ["## Kernel MSE of random-feature estimators", "", trials.note(), "",
              f"{len(frame)} trials; Monte Carlo over {fmt(frame['kmse_draws'].min())}–"
              f"{fmt(frame['kmse_draws'].max())} draws per trial. Closed forms: Gaussian = Performer Lemma 2; "
              "orthogonal = exact series for Haar directions with chi_d norms (the Performer Theorem 2 bound "

@@ -2,10 +2,12 @@
 
     python analysis/report.py RESULTS_DIR
 
-Runs the sections of gap_closure.py, efficiency.py and kernel_mse.py whose trials are present
-(each writes its PNGs into RESULTS_DIR), includes the rotation-invariant concentration study if
-analysis/rotinv_concentration.py wrote its output into RESULTS_DIR or a folder below it, and states
-where the rows were produced (device, torch / ray / python versions, git commit, from the rows).
+Runs the sections of gap_closure.py (draw-aware verdict and tables), efficiency.py and kernel_mse.py
+whose trials are present (each writes its PNGs into RESULTS_DIR), includes the rotation-invariant
+concentration study if analysis/rotinv_concentration.py wrote its output into RESULTS_DIR or a folder
+below it, and states where the rows were produced (device, torch / ray / python versions, git commit,
+from the rows).
+Only rows listed in each folder's space.json are used; the Trials table counts those set aside.
 """
 from __future__ import annotations
 
@@ -17,19 +19,24 @@ import pandas as pd
 import efficiency
 import gap_closure
 import kernel_mse
-from common import cli, environment_table, load_trials, markdown_table, trial_files, write_markdown
+from common import (SPACE_FILE, cli, current_rows, environment_table, markdown_table, read_trials, space_keys,
+                    trial_files, write_markdown)
 
 ROTINV_FILE = "rotinv_concentration.md"
 
 
 def status_table(results_dir: Path) -> str:
+    """Per sweep folder: tasks, ok / failed rows of the current space, and the rows set aside as stale
+    (trial_key not in the folder's space.json), so a reader sees what every section left out."""
     rows = []
     for path in trial_files(results_dir):
         frame = pd.read_parquet(path)
-        counts = frame["status"].value_counts()
+        current, stale = current_rows(frame, path.parent)
+        counts = current["status"].value_counts()
         tasks = ", ".join(sorted(frame["task"].dropna().astype(str).unique())) if "task" in frame else "?"
-        rows.append([path.parent.name, tasks, int(counts.get("ok", 0)), int(counts.get("failed", 0))])
-    return markdown_table(["folder", "task", "ok", "failed"], rows)
+        aside = stale if space_keys(path.parent) is not None else f"no {SPACE_FILE}: all kept"
+        rows.append([path.parent.name, tasks, int(counts.get("ok", 0)), int(counts.get("failed", 0)), aside])
+    return markdown_table(["folder", "task", "ok", "failed", f"set aside (not in {SPACE_FILE})"], rows)
 
 
 def rotinv_section(results_dir: Path) -> str | None:
@@ -51,9 +58,10 @@ def rotinv_section(results_dir: Path) -> str | None:
 def build_report(results_dir: Path) -> str:
     sections = [gap_closure.build(results_dir), efficiency.build(results_dir), kernel_mse.build(results_dir),
                 rotinv_section(results_dir)]
-    rows = load_trials(results_dir)
+    trials = read_trials(results_dir)
     head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),
-            "", "## Environment the successful rows were produced on", "", environment_table(rows), ""]
+            "", "## Environment the successful rows were produced on", "", trials.note(), "",
+            environment_table(trials.frame), ""]
     body = [s for s in sections if s]
     if not body:
         body = ["_no section applies: no successful train, bench or kernel_mse trials and no rotinv study_"]

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 VALIDATION_SEED = 0  # the hold-out is the same for every trial, whatever its seed
+FOLDERLESS_DATASETS = ("digits",)  # bundled with scikit-learn: a data folder given for them is a mistake
 DIGITS_TEST_FRACTION = 0.2
 
 
@@ -75,14 +76,29 @@ def load_arrays(name: str, data_dir: str | os.PathLike | None = None) -> dict[st
     """The four arrays of a dataset, validated against its spec."""
     if name not in DATASET_SPECS:
         raise DataError(f"field 'dataset' has value {name!r}; allowed: {', '.join(DATASET_SPECS)}")
-    if name == "digits":
+    if name in FOLDERLESS_DATASETS:
+        if data_dir:  # a folder given for digits is a mistake worth saying, not silently ignoring
+            raise DataError(f"field 'data_dir' has value {str(data_dir)!r} but dataset {name!r} is bundled with "
+                            f"scikit-learn and reads no data folder; allowed: no data_dir for {name}")
         return _digits_arrays()
     folder = resolve_data_dir(data_dir)
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"field 'data_dir' has value {str(folder)!r}, which is a file; allowed: a folder "
+                        f"holding {name}.npz (or nothing: $RPEVIT_DATA, else ./data)")
     path = folder / f"{name}.npz"
+    if path.exists() and not path.is_file():
+        raise DataError(f"dataset file {path} is not a file; allowed: an .npz archive with keys "
+                        f"x_train, y_train, x_test, y_test")
     if not path.exists():
         _download(name, folder, path)
+    if not zipfile.is_zipfile(path):  # else np.load would try (and refuse) to unpickle it
+        with open(path, "rb") as handle:
+            head = handle.read(16)
+        raise DataError(f"dataset file {path} is corrupt or not an .npz archive (an .npz is a zip file; this one "
+                        f"starts with {head!r}); allowed: a valid {name}.npz with keys x_train, y_train, x_test, "
+                        f"y_test")
     try:
-        with np.load(path) as archive:
+        with np.load(path, allow_pickle=False) as archive:
             arrays = {key: archive[key] for key in archive.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise DataError(f"dataset file {path} is corrupt or not an .npz archive ({err}); "
@@ -160,6 +176,7 @@ def load_splits(name: str, *, data_dir: str | None = None, device: torch.device 
     val_idx, train_idx = order[:n_val], order[n_val:]
     if train_subset:
         train_idx = train_idx[:train_subset]
+    _check_not_empty(name, len(order), len(train_idx), n_val, len(arrays["x_test"]), val_fraction)
 
     def images(x: np.ndarray) -> Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))
@@ -180,6 +197,21 @@ def load_splits(name: str, *, data_dir: str | None = None, device: torch.device 
         x_test=images(arrays["x_test"]), y_test=labels(arrays["y_test"]),
         mean=mean, std=std,
     )
+
+
+def _check_not_empty(name: str, n_images: int, n_train: int, n_val: int, n_test: int,
+                     val_fraction: float) -> None:
+    """An empty split would end in a ZeroDivisionError deep in training or FLOP counting."""
+    if n_train == 0:
+        raise DataError(f"dataset {name!r}: the train split is empty ({n_images} training images, val_fraction="
+                        f"{val_fraction:g} holds out {n_val}); allowed: val_fraction < {1 - 0.5 / max(n_images, 1):.6g} "
+                        f"and a dataset file with training images")
+    if n_val == 0 and val_fraction > 0:
+        raise DataError(f"dataset {name!r}: field 'val_fraction' has value {val_fraction:g} but holds out 0 of "
+                        f"{n_images} images; allowed: 0 (no validation), or more than {0.5 / n_images:.3g}")
+    if n_test == 0:
+        raise DataError(f"dataset {name!r}: the test split is empty (x_test holds 0 images); allowed: a dataset "
+                        f"file with at least one test image")
 
 
 def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True) -> Tensor:

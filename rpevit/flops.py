@@ -121,6 +121,9 @@ ZERO_COST_OPS = (
 
 def count_flops(model: nn.Module, example_input: torch.Tensor) -> tuple[int, dict[str, int]]:
     """(forward FLOPs per example, ops fvcore could not count) for one batch of inputs."""
+    if example_input.ndim == 0 or example_input.shape[0] == 0:  # per-example division below
+        raise ValueError(f"count_flops: example_input has shape {tuple(example_input.shape)}; "
+                         f"allowed: a batch of at least one example (e.g. the first test images)")
     was_training = model.training
     model.eval()
     try:

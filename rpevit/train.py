@@ -12,7 +12,7 @@ import sys
 import typing
 from dataclasses import MISSING, fields
 
-from rpevit import registry
+from rpevit import checkpoint, registry
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.data import DataError
 
@@ -27,7 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
                             default=None, choices=choices,
                             help=f"default: {default!r}")
     parser.add_argument("--checkpoint-dir", default=None,
-                        help="save a checkpoint after every epoch here and resume from it if present")
+                        help="save a checkpoint after every epoch here and resume from it if present "
+                             "(only a checkpoint written under the same config is continued)")
+    parser.add_argument("--extend-epochs", action="store_true",
+                        help="allow continuing a checkpoint to more --epochs than its run planned "
+                             "(the lr schedule becomes the longer run's from the current step)")
     parser.add_argument("--quiet", action="store_true", help="print only the final JSON row")
     return parser
 
@@ -36,22 +40,43 @@ def _json_safe(row: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
+def check_runnable(cfg: TrialConfig, *, checkpoint_dir: str | None, extend_epochs: bool) -> None:
+    """What the config alone cannot know: this machine's devices and the CLI-only options.
+
+    Checked before any data is loaded or any epoch is trained (an error after an epoch loses it).
+    """
+    if cfg.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("command line: field 'device' has value 'cuda' but torch sees no CUDA device "
+                              "here; allowed: cpu, auto")
+    if extend_epochs and cfg.task != "train":
+        raise ConfigError(f"command line: --extend-epochs is given for task {cfg.task!r}; allowed: only with "
+                          f"task 'train' (the only task with checkpoints)")
+    if checkpoint_dir is not None:
+        checkpoint.prepare_dir(checkpoint_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     checkpoint_dir, quiet = args.pop("checkpoint_dir"), args.pop("quiet")
+    extend_epochs = args.pop("extend_epochs")
     given = {k: v for k, v in args.items() if v is not None}
     try:
         cfg = TrialConfig.from_dict(given, source="command line")
+        check_runnable(cfg, checkpoint_dir=checkpoint_dir, extend_epochs=extend_epochs)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     registry.load_all()
     task = registry.TASKS[cfg.task]
     log = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    extra = {"extend_epochs": True} if extend_epochs else {}
     try:
-        row = task(cfg, checkpoint_dir=checkpoint_dir, log=log)
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
+        row = task(cfg, checkpoint_dir=checkpoint_dir, log=log, **extra)
+    except (DataError, ConfigError) as err:  # ConfigError includes CheckpointError
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
     print(json.dumps(_json_safe(row), sort_keys=True))
     return 0

@@ -19,6 +19,7 @@ CASES = [(a, p, s, {}) for a, p, s in itertools.product(ATTENTIONS, PES, SHAPES)
 CASES += [(a, "luo_rpe", s, {"luo_path": path}) for a in ("favor", "relu") for s in SHAPES for path in ("fft", "dense")]
 CASES += [("relu", "rope", "digits", {"relu_projection": "identity"}),
           ("favor", "ape+luo_rpe", "digits", {"feature_type": "iid", "redraw_interval": 1})]
+CASES += [(a, p, "digits", {"qk_norm": "l2"}) for a in ATTENTIONS for p in ("ape", "luo_rpe", "rope")]
 
 
 def make(attention, pe, shape, extra):
@@ -37,7 +38,7 @@ def test_variant_trains_reaches_every_parameter_and_counts_flops(attention, pe, 
     torch.nn.functional.cross_entropy(logits, torch.tensor([0, 1, 2])).backward()
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
-        if name.split(".")[-1] in ("table", "frequencies", "coefficients", "embedding"):
+        if name.split(".")[-1] in ("raw_table", "frequencies", "coefficients", "embedding", "log_temperature"):
             assert p.grad.abs().max() > 0, f"no gradient reaches {name}"
     total, unsupported = count_flops(model, images)
     assert unsupported == {}, unsupported

@@ -6,6 +6,7 @@ rpevit.sweep.results.ParquetResults, exactly as a sweep writes it.
 """
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
@@ -111,6 +112,14 @@ def test_bootstrap_interval_covers_the_mean_and_is_undefined_for_one_seed():
     assert one[0] == 0.5 and math.isnan(one[1]) and math.isnan(one[2])
 
 
+def test_effect_of_an_encoding_from_its_G_interval():
+    assert gap_closure.effect(0.4, 0.2, 0.6) == "closes"
+    assert gap_closure.effect(0.9, 0.5, 1.2) == gap_closure.effect(1.3, 1.1, 1.5) == "fully closes"
+    assert gap_closure.effect(-0.5, -0.8, -0.1) == "widens"
+    assert gap_closure.effect(0.1, -0.2, 0.4) == "no clear effect"
+    assert gap_closure.effect(0.1, math.nan, math.nan) == "no interval (one seed)"
+
+
 def test_pareto_front_and_loglog_slope():
     cost = np.array([1.0, 2.0, 3.0, 2.5])
     acc = np.array([0.5, 0.8, 0.9, 0.7])  # the 4th is dominated by the 2nd
@@ -120,17 +129,25 @@ def test_pareto_front_and_loglog_slope():
 
 
 # ---------------------------------------------------------------- scripts end to end
+def assessed(out: Path) -> dict:
+    return gap_closure.assess(gap_closure.per_seed(common.load_trials(out, task="train")))
+
+
+def closure(result: dict, metric: str, backend: str, pe: str, qk: str = "none", redraw: str = "off"):
+    return result[metric][("digits", backend, qk, redraw)].closures[pe]
+
+
 def test_gap_closure_by_hand(tmp_path):
     out = write_sweep(tmp_path / "main", "main", train_rows())
-    rows = gap_closure.gap_rows(gap_closure.accuracies(common.load_trials(out, task="train")))
-    favor = next(r for r in rows if r["backend"] == "favor" and r["pe"] == "rope")
-    assert favor["G"] == pytest.approx(0.05 / 0.11)
-    assert favor["lo"] < favor["G"] < favor["hi"]
-    relu = next(r for r in rows if r["backend"] == "relu" and r["pe"] == "rope")
-    assert math.isnan(relu["G"]) and relu["note"].startswith("G undefined")
+    result = assessed(out)
+    favor = closure(result, gap_closure.TRAIN_DRAW, "favor", "rope")
+    assert favor.G == pytest.approx(0.05 / 0.11)
+    assert favor.lo < favor.G < favor.hi
+    relu = result[gap_closure.TRAIN_DRAW][("digits", "relu", "none", "off")]
+    assert math.isnan(relu.closures["rope"].G) and relu.gap.state == "zero"
     text = gap_closure.build(out)
     assert "0.455 [" in text  # G to 3 significant figures, with its interval
-    assert "| digits | relu | rope | — |" in text and "G undefined" in text
+    assert "| digits | relu | none | off | rope | softmax+ape (qk_norm none) | — |" in text and "G undefined" in text
     assert "91 [" in text  # softmax+ape accuracy 91%
     assert png_ok(out / "gap_closure.png")
 
@@ -141,6 +158,118 @@ def test_gap_closure_with_one_seed_says_no_interval(tmp_path):
     text = gap_closure.build(out)
     favor = (0.85 - 0.80) / (0.90 - 0.80)
     assert f"{favor:.3g} (no interval)" in text
+    assert "no interval (one seed) it" not in text and "no interval (one seed): rope" in text
+
+
+# favor (qk none, redraw every 100 until 0.8): training draw as ACCURACIES, draw mean 0.71 (ape) / 0.81 (rope);
+# softmax+ape has no draws, its draw-aware accuracy is test_acc 0.91 -> draw-mean G = 0.10 / 0.20 = 0.5.
+# favor (qk l2, same redraw): no softmax+ape with qk l2 -> baseline qk none; ape's draw mean 0.91 = softmax.
+DRAW_MEANS = {("favor", "ape", "none"): [0.70, 0.72, 0.71], ("favor", "rope", "none"): [0.80, 0.82, 0.81],
+              ("favor", "luo_rpe", "none"): [0.60, 0.61, 0.62],
+              ("favor", "ape", "l2"): [0.90, 0.92, 0.91], ("favor", "rope", "l2"): [0.95, 0.96, 0.94]}
+TRAIN_ACC = {("favor", "luo_rpe"): [0.70, 0.71, 0.69]}  # widens the training-draw gap: G = -0.1 / 0.11
+REDRAW = "every 100 until 0.8"
+
+
+def draw_rows() -> list[dict]:
+    """Rows with the draw-aware columns; softmax and relu-identity have NaN draw keys (no random features)."""
+    rows = []
+    for (attention, pe), accs in ACCURACIES.items():
+        for seed, acc in enumerate(accs):
+            if attention == "relu":  # deterministic ReLU: no draws, no redraw
+                extra = {"relu_projection": "identity", "redraw_interval": 100}
+            else:
+                extra = {"redraw_interval": 100} if attention == "favor" else {}
+            rows.append(draw_row(attention, pe, seed, acc, "none", extra))
+    for (attention, pe, qk), means in DRAW_MEANS.items():
+        for seed, mean in enumerate(means):
+            acc = TRAIN_ACC.get((attention, pe), ACCURACIES.get((attention, pe)))[seed]
+            if qk == "l2" or pe == "luo_rpe":
+                rows.append(draw_row(attention, pe, seed, acc, qk, {"redraw_interval": 100}))
+    for row in rows:
+        key = (row["attention"], row["pe"], row["qk_norm"])
+        if key in DRAW_MEANS:
+            mean = DRAW_MEANS[key][row["seed"]]
+            row.update(test_acc_draw_mean=mean, test_acc_draw_std=0.01, test_acc_draw_min=mean - 0.02,
+                       test_acc_draw_ensemble=mean + 0.01, test_acc_softmax_swap=0.5, attn_tv_to_softmax=0.3,
+                       attn_tv_per_layer=[0.2, 0.4])
+    return rows
+
+
+def draw_row(attention: str, pe: str, seed: int, acc: float, qk: str, extra: dict) -> dict:
+    nan = float("nan")
+    return {**config_row(attention=attention, pe=pe, seed=seed, dataset="digits", epochs=3, **extra),
+            "qk_norm": qk, "redraw_until": 0.8, "eval_draws": 4, "test_acc": acc,
+            "test_acc_draw_mean": nan, "test_acc_draw_std": nan, "test_acc_draw_min": nan,
+            "test_acc_draw_ensemble": nan, "test_acc_softmax_swap": nan,
+            "attn_tv_to_softmax": 0.0 if attention == "softmax" else 0.1, "attn_tv_per_layer": [0.0, 0.0]}
+
+
+def test_draw_aware_gap_closure_by_hand(tmp_path):
+    out = write_sweep(tmp_path / "draws", "draws", draw_rows())
+    result = assessed(out)
+    train = closure(result, gap_closure.TRAIN_DRAW, "favor", "rope", redraw=REDRAW)
+    draw = closure(result, gap_closure.DRAW_MEAN, "favor", "rope", redraw=REDRAW)
+    assert train.G == pytest.approx(0.05 / 0.11) and train.effect == "closes"
+    assert draw.G == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "closes"
+    luo = closure(result, gap_closure.TRAIN_DRAW, "favor", "luo_rpe", redraw=REDRAW)
+    assert luo.G == pytest.approx(-0.10 / 0.11) and luo.effect == "widens"
+    l2 = result[gap_closure.DRAW_MEAN][("digits", "favor", "l2", REDRAW)]
+    assert l2.gap.baseline == "softmax+ape (qk_norm none)" and l2.gap.state == "zero"
+    # relu with relu_projection identity is its own deterministic backend, redraw off despite redraw_interval
+    assert ("digits", "relu-identity", "none", "off") in result[gap_closure.DRAW_MEAN]
+    text = gap_closure.build(out)
+    assert "| favor | rope | none | every 100 until 0.8 | 3 | 85 [" in text  # training-draw accuracy 85%
+    assert "| 81 [" in text and "| 1 [1, 1] |" in text  # draw mean 81%, draw std 1 point
+    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] | 0.2, 0.4 |" in text  # fidelity
+    assert "| softmax | ape | none | off | 3 | 0 [0, 0] | 0, 0 |" in text
+    assert "| 0.455 [" in text and "| 0.5 [" in text  # G on both accuracies side by side
+
+
+def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
+    out = write_sweep(tmp_path / "draws", "draws", draw_rows())
+    text = gap_closure.build(out)
+    verdict = text[text.index("### digits: verdict"):text.index("### digits: accuracy per variant")]
+    assert verdict.startswith("### digits: verdict (3 seeds per variant, 3 epochs)")
+    favor = next(line for line in verdict.split("\n- ") if line.startswith(f"**favor, qk_norm none, redraw {REDRAW}**"))
+    assert "gap softmax+ape − favor+ape = 11 points [" in favor
+    assert "closes it: rope (G 0.455 [" in favor and "widens it: luo_rpe" in favor
+    assert "closes it: rope (G 0.5 [" in favor and "training draw and draw mean agree" in favor
+    relu = next(line for line in verdict.split("\n- ") if line.startswith("**relu-identity"))
+    assert "no gap to close at this schedule: gap softmax+ape − relu-identity+ape = 0 points [" in relu
+    assert "rope" not in relu  # G is not computed, so no encoding is said to close or widen it
+    l2 = next(line for line in verdict.split("\n- ") if line.startswith("**favor, qk_norm l2"))
+    assert "(baseline softmax+ape (qk_norm none))" in l2
+    assert "the two disagree on the gap: a gap on the training draw, no gap to close on the draw mean" in l2
+
+
+def test_old_parquet_without_draw_columns_still_reports(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    rows = [{**r, "status": "ok", "task": "train", "trial_key": f"k{i}"} for i, r in enumerate(train_rows())]
+    frame = pd.DataFrame(rows).drop(columns=["qk_norm", "redraw_until"], errors="ignore")
+    frame.assign(redraw_interval=[100 if a == "favor" else 0 for a in frame["attention"]]).to_parquet(out / TRIALS_FILE)
+    text = gap_closure.build(out)
+    assert "| favor | rope | none | every 100 | 3 | 85 [" in text and "| — | — |" in text
+    assert "draw mean (`test_acc_draw_mean`): not measured (no favor+ape accuracy (rows written before" in text
+    assert "0.455 [" in text and "_no attn_tv_to_softmax in these rows" in text
+    assert "_no space.json in .: all rows there kept_" in text and "set aside" not in text
+    assert "| softmax | ape | none | off | 3 | 2.1 |" in efficiency.build(out)
+
+
+def test_stale_rows_are_set_aside_and_counted(tmp_path):
+    current = train_rows()
+    stale = [{**r, "seed": 7, "test_acc": 0.1} for r in current if r["pe"] == "rope"][:3]
+    out = write_sweep(tmp_path / "main", "main", current + stale)
+    keys = [trial_key(r) for r in current]
+    (out / "space.json").write_text(json.dumps({"name": "main", "source": "space.yaml", "trial_keys": keys}))
+    trials = common.read_trials(out, ["train"])
+    assert len(trials.frame) == len(current) and trials.set_aside == 3 and trials.frame["seed"].max() == 2
+    text = gap_closure.build(out)
+    assert "_3 rows set aside: not in the current space.json_" in text and "0.455 [" in text
+    assert "_3 rows set aside" in efficiency.build(out)
+    report_text = report.build_report(out)
+    assert "| main | train | 15 | 0 | 3 |" in report_text  # status table: current rows ok, 3 set aside
 
 
 def test_efficiency_tables_and_slopes(tmp_path):
@@ -148,7 +277,7 @@ def test_efficiency_tables_and_slopes(tmp_path):
     write_sweep(parent / "main", "main", train_rows())
     write_sweep(parent / "scaling", "scaling", bench_rows())
     text = efficiency.build(parent)  # a parent folder holding two sweeps
-    assert "| softmax | ape | 3 | 2.1 |" in text  # seeds, mean train s/epoch (2.0, 2.1, 2.2)
+    assert "| softmax | ape | none | off | 3 | 2.1 |" in text  # seeds, mean train s/epoch (2.0, 2.1, 2.2)
     slopes = efficiency.scaling_slopes(common.load_trials(parent, task="bench")).set_index("attention")
     assert slopes.loc["softmax", "forward_ms slope (all N)"] == pytest.approx(2.0)
     assert slopes.loc["favor", "train_step_ms slope (largest 3 N)"] == pytest.approx(1.0)

@@ -12,7 +12,7 @@ from rpevit.config import ConfigError, TrialConfig
     ({"pe": "alibi"}, ["'pe'", "'alibi'", "ape", "rope"]),
     ({"pe": "ape+alibi"}, ["'pe'", "'alibi'"]),
     ({"pe": "rope+rope"}, ["'pe'", "at most once"]),
-    ({"epochs": -1}, ["'epochs'", "-1", ">= 0"]),
+    ({"epochs": -1}, ["'epochs'", "-1", "1..10000"]),
     ({"patch_size": 3}, ["'patch_size'", "3", "divisor of image_size=8"]),
     ({"pe": "rope", "dim": 24, "heads": 4}, ["'dim'", "head dim 6", "divisible by 4"]),
     ({"dim": 30, "heads": 4}, ["'dim'", "30", "multiple of heads=4"]),

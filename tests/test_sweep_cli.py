@@ -95,7 +95,7 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
     assert 'train.py", line' in failed["error_traceback"].item()
     assert failed["attempts"].item() == 2  # tried, retried once from its checkpoint (--max-failures 1)
     assert ok["test_acc"].between(0, 1).all() and ok["flops"].gt(0).all() and ok["epochs_done"].eq(2).all()
-    assert set(ok["data_dir"]) == {str(Path(ok["data_dir"].iloc[0]).resolve())}  # absolute paths
+    assert set(ok["data_dir"]) == {""}  # digits reads no data folder (others get absolute paths)
     epochs = pd.read_parquet(results / "epochs.parquet")
     assert len(epochs) == 4 * 2 and not epochs.duplicated(["trial_key", "epoch"]).any()
     assert set(epochs["trial_key"]) == set(ok["trial_key"])
@@ -119,7 +119,7 @@ def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninter
         family |= descendants(proc.pid)
         for path in ckpts.glob("*/checkpoint.pt"):
             try:
-                epoch = torch.load(path, weights_only=False)["epoch"]
+                epoch = torch.load(path, weights_only=True)["epoch"]
             except Exception:  # noqa: BLE001 - being replaced this instant; look again
                 continue
             if 1 <= epoch <= fixed["epochs"] - 3:
@@ -142,6 +142,8 @@ def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninter
     before = pd.read_parquet(results / "trials.parquet") if (results / "trials.parquet").exists() else None
     assert before is None or interrupted[0] not in set(before["trial_key"])
 
+    # the killed driver's lock file is left behind, but its flock died with it: --resume goes ahead
+    assert f"pid {proc.pid}" in (results / ".sweep.lock").read_text()
     again, lines = start_sweep(space, tmp_path, "--no-dashboard", "--resume")
     assert again.wait(timeout=300) == 0, "".join(lines)[-3000:]
     trials = pd.read_parquet(results / "trials.parquet")

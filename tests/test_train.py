@@ -28,8 +28,17 @@ def test_same_seed_gives_identical_metrics(tiny) -> None:
 def test_resume_from_checkpoint_matches_uninterrupted_run(tiny, tmp_path, extra) -> None:
     cfg = TrialConfig.from_dict({**tiny, **extra, "epochs": 3})
     straight = run(cfg, log=None)
-    # stop after the first epoch, as a kill would, then resume from the checkpoint on disk
-    run(cfg.replace(epochs=1), checkpoint_dir=tmp_path, log=None)
+
+    class Killed(Exception):
+        pass
+
+    def kill_after_first_epoch(row: dict, _ckpt) -> None:
+        if row["epoch"] == 1:
+            raise Killed
+
+    # stop after the first epoch (its checkpoint is written), as a kill would, then resume from disk
+    with pytest.raises(Killed):
+        run(cfg, checkpoint_dir=tmp_path, log=None, on_epoch=kill_after_first_epoch)
     epochs_seen = []
     resumed = run(cfg, checkpoint_dir=tmp_path, log=None,
                   on_epoch=lambda row, ckpt: epochs_seen.append(row["epoch"]))

@@ -28,9 +28,14 @@ def householder_wy_rows(vectors: Tensor) -> Tensor:
     T^-1 = striu(V V^T) + diag(|v_t|^2 / 2) (Joffrain et al. 2006, "Accumulating Householder
     transformations, revisited"), so W is one triangular solve: no per-reflection loop.
     """
-    gram = vectors @ vectors.transpose(-1, -2)  # h k c c
-    t_inverse = gram.triu() - 0.5 * torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1))
-    return torch.linalg.solve_triangular(t_inverse.transpose(-1, -2), vectors, upper=False)
+    # float32 with autocast off: torch.linalg.solve_triangular has no bf16 / fp16 kernel, and under
+    # bf16 autocast the Gram product would come out in bf16 (`amp: bf16` failed here before)
+    with torch.autocast(vectors.device.type, enabled=False):
+        if vectors.dtype in (torch.float16, torch.bfloat16):
+            vectors = vectors.float()
+        gram = vectors @ vectors.transpose(-1, -2)  # h k c c
+        t_inverse = gram.triu() - 0.5 * torch.diag_embed(gram.diagonal(dim1=-2, dim2=-1))
+        return torch.linalg.solve_triangular(t_inverse.transpose(-1, -2), vectors, upper=False)
 
 
 def householder_product(x: Tensor, vectors: Tensor) -> Tensor:

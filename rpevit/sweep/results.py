@@ -3,46 +3,229 @@
 A `ray.tune.Callback` receives every row the trials report and rewrites the two files
 atomically (temporary file + os.replace), so a kill never leaves a torn file. Rows are keyed by
 trial_key (and epoch) and the files are read back on `--resume`, so nothing is duplicated.
+
+The files have a fixed, typed schema per task (`trials_schema(task)`, `EPOCHS_SCHEMA`): every
+metric column is present whether or not any trial produced it (nullable; NaN where a metric does
+not apply), integers stay int64 when a failed trial leaves them empty, `started_at` /
+`finished_at` are UTC timestamps, and config columns follow the TrialConfig type hints. Two
+sweeps of one task therefore have identical schemas and union without `union_by_name`; a
+column no schema knows is kept, appended after the fixed ones (tests keep that list empty).
+
+Rows of trials that are not in the sweep's current space (its YAML was edited since they ran)
+stay in the files; `current_rows()` filters them by the trial keys of `space.json`.
 """
 from __future__ import annotations
 
+import datetime as dt
+import json
 import math
+import numbers
 import os
 import re
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 from ray.tune import Callback
+
+from rpevit.config import TrialConfig, field_types
 
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
+SPACE_FILE = "space.json"
 OK, FAILED = "ok", "failed"
-LEADING_COLUMNS = ("sweep", "trial_index", "trial_key", "status", "error", "task", "dataset", "attention", "pe",
-                   "seed", "test_acc", "final_val_acc")
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
+
+F64, I64, STR = pa.float64(), pa.int64(), pa.string()
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+F64_LIST = pa.list_(pa.float64())
+
+IDENTITY_COLUMNS = (("sweep", STR), ("trial_index", I64), ("trial_key", STR), ("status", STR), ("error", STR))
+HEADLINE_CONFIG = ("task", "dataset", "attention", "pe", "seed")
+# per task: (headline metrics, shown right after the headline config), (the other metrics)
+TASK_METRICS: dict[str, tuple[tuple[tuple[str, pa.DataType], ...], tuple[tuple[str, pa.DataType], ...]]] = {
+    "train": (
+        (("test_acc", F64), ("final_val_acc", F64)),
+        (("precision", F64), ("recall", F64), ("f1", F64), ("log_likelihood", F64),
+         ("test_acc_draw_mean", F64), ("test_acc_draw_std", F64), ("test_acc_draw_min", F64),
+         ("test_acc_draw_ensemble", F64), ("test_acc_softmax_swap", F64), ("attn_tv_to_softmax", F64),
+         ("attn_tv_per_layer", F64_LIST), ("aic", F64), ("bic", F64), ("params", I64), ("flops", I64),
+         ("flops_unsupported", STR), ("train_s_per_epoch", F64), ("images_per_s", F64),
+         ("infer_ms_per_sample", F64), ("peak_mem_mb", F64), ("peak_mem_kind", STR), ("n_train", I64),
+         ("n_test", I64)),
+    ),
+    "bench": (
+        (("tokens", I64), ("train_step_ms", F64)),
+        (("forward_ms", F64), ("backward_ms", F64), ("forward_backward_ms", F64), ("infer_ms", F64),
+         ("infer_ms_per_sample", F64), ("images_per_s", F64), ("flops", I64), ("flops_unsupported", STR),
+         ("params", I64), ("peak_mem_mb", F64), ("peak_mem_kind", STR)),
+    ),
+    "kernel_mse": (
+        (("mse_mc", F64), ("mse_closed", F64)),
+        (("kernel_true", F64), ("mse_mc_se", F64), ("bias_mc", F64), ("var_mc", F64), ("bias_closed", F64),
+         ("var_closed", F64), ("limit_mse", F64), ("mse_bound", F64), ("x_dot_y", F64), ("sum_norm_sq", F64),
+         ("diff_norm_sq", F64)),
+    ),
+}
+ENVIRONMENT_COLUMNS = (("device_name", STR), ("torch_version", STR), ("ray_version", STR),
+                       ("rpevit_version", STR), ("git_commit", STR), ("python_version", STR))
+PLACEMENT_COLUMNS = (("node_id", STR), ("hostname", STR), ("pid", I64), ("ray_gpu_ids", STR),
+                     ("cuda_device", I64), ("torch_threads", I64))
+BOOKKEEPING_COLUMNS = (("epochs_done", I64), ("resumed_from_epoch", I64), ("attempts", I64),
+                       ("started_at", TIMESTAMP), ("finished_at", TIMESTAMP), ("tune_trial_id", STR),
+                       ("error_traceback", STR))
+EPOCHS_SCHEMA = pa.schema([
+    ("sweep", STR), ("trial_key", STR), ("epoch", I64), ("train_loss", F64), ("train_acc", F64),
+    ("val_loss", F64), ("val_acc", F64), ("lr", F64), ("epoch_s", F64), ("attn_tv_to_softmax", F64),
+    ("attn_tv_per_layer", F64_LIST),
+])
+_ARROW_OF_HINT = {int: I64, float: F64, str: STR, bool: pa.bool_()}
+
+
+def config_columns() -> list[tuple[str, pa.DataType]]:
+    """TrialConfig fields with Arrow types from their type hints: new fields appear by themselves."""
+    return [(name, _ARROW_OF_HINT[hint]) for name, hint in field_types().items()]
+
+
+def trials_schema(task: str) -> pa.Schema:
+    """The fixed schema of a trials.parquet of `task` (unknown tasks: no task metrics)."""
+    headline, rest = TASK_METRICS.get(task, ((), ()))
+    config = dict(config_columns())
+    columns = [*IDENTITY_COLUMNS, *((n, config[n]) for n in HEADLINE_CONFIG), *headline,
+               *((n, t) for n, t in config.items() if n not in HEADLINE_CONFIG), *rest,
+               *ENVIRONMENT_COLUMNS, *PLACEMENT_COLUMNS, *BOOKKEEPING_COLUMNS]
+    seen: set[str] = set()
+    unique = [(n, t) for n, t in columns if not (n in seen or seen.add(n))]
+    return pa.schema(unique)
+
+
+def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    """Rows -> a table of exactly `schema` (missing values null), plus any unknown columns after it."""
+    columns = {f.name: pa.array([_coerce(r.get(f.name), f.type) for r in rows], type=f.type) for f in schema}
+    extra = sorted({k for r in rows for k in r} - set(schema.names))
+    fields = list(schema)
+    for name in extra:
+        values = [r.get(name) for r in rows]
+        try:
+            array = pa.array(values, from_pandas=True)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):
+            array = pa.array([None if v is None else str(v) for v in values], type=STR)
+        columns[name] = array
+        fields.append(pa.field(name, array.type))
+    return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields))
+
+
+def _missing(value: Any) -> bool:
+    return value is None or value is pd.NaT or (isinstance(value, float) and math.isnan(value))
+
+
+def _coerce(value: Any, kind: pa.DataType) -> Any:
+    """One value -> the Python value Arrow stores in a column of `kind`; None where it does not fit
+    (a results file must always be writable: one odd value must not stop the driver's bookkeeping)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if kind == F64:
+        if value is None or isinstance(value, bool) or not isinstance(value, numbers.Real):
+            return None
+        return float(value)
+    if _missing(value):
+        return None
+    if kind == I64:
+        if isinstance(value, numbers.Integral):
+            return int(value)
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        return None
+    if kind == STR:
+        return value if isinstance(value, str) else str(value)
+    if kind == TIMESTAMP:
+        if isinstance(value, pd.Timestamp):
+            value = value.to_pydatetime()
+        if isinstance(value, dt.datetime):
+            return value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            return dt.datetime.fromtimestamp(float(value), tz=dt.timezone.utc)
+        return None
+    if kind == F64_LIST:
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        if not isinstance(value, (list, tuple)):
+            return None
+        return [_coerce(v, F64) for v in value]
+    if kind == pa.bool_():
+        return bool(value) if isinstance(value, (bool, numbers.Integral)) else None
+    return value
+
+
+def write_table_atomic(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
 
 
 def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    """A DataFrame, atomically (kept for callers that write their own frames)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     frame.to_parquet(tmp, index=False)
     os.replace(tmp, path)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    return pd.read_parquet(path).to_dict("records") if path.exists() else []
+    """Rows as Arrow stores them (ints stay ints, timestamps datetimes), not via pandas floats."""
+    return pq.read_table(path).to_pylist() if path.exists() else []
 
 
 def load_trials(out_dir: Path) -> pd.DataFrame:
     return pd.read_parquet(out_dir / TRIALS_FILE) if (out_dir / TRIALS_FILE).exists() else pd.DataFrame()
 
 
+def current_keys(results_dir: str | os.PathLike) -> list[str] | None:
+    """Trial keys of the sweep's current space, from `space.json` (None: no space.json there)."""
+    folder = Path(results_dir)
+    folder = folder.parent if folder.suffix == ".parquet" else folder
+    path = folder / SPACE_FILE
+    if not path.exists():
+        return None
+    try:
+        keys = json.loads(path.read_text())["trial_keys"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{path} cannot be read as a sweep's space.json ({err}); allowed: the file "
+                         f"sweep.py writes (a JSON object with a 'trial_keys' list)") from err
+    if not isinstance(keys, list):
+        raise ValueError(f"{path}: 'trial_keys' has value {keys!r}; allowed: a list of trial keys")
+    return keys
+
+
+def select_keys(frame: pd.DataFrame, keys: list[str] | set[str] | None) -> tuple[pd.DataFrame, int]:
+    """(rows whose trial_key is in keys, how many were set aside); everything if keys is None."""
+    if keys is None or frame.empty or "trial_key" not in frame.columns:
+        return frame, 0
+    mask = frame["trial_key"].isin(set(keys))
+    return frame[mask], int((~mask).sum())
+
+
+def current_rows(frame: pd.DataFrame, results_dir: str | os.PathLike) -> tuple[pd.DataFrame, int]:
+    """(the rows of `frame` that belong to the sweep's current space, how many were set aside).
+
+    `results_dir` is the sweep folder (or its trials/epochs Parquet path); its `space.json` lists
+    the trial keys of the space the sweep last ran with. Rows of other keys are from an earlier
+    version of the YAML (say, another `epochs`): they stay in the files but are neither done for
+    the current space nor part of its analysis. Without a space.json nothing is set aside. The
+    kept frame keeps the original index.
+    """
+    return select_keys(frame, current_keys(results_dir))
+
+
 class ParquetResults(Callback):
     """Collects epoch and summary rows from trials, and failures from Tune, into Parquet."""
 
     def __init__(self, out_dir: Path, sweep: str, trials: dict[str, dict[str, Any]],
-                 order: dict[str, int], on_change: Callable[[], None] | None = None) -> None:
+                 order: dict[str, int], on_change: Callable[[], None] | None = None,
+                 task: str | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.sweep = sweep
         self.trials = trials  # trial_key -> config dict
@@ -50,6 +233,8 @@ class ParquetResults(Callback):
         self.on_change = on_change
         self.trial_rows = {r["trial_key"]: r for r in read_rows(self.out_dir / TRIALS_FILE)}
         self.epoch_rows = {(r["trial_key"], int(r["epoch"])): r for r in read_rows(self.out_dir / EPOCHS_FILE)}
+        known = [c.get("task") for c in trials.values()] + [r.get("task") for r in self.trial_rows.values()]
+        self.task = task or next((t for t in known if t), TrialConfig.task)
         self._dirty_epochs = False
         self._last_flush = 0.0
 
@@ -89,29 +274,18 @@ class ParquetResults(Callback):
         self.out_dir.mkdir(parents=True, exist_ok=True)
         if self.trial_rows:
             rows = sorted(self.trial_rows.values(), key=lambda r: self.order.get(r["trial_key"], math.inf))
-            for r in rows:
-                r["trial_index"] = self.order.get(r["trial_key"], -1)
-            write_parquet_atomic(_frame(rows, LEADING_COLUMNS), self.out_dir / TRIALS_FILE)
-        if self.epoch_rows:
+            for r in rows:  # rows of keys outside the current space keep their old index
+                if r["trial_key"] in self.order:
+                    r["trial_index"] = self.order[r["trial_key"]]
+            write_table_atomic(to_table(rows, trials_schema(self.task)), self.out_dir / TRIALS_FILE)
+        if self.epoch_rows or self.task == "train":  # train sweeps always have an epochs file
             rows = sorted(self.epoch_rows.values(),
                           key=lambda r: (self.order.get(r["trial_key"], math.inf), int(r["epoch"])))
-            write_parquet_atomic(_frame(rows), self.out_dir / EPOCHS_FILE)
+            write_table_atomic(to_table(rows, EPOCHS_SCHEMA), self.out_dir / EPOCHS_FILE)
         self._dirty_epochs = False
         self._last_flush = time.monotonic()
         if self.on_change is not None:
             self.on_change()
-
-
-def _frame(rows: list[dict[str, Any]], leading: tuple[str, ...] = ()) -> pd.DataFrame:
-    """Rows with differing keys -> one frame; object columns mixing types become strings."""
-    frame = pd.DataFrame(rows)
-    first = [c for c in leading if c in frame.columns]
-    frame = frame[first + [c for c in frame.columns if c not in first]]
-    for col in frame.columns[frame.dtypes == object]:
-        values = frame[col].dropna()
-        if len({type(v) for v in values}) > 1:
-            frame[col] = frame[col].map(lambda v: v if v is None or isinstance(v, str) else str(v))
-    return frame
 
 
 def _error_text(trial) -> str:

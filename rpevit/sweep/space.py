@@ -20,6 +20,10 @@ Format (every key but `fixed`/`grid` optional):
     resources: {cpus_per_trial: 1, gpus_per_trial: 0.25, max_concurrent: 8}
 
 Precedence: fixed < grid < sample < seeds < `--set` overrides.
+
+The number of trials is computed before anything is expanded and refused above `max_trials`
+(DEFAULT_MAX_TRIALS, `sweep.py --max-trials`): a typo'd grid of 10^7 points would otherwise fill
+memory before printing a line.
 """
 from __future__ import annotations
 
@@ -35,12 +39,15 @@ from typing import Any
 
 import yaml
 
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import ConfigError, TrialConfig, build_config
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
                   "sample_seed", "seeds", "exclude", "include", "resources")
 SAMPLERS = ("choice", "uniform", "loguniform", "randint")
 KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what a trial computes
+DEFAULT_MAX_TRIALS = 10_000  # a sweep bigger than this is almost surely a typo; --max-trials raises it
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # one path component; no '.', '..', '.x'
+NAME_ALLOWED = "1-100 letters, digits, '_', '.', '-', not starting with '.' (one folder name)"
 
 
 class SpaceError(ConfigError):
@@ -62,8 +69,9 @@ class Resources:
         for key, value in values.items():
             if key not in allowed:
                 raise SpaceError(f"{source}: unknown key resources.{key}; allowed: {', '.join(allowed)}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise SpaceError(f"{source}: resources.{key} has value {value!r}; allowed: a number >= 0")
+            if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+                    or value < 0):
+                raise SpaceError(f"{source}: resources.{key} has value {value!r}; allowed: a finite number >= 0")
         if "max_concurrent" in values and not isinstance(values["max_concurrent"], int):
             raise SpaceError(f"{source}: resources.max_concurrent has value {values['max_concurrent']!r}; "
                              f"allowed: an integer >= 0 (0 = as many as fit)")
@@ -88,9 +96,15 @@ class Space:
     duplicates_dropped: int = 0
 
     def varying_fields(self) -> list[str]:
-        """Config fields whose value differs between trials: what identifies a trial."""
+        """Config fields whose value differs between trials: what identifies a trial (cached: the
+        runner labels every trial with it)."""
+        cached = self.__dict__.get("_varying")
+        if cached is not None and cached[0] == id(self.trials) and cached[1] == len(self.trials):
+            return cached[2]
         names = [f.name for f in fields(TrialConfig) if f.name not in KEY_EXCLUDED_FIELDS]
-        return [n for n in names if len({json.dumps(t[n]) for t in self.trials}) > 1]
+        varying = [n for n in names if len({repr(t[n]) for t in self.trials}) > 1]
+        self.__dict__["_varying"] = (id(self.trials), len(self.trials), varying)
+        return varying
 
     def label(self, index: int) -> str:
         trial = self.trials[index]
@@ -112,9 +126,8 @@ def trial_key(config: dict[str, Any]) -> str:
     Hashing only what differs from the defaults keeps keys (and so `--resume`) stable when new
     fields with defaults are added to TrialConfig.
     """
-    defaults = TrialConfig().to_dict()
     explicit = {k: v for k, v in sorted(config.items())
-                if k not in KEY_EXCLUDED_FIELDS and v != defaults.get(k)}
+                if k not in KEY_EXCLUDED_FIELDS and v != _DEFAULTS.get(k)}
     return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -145,11 +158,38 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise SpaceError(f"--set has value {item!r}; allowed: field=value")
-        out[name.strip()] = parse_value(value)
+        try:
+            parsed = parse_value(value)
+        except yaml.YAMLError as err:
+            reason = " ".join(str(err).split())[:200]
+            raise SpaceError(f"--set {name.strip()} has value {value!r}, which is not valid YAML ({reason}); "
+                             f"allowed: one YAML scalar, e.g. 3, 1.0e-3, rope") from err
+        if parsed is None or isinstance(parsed, (list, dict)):
+            raise SpaceError(f"--set {name.strip()} has value {value!r} (read as {parsed!r}); allowed: one "
+                             f"YAML scalar, e.g. 3, 1.0e-3, rope")
+        out[name.strip()] = parsed
     return out
 
 
-def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Space:
+def check_name(name: Any, where: str) -> str:
+    """A sweep name is one folder name under --results-dir: `..` or `a/b` would write elsewhere."""
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+        raise SpaceError(f"{where} has value {name!r}; allowed: {NAME_ALLOWED}")
+    return name
+
+
+def count_trials(grids: list[dict[str, list]], num_samples: int, seeds: list[int] | None,
+                 include: list[dict[str, Any]]) -> int:
+    """How many trials a space expands to before exclude / de-duplication: an upper bound,
+    computed from the list lengths without building anything."""
+    per_seed = len(seeds) if seeds else 1
+    grid_points = sum(math.prod(len(v) for v in grid.values()) for grid in grids)
+    extra = sum(1 if (seeds is None or "seed" in entry) else per_seed for entry in include)
+    return num_samples * grid_points * per_seed + extra
+
+
+def load_space(path: str | Path, overrides: dict[str, Any] | None = None,
+               max_trials: int = DEFAULT_MAX_TRIALS) -> Space:
     """Read, expand and validate a YAML space file."""
     path = Path(path)
     try:
@@ -158,11 +198,12 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None) -> Spa
         raise SpaceError(f"{path}: cannot read the space file ({err})") from err
     except yaml.YAMLError as err:
         raise SpaceError(f"{path}: not valid YAML ({err})") from err
-    return expand_space(spec, source=str(path), default_name=path.stem, overrides=overrides)
+    return expand_space(spec, source=str(path), default_name=path.stem, overrides=overrides,
+                        max_trials=max_trials)
 
 
 def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep",
-                 overrides: dict[str, Any] | None = None) -> Space:
+                 overrides: dict[str, Any] | None = None, max_trials: int = DEFAULT_MAX_TRIALS) -> Space:
     """The explicit trial list of a parsed space (see the module docstring for the format)."""
     if not isinstance(spec, dict):
         raise SpaceError(f"{source}: the file holds {type(spec).__name__}; allowed: a mapping with "
@@ -170,9 +211,7 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     for key in spec:
         if key not in TOP_LEVEL_KEYS:
             raise SpaceError(f"{source}: unknown key {key!r}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
-    name = str(spec.get("name", default_name))
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise SpaceError(f"{source}: 'name' has value {name!r}; allowed: letters, digits, '_', '.', '-'")
+    name = check_name(str(spec.get("name", default_name)), f"{source}: 'name'")
 
     fixed = _mapping(spec.get("fixed", {}), "fixed", source)
     task = spec.get("task", fixed.get("task", "train"))
@@ -192,6 +231,12 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     resources = Resources.from_dict(spec.get("resources", {}), source)
     overrides = dict(overrides or {})
     _check_fields(overrides, "--set", source)
+    total = count_trials(grids, num_samples, seeds, include)
+    if total > max_trials:
+        sizes = " + ".join("x".join(str(len(v)) for v in g.values()) or "1" for g in grids)
+        raise SpaceError(f"{source}: the space expands to {total:,} trials (num_samples {num_samples} x grid "
+                         f"points {sizes} x {len(seeds) if seeds else 1} seed(s), + {len(include)} include); "
+                         f"allowed: at most {max_trials:,} (raise the limit with --max-trials)")
 
     rng = random.Random(sample_seed)
     grid_trials: list[dict[str, Any]] = []
@@ -213,8 +258,11 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     configs, keys, seen = [], [], set()
     for i, values in enumerate(trials):
         values = {**values, **overrides}
-        cfg = TrialConfig.from_dict(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
-        full = cfg.to_dict()
+        try:
+            cfg = build_config(values, source=source)
+        except ConfigError:  # again, for the message: naming the trial costs time, so only on error
+            cfg = build_config(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
+        full = {name: getattr(cfg, name) for name in _FIELDS}
         key = trial_key(full)
         if key not in seen:
             seen.add(key)

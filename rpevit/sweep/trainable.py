@@ -5,6 +5,9 @@ trials/<key>/), not in Tune's per-run trial folders, so a Tune retry (FailureCon
 after the driver was killed both continue from the last epoch of the same trial. The task writes
 its checkpoint atomically after every epoch; its history holds every epoch row, which this
 trainable re-reports on a resume so the driver's Parquet never misses an epoch (it dedupes).
+Checkpoints are read with weights_only=True and only by the config that wrote them
+(rpevit.checkpoint), so a planted or foreign checkpoint fails the trial with a message instead of
+running code or being continued under another config.
 """
 from __future__ import annotations
 
@@ -17,11 +20,10 @@ from typing import Any
 import torch
 from ray import tune
 
-from rpevit import registry
+from rpevit import checkpoint, registry
+from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
-
-CHECKPOINT_NAME = "checkpoint.pt"  # the name every task writes in its checkpoint_dir
 
 
 def run_trial(config: dict[str, Any]) -> None:
@@ -39,7 +41,7 @@ def run_trial(config: dict[str, Any]) -> None:
         tune.report({"row_kind": "epoch", "trial_key": key, "row": dict(row),
                      "epoch": row["epoch"], "val_acc": row.get("val_acc", float("nan"))})
 
-    history = checkpointed_history(ckpt_dir)
+    history = checkpointed_history(ckpt_dir, cfg)
     for row in history:  # epochs finished before a kill / retry
         report_epoch(row)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -59,13 +61,18 @@ def run_trial(config: dict[str, Any]) -> None:
                  "val_acc": summary.get("final_val_acc", float("nan"))})
 
 
-def checkpointed_history(ckpt_dir: Path) -> list[dict]:
-    """Epoch rows stored in the trial's last checkpoint (empty for a fresh trial)."""
+def checkpointed_history(ckpt_dir: Path, cfg: TrialConfig) -> list[dict]:
+    """Epoch rows stored in the trial's last checkpoint (empty for a fresh trial).
+
+    Loaded safely and matched to cfg first: epochs of a foreign checkpoint must not reach the
+    sweep's epochs.parquet before the task refuses that checkpoint.
+    """
     path = ckpt_dir / CHECKPOINT_NAME
     if not path.exists():
         return []
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    return list(state.get("history", [])) if isinstance(state, dict) else []
+    state = checkpoint.load(path)
+    checkpoint.check_matches(state, cfg, path)
+    return [dict(row) for row in state["history"]]
 
 
 def place_on_devices(cpus: float, gpus: float) -> dict[str, Any]:

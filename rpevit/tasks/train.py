@@ -7,7 +7,6 @@ resumed run continues from exactly (model, optimiser, scheduler, RNG states, his
 from __future__ import annotations
 
 import math
-import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -17,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpevit import metrics
+from rpevit import checkpoint, metrics
 from rpevit.config import TrialConfig
 from rpevit.attention.kernelized import set_training_length
 from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
@@ -100,23 +99,26 @@ def _rng_state(device: torch.device, generator: torch.Generator) -> dict:
 def _set_rng_state(state: dict, device: torch.device, generator: torch.Generator) -> None:
     torch.set_rng_state(state["torch"])
     generator.set_state(state["data"])
-    if device.type == "cuda":
+    if device.type == "cuda" and "cuda" in state:  # a CPU checkpoint continued on GPU has none
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
     """Atomic: a kill during the write leaves the previous checkpoint intact."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    checkpoint.save(path, payload)
 
 
 @register_task("train")
 def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
-        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print) -> dict:
-    """Train and evaluate; returns the summary row (config + metrics + environment)."""
+        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
+        extend_epochs: bool = False) -> dict:
+    """Train and evaluate; returns the summary row (config + metrics + environment).
+
+    A checkpoint in checkpoint_dir is checked against cfg before anything else (rpevit.checkpoint);
+    extend_epochs lets it continue to more epochs than the run that wrote it planned.
+    """
     log = log or (lambda _msg: None)
+    ckpt_path, resume_state = checkpoint.open_for_resume(checkpoint_dir, cfg, extend_epochs=extend_epochs)
     device = resolve_device(cfg.device)
     data = load_splits(cfg.dataset, data_dir=cfg.data_dir or None, device=device,
                        val_fraction=cfg.val_fraction, train_subset=cfg.train_subset)
@@ -134,15 +136,22 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
     history: list[dict] = []
     start_epoch = 0
 
-    ckpt_path = Path(checkpoint_dir) / CHECKPOINT_NAME if checkpoint_dir else None
-    if ckpt_path is not None and ckpt_path.exists():
-        state = torch.load(ckpt_path, map_location=device, weights_only=False)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        _set_rng_state(state["rng"], device, generator)
-        history, start_epoch = state["history"], state["epoch"]
-        log(f"resumed from {ckpt_path} after epoch {start_epoch}")
+    if resume_state is not None:  # loaded with weights_only=True and matched to cfg
+        state = resume_state
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            _set_rng_state(state["rng"], device, generator)
+        except (RuntimeError, KeyError, ValueError, TypeError) as err:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {ckpt_path} does not fit this model ({type(err).__name__}: "
+                f"{' '.join(str(err).split())[:300]}); allowed: a checkpoint of this code and config; "
+                f"delete it to start afresh") from err
+        history, start_epoch = list(state["history"]), int(state["epoch"])
+        planned = int(checkpoint.stored_fingerprint(state, ckpt_path)["epochs"])
+        log(f"resumed from {ckpt_path} after epoch {start_epoch}"
+            + (f", extended from {planned} to {cfg.epochs} epochs" if planned != cfg.epochs else ""))
 
     for epoch in range(start_epoch, cfg.epochs):
         model.train()
@@ -183,6 +192,7 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(), "rng": _rng_state(device, generator),
                 "history": history, "epoch": epoch + 1, "config": cfg.to_dict(),
+                "fingerprint": checkpoint.fingerprint(cfg),
             })
         if on_epoch is not None:
             on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)

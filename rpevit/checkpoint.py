@@ -1,0 +1,171 @@
+"""Trial checkpoints: loaded without running code, and only into the run that wrote them.
+
+Why this module exists:
+
+- A checkpoint is a file someone may hand you (or plant in `results/<sweep>/trials/<key>/`).
+  `torch.load(weights_only=False)` unpickles arbitrary objects, i.e. runs arbitrary code, so every
+  checkpoint is loaded with `weights_only=True`: tensors, dicts, lists, tuples, numbers, strings.
+  The train task stores only such values (RNG states are tensors, the history is a list of dicts
+  of numbers); anything else is refused with a CheckpointError before it can run.
+- A checkpoint continues *one* run. Resuming it under another seed, model size or learning rate
+  would silently produce a row whose config does not describe what was trained, so each
+  checkpoint stores a fingerprint (the config fields that define the run) and a resume under a
+  different config is refused with the differing fields named. `epochs` is special: fewer epochs
+  than were already trained is always refused; more is allowed only when asked for explicitly
+  (`extend_epochs=True`, `python -m rpevit.train ... --extend-epochs`), since the cosine schedule
+  of the longer run differs from the one the first epochs were trained under.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import re
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rpevit.config import ConfigError, TrialConfig
+
+CHECKPOINT_NAME = "checkpoint.pt"
+FINGERPRINT_VERSION = 1
+# Fields that say where / how fast a run executes, or only how it is evaluated after training,
+# not what it trains: a resume may change them.
+RUNTIME_FIELDS = frozenset({"data_dir", "device", "eval_batch_size", "eval_draws"})
+REQUIRED_KEYS = ("model", "optimizer", "scheduler", "rng", "history", "epoch")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used by this run; the message names the file and the reason."""
+
+
+def run_fields() -> list[str]:
+    """The TrialConfig fields that define a run (every field but RUNTIME_FIELDS and `epochs`).
+
+    Derived from the dataclass, so a new field is part of the fingerprint without anyone
+    remembering to add it (a field that is only runtime must be added to RUNTIME_FIELDS).
+    """
+    return [f.name for f in fields(TrialConfig) if f.name not in RUNTIME_FIELDS and f.name != "epochs"]
+
+
+def fingerprint(cfg: TrialConfig) -> dict[str, Any]:
+    """What a checkpoint stores to recognise its run: plain values only (weights_only-loadable)."""
+    return {"version": FINGERPRINT_VERSION, "epochs": cfg.epochs,
+            "fields": {name: getattr(cfg, name) for name in run_fields()}}
+
+
+def prepare_dir(checkpoint_dir: str | os.PathLike | None) -> Path | None:
+    """The checkpoint file path, with its folder created and writable now, not after an epoch.
+
+    Without this, a `--checkpoint-dir` that is a file fails only at the first save, after an
+    epoch of training has been spent and is then lost.
+    """
+    if checkpoint_dir is None or str(checkpoint_dir) == "":
+        return None
+    folder = Path(checkpoint_dir).expanduser()
+    allowed = "a folder (created if missing) that this user can write"
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which is a file; allowed: {allowed}")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which cannot be created "
+                              f"({err.strerror or err}); allowed: {allowed}") from err
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which is not writable; allowed: {allowed}")
+    path = folder / CHECKPOINT_NAME
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"checkpoint {path} is not a file; allowed: a checkpoint file or nothing at that path")
+    return path
+
+
+def load(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint's contents, unpickled with weights_only=True (never runs code from the file)."""
+    path = Path(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = _unpickling_reason(str(err))
+        raise CheckpointError(
+            f"checkpoint {path} holds objects other than tensors and plain values ({reason}) and was not "
+            f"loaded: unpickling it could run code from the file; allowed: a checkpoint written by rpevit "
+            f"(tensors, numbers, strings, lists, dicts); delete the file to start the run afresh") from err
+    except Exception as err:  # noqa: BLE001 - torch.load raises anything on a torn or foreign file
+        reason = " ".join(str(err).split())[:300]
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {reason}); "
+                              f"allowed: a checkpoint written by rpevit; delete the file to start afresh") from err
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
+        have = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise CheckpointError(f"checkpoint {path} is not an rpevit train checkpoint (it holds {have}); "
+                              f"allowed: a dict with keys {', '.join(REQUIRED_KEYS)}")
+    return state
+
+
+def _unpickling_reason(text: str) -> str:
+    """The part of torch's weights_only refusal that says what was refused (not its advice to
+    retry with weights_only=False)."""
+    for pattern in (r"unsupported GLOBAL \S+", r"Unsupported global: [^\n]+", r"WeightsUnpickler error:\s*([^\n]+)"):
+        found = re.search(pattern, text)
+        if found:
+            return (found.group(1) if found.lastindex else found.group(0)).strip()
+    return " ".join(text.split())[:120]
+
+
+def stored_fingerprint(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    """The fingerprint of a checkpoint; older checkpoints carry only their full `config`."""
+    if isinstance(state.get("fingerprint"), dict):
+        return state["fingerprint"]
+    config = state.get("config")
+    if isinstance(config, dict) and "epochs" in config:
+        return {"version": 0, "epochs": config["epochs"],
+                "fields": {k: v for k, v in config.items() if k not in RUNTIME_FIELDS and k != "epochs"}}
+    raise CheckpointError(f"checkpoint {path} records no config fingerprint, so it cannot be matched to this "
+                          f"run; allowed: a checkpoint written by rpevit; delete it to start afresh")
+
+
+def check_matches(state: dict[str, Any], cfg: TrialConfig, path: Path, *, extend_epochs: bool = False) -> None:
+    """Refuse to continue a checkpoint under a config that does not describe the run it holds.
+
+    Fields added to TrialConfig after the checkpoint was written are compared with their defaults
+    (the value the older code effectively ran with).
+    """
+    stored = stored_fingerprint(state, path)
+    theirs = stored.get("fields", {})
+    defaults = {f.name: f.default for f in fields(TrialConfig)}
+    differ = []
+    for name in run_fields():
+        then, now = theirs.get(name, defaults[name]), getattr(cfg, name)
+        if then != now:
+            differ.append(f"field {name!r} has value {now!r} here but {then!r} in the checkpoint")
+    if differ:
+        raise CheckpointError(f"checkpoint {path} belongs to another run: {'; '.join(differ)}; allowed: the "
+                              f"checkpoint's values, or another checkpoint_dir (delete the checkpoint to start afresh)")
+    done, planned = int(state["epoch"]), int(stored["epochs"])
+    if cfg.epochs < done:
+        raise CheckpointError(f"checkpoint {path} has {done} epochs done but field 'epochs' has value {cfg.epochs}; "
+                              f"allowed: epochs = {planned} (the checkpoint's run), or more than {done} with "
+                              f"--extend-epochs")
+    if cfg.epochs != planned and not (extend_epochs and cfg.epochs > planned):
+        raise CheckpointError(f"checkpoint {path} is of a {planned}-epoch run but field 'epochs' has value "
+                              f"{cfg.epochs}; allowed: epochs = {planned}, or more with --extend-epochs "
+                              f"(continues under the longer run's lr schedule)")
+
+
+def open_for_resume(checkpoint_dir: str | os.PathLike | None, cfg: TrialConfig, *,
+                    extend_epochs: bool = False) -> tuple[Path | None, dict[str, Any] | None]:
+    """(checkpoint path or None, its checked state or None if there is none yet). Call before any work."""
+    path = prepare_dir(checkpoint_dir)
+    if path is None or not path.exists():
+        return path, None
+    state = load(path)
+    check_matches(state, cfg, path, extend_epochs=extend_epochs)
+    return path, state
+
+
+def save(path: Path, payload: dict[str, Any]) -> None:
+    """Atomic: a kill during the write leaves the previous checkpoint intact."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    os.replace(tmp, path)

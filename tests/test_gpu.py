@@ -1,0 +1,239 @@
+"""Checks that need a real CUDA device; every test here is skipped without one.
+
+Run them with `benchmarks/gpu_check.sh` (or `pytest -m gpu tests/test_gpu.py`) on a GPU machine.
+They cover what the CPU suite cannot: every attention x encoding variant under bf16 autocast on
+CUDA (cuFFT takes half precision for powers of two only, so the shapes here are chosen to give
+FFT sizes that are not), the train task end to end on the GPU, fractional packing of four
+0.25-GPU trials on one GPU with each process capped at its share of the memory, whole-GPU trials
+on the device Ray assigned, and that timing waits for the GPU (kernel launches return early).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+import torch
+
+from rpevit import metrics
+from rpevit.config import TrialConfig
+from rpevit.sweep.gpus import NOSET_ENV
+from rpevit.sweep.runner import SweepOptions, run_sweep
+from rpevit.sweep.space import Space, expand_space
+from rpevit.sweep.trainable import place_on_devices
+from rpevit.tasks.train import run
+from tests.test_amp_cpu import (FFT_AND_SOLVE_CASES, HALF, TINY_MODEL, bf16_train_steps, case_id,
+                                fft_and_solve_dtypes, sparse_cg_error_under_autocast, variant_cases)
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (torch sees none)")]
+
+# cifar10-shaped: 32x32 / patch 4 -> an 8x8 grid, whose Luo FFT is 15 x 15 (not a power of two);
+# dim 24 / 2 heads -> head dim 12, so the circulant STRING's FFT length is not one either
+GPU_MODEL = {**TINY_MODEL, "dataset": "cifar10", "patch_size": 4, "dim": 24, "device": "cuda"}
+GPU_CASES = variant_cases(GPU_MODEL)
+SWEEP_TRIAL = {"dataset": "digits", "dim": 32, "depth": 2, "heads": 2, "train_subset": 0,
+               "device": "cuda", "amp": "bf16"}
+
+
+@pytest.fixture
+def fresh_ray():
+    """No Ray left from an earlier test (the runner starts its own, as `sweep.py` does), and this
+    process's cached GPU memory handed back before trials share the GPU."""
+    ray.shutdown()
+    torch.cuda.empty_cache()
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def one_gpu(monkeypatch) -> int:
+    """Ray processes started from here see only this process's first GPU (its cuda:0).
+
+    Fractional trials claim the least-loaded visible GPU, so on a multi-GPU node four 0.25-GPU
+    trials would spread out instead of sharing one; packing is what is tested here.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = visible.split(",")[0] if visible else "0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", first)
+    return 0
+
+
+def parent_index(ray_gpu_id: str) -> int:
+    """This process's torch index of the GPU that Ray calls ray_gpu_id (an entry of the
+    CUDA_VISIBLE_DEVICES that Ray started with, else a physical index)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+    return ids.index(ray_gpu_id)
+
+
+# -- every variant under bf16 on CUDA ---------------------------------------------------------
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
+def test_variant_trains_bf16_steps_on_cuda(case: tuple[str, str, dict]) -> None:
+    attention, pe, opts = case
+    cfg = TrialConfig.from_dict({**GPU_MODEL, "attention": attention, "pe": pe, **opts})
+    losses = bf16_train_steps(cfg, steps=3)
+    assert all(math.isfinite(x) for x in losses), losses
+
+
+@pytest.mark.parametrize("attention,pe,opts", FFT_AND_SOLVE_CASES)
+def test_fft_and_solve_paths_run_in_float32_on_cuda(attention: str, pe: str, opts: dict) -> None:
+    seen = fft_and_solve_dtypes(attention, pe, opts, "cuda")
+    assert not [s for s in seen if s[1] in HALF], seen
+
+
+@pytest.mark.filterwarnings("error:sparse Cayley CG stopped")
+def test_sparse_cayley_cg_is_exact_to_float32_under_cuda_autocast() -> None:
+    error = sparse_cg_error_under_autocast("cuda")
+    assert error < 1e-5, error
+
+
+@pytest.mark.parametrize("attention,pe,extra", [("softmax", "ape", {}),
+                                                ("favor", "ape+luo_rpe", {"luo_path": "fft"})])
+def test_train_task_runs_on_cuda_under_bf16(attention: str, pe: str, extra: dict) -> None:
+    cfg = TrialConfig.from_dict({"dataset": "digits", "dim": 32, "depth": 2, "heads": 2, "epochs": 2,
+                                 "train_subset": 400, "device": "cuda", "amp": "bf16",
+                                 "attention": attention, "pe": pe, **extra})
+    row = run(cfg, log=None)  # raises DivergedError on a non-finite training loss
+    assert row["epochs_done"] == 2 and math.isfinite(row["log_likelihood"])
+    assert row["peak_mem_kind"] == "cuda_max_allocated" and row["peak_mem_mb"] > 0
+    assert row["device_name"] == torch.cuda.get_device_name(0)
+    assert row["images_per_s"] > 0
+
+
+# -- CUDA-synchronised timing ---------------------------------------------------------------
+
+def _busy_gpu() -> None:
+    """One kernel that keeps the GPU busy for tens of ms but returns to the host at once."""
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(100_000_000)  # spin cycles: ~50 ms at 2 GHz
+    else:
+        a = torch.randn(4096, 4096, device="cuda")
+        for _ in range(20):
+            a = a @ a
+            a = a / a.norm()
+
+
+def test_median_time_synchronises_with_the_gpu(monkeypatch) -> None:
+    device = torch.device("cuda")
+    _busy_gpu()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    _busy_gpu()
+    end.record()
+    end.synchronize()
+    gpu_s = start.elapsed_time(end) / 1000
+    launch_start = time.perf_counter()
+    _busy_gpu()
+    launch_s = time.perf_counter() - launch_start
+    torch.cuda.synchronize()
+    assert launch_s < 0.5 * gpu_s, (launch_s, gpu_s)  # else an unsynchronised timer would pass too
+
+    calls: list[object] = []
+    real = torch.cuda.synchronize
+
+    def counting_synchronize(dev=None) -> None:
+        calls.append(dev)
+        real(dev)
+
+    monkeypatch.setattr(torch.cuda, "synchronize", counting_synchronize)
+    timed = metrics.median_time(_busy_gpu, device, warmup=1, iters=3)
+    assert len(calls) == 2 * 3  # before and after every timed call
+    assert timed >= 0.8 * gpu_s, (timed, gpu_s)
+
+
+# -- fractional packing: four 0.25-GPU trials on one GPU ---------------------------------------
+
+def test_sweep_packs_four_quarter_gpu_trials_on_one_gpu(tmp_path, fresh_ray, one_gpu) -> None:
+    """A real local sweep (the runner starts Ray itself, as `sweep.py` does): all four trials run
+    at one moment, on the same GPU, each within its quarter of the memory."""
+    space = expand_space({"name": "pack", "fixed": {**SWEEP_TRIAL, "epochs": 20},
+                          "grid": {"pe": ["ape", "rope"], "attention": ["softmax", "favor"]},
+                          "resources": {"cpus_per_trial": 1, "gpus_per_trial": 0.25}}, source="pack.yaml")
+    assert run_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False)) == 0
+    trials = pd.read_parquet(tmp_path / "pack" / "trials.parquet")
+    assert len(trials) == 4 and set(trials["status"]) == {"ok"}, trials[["trial_key", "status"]]
+    assert trials["started_at"].max() < trials["finished_at"].min(), trials[["started_at", "finished_at"]]
+    assert trials["ray_gpu_ids"].nunique() == 1 and set(trials["cuda_device"]) == {0}
+    assert set(trials["device_name"]) == {torch.cuda.get_device_name(one_gpu)}
+    assert set(trials["peak_mem_kind"]) == {"cuda_max_allocated"}
+    quarter_mb = 0.25 * torch.cuda.get_device_properties(one_gpu).total_memory / 2**20
+    assert (trials["peak_mem_mb"] <= quarter_mb).all()
+
+
+def test_every_quarter_gpu_process_is_capped_at_its_share(tmp_path, fresh_ray, one_gpu) -> None:
+    """Four concurrent Ray workers (0.25 GPU each, Ray told not to set CUDA_VISIBLE_DEVICES as
+    the runner does) go through `place_on_devices`; each one reads its memory fraction back and
+    is refused an allocation above its share while the others hold theirs."""
+    ray.init(num_cpus=4, num_gpus=1, include_dashboard=False,
+             runtime_env={"env_vars": {NOSET_ENV: "1"}})
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+
+    @ray.remote(num_cpus=1, num_gpus=0.25)
+    def probe(barrier_dir: str) -> dict:
+        placement = place_on_devices(1, 0.25)
+        device = torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(device).total_memory
+        held = torch.empty(int(0.1 * total), dtype=torch.uint8, device=device)  # within the share
+        Path(barrier_dir, str(os.getpid())).touch()
+        deadline = time.monotonic() + 120
+        while len(list(Path(barrier_dir).iterdir())) < 4:  # all four alive at once
+            if time.monotonic() > deadline:
+                raise TimeoutError("the four 0.25-GPU workers did not run concurrently")
+            time.sleep(0.05)
+        try:
+            torch.empty(int(0.3 * total), dtype=torch.uint8, device=device)
+            refused = False
+        except torch.cuda.OutOfMemoryError:
+            refused = True
+        del held
+        return {**placement, "device": device, "fraction": torch.cuda.get_per_process_memory_fraction(device),
+                "refused_above_share": refused, "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+    results = ray.get([probe.remote(str(barrier)) for _ in range(4)], timeout=300)
+    assert len({r["pid"] for r in results}) == 4
+    assert {r["device"] for r in results} == {0} and {r["cuda_device"] for r in results} == {0}
+    assert all(r["fraction"] == pytest.approx(0.25) for r in results), results
+    assert all(r["refused_above_share"] for r in results), results
+
+
+# -- whole GPUs: the device Ray assigned ------------------------------------------------------
+
+def test_whole_gpu_trial_runs_on_the_gpu_ray_assigned(tmp_path, fresh_ray) -> None:
+    space = expand_space({"name": "whole", "fixed": {**SWEEP_TRIAL, "epochs": 1},
+                          "grid": {"pe": ["ape"]}, "resources": {"cpus_per_trial": 1, "gpus_per_trial": 1}},
+                         source="whole.yaml")
+    assert run_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False)) == 0
+    trials = pd.read_parquet(tmp_path / "whole" / "trials.parquet")
+    assert len(trials) == 1 and trials["status"].iloc[0] == "ok"
+    row = trials.iloc[0]
+    assert len(str(row["ray_gpu_ids"]).split(",")) == 1
+    assert row["cuda_device"] == 0  # Ray sets CUDA_VISIBLE_DEVICES to the one GPU it assigned
+    assert row["device_name"] == torch.cuda.get_device_name(parent_index(str(row["ray_gpu_ids"])))
+
+
+def test_whole_gpu_workers_use_exactly_their_assigned_device(fresh_ray) -> None:
+    """One 1-GPU worker per GPU of the machine: each one's current CUDA device is, by UUID, the
+    physical GPU that Ray assigned to it, and no two workers share one."""
+    count = torch.cuda.device_count()
+    ray.init(num_cpus=count, num_gpus=count, include_dashboard=False)
+
+    @ray.remote(num_cpus=1, num_gpus=1)
+    def probe() -> dict:
+        placement = place_on_devices(1, 1)
+        device = torch.cuda.current_device()
+        time.sleep(2)  # hold the GPU, so that Ray cannot hand it to the next probe
+        return {**placement, "uuid": str(torch.cuda.get_device_properties(device).uuid)}
+
+    results = ray.get([probe.remote() for _ in range(count)], timeout=300)
+    assert len({r["ray_gpu_ids"] for r in results}) == count
+    for r in results:
+        expected = str(torch.cuda.get_device_properties(parent_index(r["ray_gpu_ids"])).uuid)
+        assert r["uuid"] == expected, r

@@ -1,0 +1,105 @@
+"""Issue 11, items 1 and 2: checkpoints never run code, and only continue the run that wrote them."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from rpevit import checkpoint
+from rpevit.checkpoint import CHECKPOINT_NAME, CheckpointError
+from rpevit.config import TrialConfig
+from rpevit.sweep.trainable import checkpointed_history
+from rpevit.tasks.train import run
+from rpevit.train import main
+
+TINY = {"dim": 16, "depth": 1, "heads": 2, "train_subset": 100, "epochs": 2, "batch_size": 50,
+        "eval_batch_size": 256, "drop_path": 0.0, "eval_draws": 0}
+
+
+class Payload:
+    """Unpickling this runs `touch <marker>`: what a planted checkpoint would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def plant(folder: Path, marker: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CHECKPOINT_NAME
+    torch.save({"model": Payload(marker), "optimizer": {}, "scheduler": {}, "rng": {}, "history": [],
+                "epoch": 1}, path)
+    return path
+
+
+def test_planted_pickle_is_refused_and_its_payload_never_runs(tmp_path, capsys) -> None:
+    marker, ckpt_dir = tmp_path / "payload_ran", tmp_path / "trials" / "0123456789abcdef"
+    path = plant(ckpt_dir, marker)
+    cfg = TrialConfig.from_dict(TINY)
+    with pytest.raises(CheckpointError, match="was not loaded: unpickling it could run code") as err:
+        run(cfg, checkpoint_dir=ckpt_dir, log=None)  # the train task (CLI and Ray trials)
+    assert str(path) in str(err.value) and "posix.system" in str(err.value)
+    with pytest.raises(CheckpointError, match="was not loaded"):
+        checkpointed_history(ckpt_dir, cfg)  # what the Ray trainable reads first on --resume
+    assert main(["--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "100", "--epochs", "1",
+                 "--checkpoint-dir", str(ckpt_dir)]) == 2
+    message = capsys.readouterr().err.strip()
+    assert message.count("\n") == 0 and "was not loaded" in message
+    assert not marker.exists(), "the checkpoint's payload ran"
+    # control: the planted file is a real exploit that today's weights_only=False load would run
+    torch.load(path, weights_only=False)
+    assert marker.exists()
+
+
+def test_resume_refuses_a_checkpoint_of_another_config_naming_the_fields(tmp_path, capsys) -> None:
+    cfg = TrialConfig.from_dict(TINY)
+    done = run(cfg, checkpoint_dir=tmp_path, log=None)  # a finished 2-epoch checkpoint, seed 0
+    assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["fingerprint"]["fields"]["seed"] == 0
+
+    with pytest.raises(CheckpointError) as err:  # another seed: refused, not silently continued
+        run(cfg.replace(seed=5), checkpoint_dir=tmp_path, log=None)
+    assert "field 'seed' has value 5 here but 0 in the checkpoint" in str(err.value)
+    with pytest.raises(CheckpointError) as err:  # another model size: a message, not load_state_dict's
+        run(cfg.replace(dim=32, lr=1e-3), checkpoint_dir=tmp_path, log=None)
+    assert "'dim' has value 32 here but 16" in str(err.value) and "'lr' has value 0.001 here but 0.0" in str(err.value)
+    with pytest.raises(CheckpointError, match="has 2 epochs done but field 'epochs' has value 1"):
+        run(cfg.replace(epochs=1), checkpoint_dir=tmp_path, log=None)
+    with pytest.raises(CheckpointError, match="2-epoch run but field 'epochs' has value 3.*--extend-epochs"):
+        run(cfg.replace(epochs=3), checkpoint_dir=tmp_path, log=None)
+    with pytest.raises(CheckpointError, match="'seed' has value 5"):  # the sweep's trainable checks too
+        checkpointed_history(tmp_path, cfg.replace(seed=5))
+    assert main(["--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "100", "--epochs", "2",
+                 "--batch-size", "50", "--eval-batch-size", "256", "--drop-path", "0", "--eval-draws", "0",
+                 "--seed", "5", "--checkpoint-dir", str(tmp_path)]) == 2
+    assert "'seed' has value 5" in capsys.readouterr().err
+
+    # the same config resumes (nothing left to train); extending is allowed when asked for
+    again = run(cfg, checkpoint_dir=tmp_path, log=None)
+    assert again["epochs_done"] == 2 and again["test_acc"] == done["test_acc"]
+    seen: list[int] = []
+    longer = run(cfg.replace(epochs=3), checkpoint_dir=tmp_path, log=None, extend_epochs=True,
+                 on_epoch=lambda row, _c: seen.append(row["epoch"]))
+    assert seen == [3] and longer["epochs"] == 3 and longer["epochs_done"] == 3
+
+
+def test_older_checkpoints_match_by_their_stored_config(tmp_path) -> None:
+    """Checkpoints written before fingerprints existed carry `config`: they still resume."""
+    cfg = TrialConfig.from_dict(TINY)
+    state = {"model": {}, "optimizer": {}, "scheduler": {}, "rng": {}, "history": [], "epoch": 1,
+             "config": cfg.to_dict()}
+    path = tmp_path / CHECKPOINT_NAME
+    torch.save(state, path)
+    loaded = checkpoint.load(path)
+    checkpoint.check_matches(loaded, cfg, path)  # no error
+    with pytest.raises(CheckpointError, match="'heads' has value 4"):
+        checkpoint.check_matches(loaded, cfg.replace(heads=4), path)
+    torch.save({"model": {}}, path)
+    with pytest.raises(CheckpointError, match="not an rpevit train checkpoint"):
+        checkpoint.load(path)
+    path.write_bytes(b"this is not a checkpoint")
+    with pytest.raises(CheckpointError, match=f"checkpoint {path}"):
+        checkpoint.load(path)

@@ -1,0 +1,189 @@
+"""Issue 11, items 5, 7 and 8: values refused before anything trains, as one-line messages (exit
+2) naming the field, the value and what is allowed; huge spaces refused before they are built;
+sweep names that are one folder name."""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from rpevit.config import ConfigError, TrialConfig, field_types
+from rpevit.flops import count_flops
+from rpevit.sweep.runner import SweepOptions, run_sweep
+from rpevit.sweep.space import SpaceError, expand_space
+from rpevit.train import main as train_main
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import sweep  # noqa: E402  (the CLI at the repo root)
+
+FLOAT_FIELDS = [name for name, hint in field_types().items() if hint is float]
+
+
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_nan_and_inf_in_any_float_field_are_refused(name: str) -> None:
+    for bad in (math.nan, math.inf, -math.inf):
+        with pytest.raises(ConfigError) as err:
+            TrialConfig.from_dict({name: bad}, source="test")
+        assert f"field {name!r} has value {bad!r}" in str(err.value) and "finite" in str(err.value)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"epochs": 0}, ["'epochs'", "0", "1..10000"]),
+    ({"epochs": 10**9}, ["'epochs'", "1000000000", "1..10000"]),
+    ({"pe": "ape+"}, ["'pe'", "'ape+'", "joined by '+'"]),
+    ({"pe": "+rope"}, ["'pe'", "'+rope'"]),
+    ({"pe": "ape+ rope"}, ["'pe'", "'ape+ rope'"]),
+    ({"seed": -1}, ["'seed'", "-1", "0..9223372036854775807"]),
+    ({"seed": 2**63}, ["'seed'", str(2**63), "0..9223372036854775807"]),
+    ({"train_subset": 2**64}, ["'train_subset'", "64-bit"]),
+    ({"data_dir": "/some/folder"}, ["'data_dir'", "'/some/folder'", "digits"]),
+])
+def test_out_of_range_values_are_refused(changes: dict, words: list[str]) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.from_dict(changes, source="test")
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def _fake_mnist(folder: Path, n_test: int = 20) -> Path:
+    rng = np.random.default_rng(0)
+    np.savez(folder / "mnist.npz", x_train=rng.integers(0, 256, (50, 28, 28), dtype=np.uint8),
+             y_train=rng.integers(0, 10, 50).astype(np.uint8),
+             x_test=np.zeros((n_test, 28, 28), np.uint8), y_test=np.zeros(n_test, np.uint8))
+    return folder
+
+
+def _cli_cases(tmp: Path) -> list[tuple[list[str], list[str]]]:
+    a_file = tmp / "a_file"
+    a_file.write_text("not a folder")
+    text_npz = tmp / "text"
+    text_npz.mkdir()
+    (text_npz / "mnist.npz").write_text("x_train,y_train\n1,2\n")
+    no_test = tmp / "no_test"
+    no_test.mkdir()
+    _fake_mnist(no_test, n_test=0)
+    cases = [
+        (["--lr", "nan"], ["'lr'", "nan", "finite"]),
+        (["--weight-decay", "inf"], ["'weight_decay'", "inf", "finite"]),
+        (["--kmse-angle", "nan"], ["'kmse_angle'", "nan", "finite"]),
+        (["--epochs", "0"], ["'epochs'", "0", "1..10000"]),
+        (["--pe", "ape+"], ["'pe'", "'ape+'"]),
+        (["--seed", str(2**63)], ["'seed'", str(2**63), "0..9223372036854775807"]),
+        (["--val-fraction", "0.9999"], ["train split is empty", "val_fraction=0.9999", "allowed"]),
+        (["--val-fraction", "0.0001"], ["'val_fraction'", "0.0001", "holds out 0", "allowed"]),
+        (["--checkpoint-dir", str(a_file)], ["checkpoint_dir", str(a_file), "is a file", "allowed"]),
+        (["--dataset", "mnist", "--data-dir", str(a_file)], ["'data_dir'", str(a_file), "is a file", "allowed"]),
+        (["--dataset", "mnist", "--data-dir", str(text_npz)], ["mnist.npz", "not an .npz", "allowed"]),
+        (["--dataset", "mnist", "--data-dir", str(no_test)], ["test split is empty", "allowed"]),
+        (["--data-dir", str(tmp)], ["'data_dir'", str(tmp), "digits", "allowed"]),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--device", "cuda"], ["'device'", "'cuda'", "allowed: cpu, auto"]))
+    return cases
+
+
+def test_cli_refuses_bad_values_before_training_in_one_line(tmp_path, capsys) -> None:
+    base = ["--dim", "16", "--depth", "1", "--heads", "2", "--epochs", "1", "--train-subset", "50"]
+    for argv, words in _cli_cases(tmp_path):
+        argv = base + argv
+        t0 = time.time()
+        assert train_main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        assert out == "" and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
+        assert "epoch 1/" not in err and "pickle" not in err and time.time() - t0 < 30, (argv, err)
+        for word in words:
+            assert word in err, (argv, word, err)
+
+
+def test_flops_of_an_empty_batch_is_a_message_not_a_zero_division() -> None:
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="at least one example"):
+        count_flops(model, torch.zeros(0, 4))
+
+
+def write_space(folder: Path, spec: dict, name: str = "space.yaml") -> Path:
+    path = folder / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "epochs": 1}
+
+
+def test_sweep_dry_run_refuses_what_a_trial_would_refuse(tmp_path, capsys) -> None:
+    space = write_space(tmp_path, {"name": "s", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}})
+    nan_space = write_space(tmp_path, {"name": "n", "fixed": {**TINY, "lr": float("nan")}}, "nan.yaml")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        ([str(nan_space)], ["'lr'", "nan", "finite"]),  # `lr: .nan` in the YAML passed the dry run before
+        ([str(space), "--set", "lr=.nan"], ["'lr'", "nan", "finite"]),
+        ([str(space), "--set", "mlp_ratio=.inf"], ["'mlp_ratio'", "inf", "finite"]),
+        ([str(space), "--set", "epochs=0"], ["'epochs'", "1..10000"]),
+        ([str(space), "--set", "pe=ape+"], ["'pe'", "'ape+'"]),
+        ([str(space), "--set", f"seed={2**63}"], ["'seed'", "0..9223372036854775807"]),
+        ([str(space), "--set", "lr=[1"], ["--set lr", "'[1'", "not valid YAML", "allowed"]),
+        ([str(space), "--set", "lr={a: 1}"], ["--set lr", "allowed: one YAML scalar"]),
+        ([str(space), "--data-dir", str(a_file)], ["--data-dir", str(a_file), "is a file"]),
+        ([str(space), "--data-dir", str(tmp_path)], ["--data-dir", "no trial reads a data folder"]),
+        ([str(space), "--gpus-per-trial", "nan"], ["gpus_per_trial", "nan", "finite"]),
+        ([str(space), "--name", ".."], ["--name", "'..'", "allowed"]),
+    ]
+    if not torch.cuda.is_available():
+        cases.append(([str(space), "--set", "device=cuda"], ["'device'", "'cuda'", "allowed: cpu, auto"]))
+    for argv, words in cases:
+        assert sweep.main(["--space", *argv, "--dry-run"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.startswith("error: ") and err.count("\n") == 1 and "trial_key" not in out, (argv, err)
+        for word in words:
+            assert word in err, (argv, word, err)
+
+
+@pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "../up", "", "x" * 101])
+def test_sweep_names_are_one_safe_folder_name(tmp_path, name: str) -> None:
+    with pytest.raises(SpaceError, match="allowed: 1-100 letters"):
+        expand_space({"name": name, "fixed": TINY}, source="space.yaml")
+    space = expand_space({"name": "fine", "fixed": TINY}, source="space.yaml")
+    space.name = name  # as sweep.py --name did before checking
+    results = tmp_path / "a" / "results"
+    with pytest.raises(SpaceError, match="sweep name"):
+        run_sweep(space, SweepOptions(results_dir=results))
+    assert not (tmp_path / "a").exists()  # nothing written, least of all next to --results-dir
+
+
+def test_huge_spaces_are_counted_and_refused_before_expanding(tmp_path, capsys) -> None:
+    ten = list(range(10))
+    huge = {"name": "huge", "fixed": TINY, "grid": {"seed": ten, "dim": [16, 32], "num_features": ten,
+                                                    "rotinv_draws": [1 + i for i in ten], "kmse_draws": ten,
+                                                    "bench_iters": [1 + i for i in ten],
+                                                    "reflection_count": [1 + i for i in ten]},
+            "seeds": [0, 1, 2, 3, 4]}  # 2 * 10^6 grid points x 5 seeds = 10^7 trials
+    t0 = time.time()
+    with pytest.raises(SpaceError) as err:
+        expand_space(huge, source="huge.yaml")
+    assert time.time() - t0 < 1.0
+    assert "10,000,000 trials" in str(err.value) and "at most 10,000" in str(err.value)
+    assert "--max-trials" in str(err.value)
+
+    path = write_space(tmp_path, huge)
+    t0 = time.time()
+    assert sweep.main(["--space", str(path), "--dry-run"]) == 2
+    assert "10,000,000 trials" in capsys.readouterr().err and time.time() - t0 < 5.0
+    assert sweep.main(["--space", str(path), "--dry-run", "--max-trials", "0"]) == 2
+    assert "--max-trials" in capsys.readouterr().err
+
+    # what is allowed expands fast: 10^4 validated trials in well under the ~20 s it used to take
+    big = {"name": "big", "fixed": TINY, "grid": {"num_features": [1 + i for i in range(100)],
+                                                  "rotinv_draws": [1 + i for i in range(100)]}}
+    t0 = time.time()
+    space = expand_space(big, source="big.yaml")
+    assert len(space.trials) == 10_000 and time.time() - t0 < 8.0, time.time() - t0
+    with pytest.raises(SpaceError, match="10,000 trials.*at most 9,999"):
+        expand_space(big, source="big.yaml", max_trials=9_999)

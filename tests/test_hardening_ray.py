@@ -1,0 +1,113 @@
+"""Issue 11 with real processes and a real Ray: one driver per sweep (4), loopback-only embedded
+Ray (6), Ray ends with a SIGKILLed driver and `--resume` of a fresh sweep says so (10).
+
+One sweep driver A runs a single ~10 s trial; while it runs, its processes' sockets are checked
+and a second driver B is started on the same sweep; then A is SIGKILLed and every process it
+started (gcs_server, raylet, agents, workers) must be gone within seconds.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import ray  # noqa: F401  (puts Ray's bundled psutil on the path)
+import psutil  # noqa: E402
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}
+SPACE = {"name": "locked", "fixed": {"dataset": "digits", "dim": 32, "depth": 2, "heads": 4, "epochs": 80,
+                                     "batch_size": 64, "eval_draws": 0},
+         "grid": {"pe": ["rope"]}, "resources": {"cpus_per_trial": 1}}
+
+
+def start(space_file: Path, results: Path, *flags: str) -> tuple[subprocess.Popen, list[str]]:
+    proc = subprocess.Popen([sys.executable, "sweep.py", "--space", str(space_file), "--results-dir", str(results),
+                             *flags], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, lines
+
+
+def family(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def listening(procs: list[psutil.Process]) -> list[tuple[str, str, int]]:
+    """(process name, ip, port) of every listening TCP socket and bound UDP socket of procs."""
+    out = []
+    for proc in procs:
+        try:
+            for conn in proc.net_connections(kind="inet"):
+                if conn.status == psutil.CONN_LISTEN or (conn.type == 2 and conn.laddr):  # 2: SOCK_DGRAM
+                    out.append((proc.name(), conn.laddr.ip, conn.laddr.port))
+        except psutil.Error:
+            continue
+    return out
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_one_driver_per_sweep_loopback_ray_and_ray_dies_with_a_killed_driver(tmp_path):
+    space_file, results = tmp_path / "locked.yaml", tmp_path / "results"
+    space_file.write_text(yaml.safe_dump(SPACE))
+    ckpt = results / "locked" / "trials"
+    a, a_lines = start(space_file, results, "--resume")  # --resume of a sweep that never ran
+    seen: list[psutil.Process] = []
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and a.poll() is None and not list(ckpt.glob("*/checkpoint.pt")):
+            time.sleep(0.2)
+        assert a.poll() is None and list(ckpt.glob("*/checkpoint.pt")), "".join(a_lines)[-3000:]
+        assert any("nothing to resume, starting" in ln for ln in a_lines), "".join(a_lines)[-3000:]
+
+        # 6: every socket of the driver and of the Ray it started is on loopback
+        seen = family(a.pid)
+        names = {p.name() for p in alive(seen)}
+        assert {"gcs_server", "raylet"} <= names, names
+        sockets = listening(seen)
+        assert len(sockets) >= 5, sockets
+        exposed = [s for s in sockets if s[1] not in LOOPBACK]
+        assert not exposed, f"Ray listens beyond loopback: {exposed}"
+
+        # 4: a second driver on the same sweep stops at once, naming the holder
+        t0 = time.time()
+        b, b_lines = start(space_file, results, "--resume")
+        assert b.wait(timeout=60) == 2
+        out_b = "".join(b_lines)
+        assert "in use by another driver" in out_b and f"pid {a.pid}" in out_b, out_b[-2000:]
+        assert time.time() - t0 < 20 and "ray started" not in out_b  # no Ray of its own
+        assert a.poll() is None  # A was not disturbed
+
+        # 10: SIGKILL the driver alone; everything it started ends within seconds
+        seen = list({p.pid: p for p in [*seen, *family(a.pid)]}.values())
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait()
+        deadline = time.time() + 10
+        while alive(seen) and time.time() < deadline:
+            time.sleep(0.2)
+        left = [(p.pid, p.name()) for p in alive(seen)]
+        assert not left, f"still running {time.time() - deadline + 10:.1f} s after the driver's SIGKILL: {left}"
+    finally:
+        for proc in alive(seen):  # whatever a failed assertion left behind is ours to end
+            proc.kill()
+
+    # 4: the killed driver's lock file is still there (naming it) but the lock is gone with it; that
+    # --resume then goes through it and finishes is tested with a real SIGKILL in test_sweep_cli.py
+    assert f"pid {a.pid}" in (results / "locked" / ".sweep.lock").read_text()
+    from rpevit.sweep.lock import sweep_lock
+
+    with sweep_lock(results / "locked"):
+        pass
