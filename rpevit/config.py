@@ -71,7 +71,8 @@ class TrialConfig:
     reflection_count: int = 2  # reflections per block
     rotinv_mode: str = field(default="exact", **_choices("exact", "random"))
     rotinv_degree: int = 2  # degree of p in |c_i - c_j|^2
-    rotinv_basis: str = field(default="monomial", **_choices("monomial", "bernstein"))
+    # auto: bernstein in exact mode, monomial in random mode (rpevit/pe/rotation_invariant.py)
+    rotinv_basis: str = field(default="auto", **_choices("auto", "monomial", "bernstein"))
     rotinv_draws: int = 16  # Gaussian projections of the random mode
 
     # optimisation

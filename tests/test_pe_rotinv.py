@@ -11,6 +11,7 @@ from rpevit.attention.softmax import SoftmaxAttention
 from rpevit.config import TrialConfig
 from rpevit.models.vit import build_model
 from rpevit.pe.rotation_invariant import (
+    BERNSTEIN_LOG_SCALE,
     RotationInvariantRPE,
     centred_coordinates,
     double_factorial_odd,
@@ -111,7 +112,8 @@ def test_random_mode_unbiased_and_invariant_in_expectation(angle):
 
 @pytest.mark.parametrize("mode", ["exact", "random"])
 def test_module_modulation_positive_and_matches_functions(mode):
-    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "rotinv_draws": 3, "rotinv_degree": 2})
+    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "rotinv_draws": 3, "rotinv_degree": 2,
+                                 "rotinv_basis": "monomial"})  # the Bernstein path: test_bernstein_*
     pe = RotationInvariantRPE(cfg)
     with torch.no_grad():
         pe.raw_coefficients.copy_(torch.randn(2, 3, generator=torch.Generator().manual_seed(0)))
@@ -176,7 +178,7 @@ def test_bernstein_rotinv_starts_neutral_stays_positive_and_can_decay():
     pe = RotationInvariantRPE(cfg)
     torch.testing.assert_close(pe.modulation().dense(), torch.ones(2, 16, 16), atol=1e-5, rtol=0)
     with torch.no_grad():  # b = (1, 0.01, 0.01): near 1 at distance 0, near 0.01 far away
-        pe.raw_coefficients.copy_(torch.log(torch.expm1(torch.tensor([[1.0, 0.01, 0.01]] * 2))))
+        pe.raw_coefficients.copy_(torch.log(torch.tensor([[1.0, 0.01, 0.01]] * 2)) / BERNSTEIN_LOG_SCALE)
     c = pe.modulation().dense().double()
     coords = centred_coordinates(cfg.grid).double()
     torch.testing.assert_close(c, brute_p(coords, pe.coefficients().double()), atol=1e-5, rtol=1e-5)
@@ -190,3 +192,21 @@ def test_bernstein_random_mode_is_refused():
 
     with pytest.raises(ConfigError, match="'rotinv_basis'.*'bernstein'.*rotinv_mode 'exact'"):
         TrialConfig.from_dict({**BASE, "rotinv_basis": "bernstein", "rotinv_mode": "random"})
+
+
+def test_auto_basis_is_bernstein_in_exact_mode_and_monomial_in_random_mode():
+    exact = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_mode": "exact"}))
+    random = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_mode": "random"}))
+    assert exact.basis is not None and random.basis is None
+    monomial = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_basis": "monomial"}))
+    assert monomial.basis is None
+
+
+def test_bernstein_log_scale_speeds_up_the_coefficients():
+    """b = exp(scale * raw): Adam's first step of size lr on raw moves log b by scale * lr."""
+    pe = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_basis": "bernstein"}))
+    optimizer = torch.optim.Adam(pe.parameters(), lr=1e-3)
+    pe.modulation().dense().sum().backward()
+    optimizer.step()
+    log_b = BERNSTEIN_LOG_SCALE * pe.raw_coefficients.detach()
+    torch.testing.assert_close(log_b.abs(), torch.full_like(log_b, BERNSTEIN_LOG_SCALE * 1e-3))
