@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from rpevit.attention.base import RelativeBias
 from rpevit.attention.kernelized import FavorAttention, ReluAttention
 from rpevit.attention.softmax import SoftmaxAttention
 from rpevit.config import TrialConfig
+from rpevit.pe.relative_bias import RelativeBias
 
 
 def timed(fn: Callable[[], None], inner: int) -> float:
@@ -68,9 +68,8 @@ def make_variants(n: int, heads: int, head_dim: int, m: int, luo_paths: tuple[st
         variants["relu"] = fwd_bwd(relu, q, k, v)
         luo_paths = ("fft",)
     for path in luo_paths:
-        backend = FavorAttention(TrialConfig(dim=heads * head_dim, heads=heads, num_features=m, luo_path=path))
         variants[f"favor+luo({path})"] = fwd_bwd(
-            lambda q_, k_, v_, t_, b=backend: b(q_, k_, v_, RelativeBias(t_, (side, side))), q, k, v, table)
+            lambda q_, k_, v_, t_, p=path: favor(q_, k_, v_, RelativeBias(t_, (side, side), p)), q, k, v, table)
     if performer:
         from performer_pytorch import FastAttention
 

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from rpevit.attention.base import LowRankModulation, RelativeBias
+from rpevit.attention.base import LowRankModulation
 from rpevit.attention.kernelized import FavorAttention, ReluAttention
 from rpevit.attention.softmax import SoftmaxAttention
 from rpevit.config import TrialConfig
+from rpevit.pe.relative_bias import RelativeBias
 
 
 def make_cfg(**kw):
@@ -76,10 +77,9 @@ def test_luo_fft_equals_dense_equals_brute_force(name, kw, grid):
     q, k, v = qkv(n=grid[0] * grid[1], seed=1)
     table = torch.randn(2, 2 * grid[0] - 1, 2 * grid[1] - 1, generator=torch.Generator().manual_seed(3),
                         dtype=torch.float64)
-    bias = RelativeBias(table, grid)
     expected = dense_reference(build(name, **kw), q, k, v, luo_brute_force_weights(table, grid))
     for path in ("fft", "dense", "auto"):
-        out = build(name, luo_path=path, **kw)(q, k, v, bias)
+        out = build(name, **kw)(q, k, v, RelativeBias(table, grid, path))
         torch.testing.assert_close(out, expected, rtol=1e-9, atol=1e-10)
 
 
@@ -203,12 +203,12 @@ def test_relu_identity_has_no_projection_and_eps_positive():
 
 
 def test_auto_luo_path_switches_to_fft_at_the_threshold(monkeypatch):
-    from rpevit.attention import kernelized
+    from rpevit.pe import relative_bias
 
     calls = []
-    original = kernelized.toeplitz_fft_matvec
-    monkeypatch.setattr(kernelized, "toeplitz_fft_matvec", lambda *a: calls.append(a[1].shape[2]) or original(*a))
-    monkeypatch.setattr(kernelized, "LUO_FFT_MIN_TOKENS", 16)
+    original = relative_bias.toeplitz_fft_matvec
+    monkeypatch.setattr(relative_bias, "toeplitz_fft_matvec", lambda *a: calls.append(a[1].shape[2]) or original(*a))
+    monkeypatch.setattr(relative_bias, "LUO_FFT_MIN_TOKENS", 16)
     backend = build("favor")
     for grid in [(3, 5), (4, 4)]:
         q, k, v = qkv(n=grid[0] * grid[1])

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from rpevit import registry
-from rpevit.attention.base import LowRankModulation, RelativeBias, softmax_attention_matrix, total_variation
+from rpevit.attention.base import LowRankModulation, softmax_attention_matrix, total_variation
 from rpevit.config import TrialConfig
 from rpevit.evaluation import (attention_fidelity, draw_aware_accuracy, fresh_draw, random_feature_layers,
                                softmax_swap_accuracy, with_softmax_attention)
 from rpevit.models import build_model
+from rpevit.pe.relative_bias import RelativeBias
 from rpevit.tasks.train import run
 
 DRAW_KEYS = ("test_acc_draw_mean", "test_acc_draw_std", "test_acc_draw_min", "test_acc_draw_ensemble")
@@ -37,14 +38,14 @@ def modulations(h=2, grid=(4, 4)):
     n = grid[0] * grid[1]
     table = torch.randn(h, 2 * grid[0] - 1, 2 * grid[1] - 1, generator=g, dtype=torch.float64)
     f, gg = torch.rand(h, n, 3, generator=g, dtype=torch.float64), torch.rand(h, n, 3, generator=g, dtype=torch.float64)
-    return {"none": None, "luo": RelativeBias(table, grid), "low_rank": LowRankModulation(f, gg)}
+    return {"none": None, "luo": RelativeBias(table, grid, path="dense"), "low_rank": LowRankModulation(f, gg)}
 
 
 @pytest.mark.parametrize("attention,extra", [("softmax", {}), ("favor", {}), ("relu", {}),
                                              ("relu", {"relu_projection": "identity"})])
 @pytest.mark.parametrize("kind", ["none", "luo", "low_rank"])
 def test_attention_matrix_is_what_forward_applies(attention, extra, kind):
-    backend = registry.ATTENTIONS[attention](cfg(attention=attention, luo_path="dense", **extra), layer=0).double()
+    backend = registry.ATTENTIONS[attention](cfg(attention=attention, **extra), layer=0).double()
     backend.eval()
     q, k, v = qkv()
     modulation = modulations()[kind]

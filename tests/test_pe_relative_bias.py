@@ -3,10 +3,9 @@ import math
 
 import torch
 
-from rpevit.attention.base import RelativeBias
 from rpevit.config import TrialConfig
 from rpevit.models import build_model
-from rpevit.pe.relative_bias import LuoRelativeBias
+from rpevit.pe.relative_bias import LuoRelativeBias, RelativeBias
 
 
 def cfg(**kw):

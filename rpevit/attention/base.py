@@ -1,16 +1,23 @@
 """What every attention backend takes: q, k, v (b h n d) after the q/k hook, and optionally the
 score-hook modulation c_ij >= 0 that multiplies the (unnormalised) attention weights.
 
-Backends implement `forward(q, k, v, modulation=None) -> (b h n d)` and handle both modulation
-kinds their own efficient way (softmax: an additive float mask; kernelized: FFT Toeplitz sums or
-feature tensor products). The dense forms below are the brute-force definitions the tests use.
+The score hook is dispatched in one place, the `Modulation` interface: a modulation knows how to
+apply itself to the two primitives the backends are built on, exact softmax attention
+(`softmax_attention(q, k, v)`) and linear attention over non-negative features
+(`linear_attention(phi_q, phi_k, v)`), and gives its dense N x N form (`dense()`, the brute-force
+reference). Backends never look at a modulation's type, so a new score-hook encoding is one file:
+its `Modulation` subclass next to its `PositionEncoding` (rpevit/pe/relative_bias.py for Luo et
+al.'s bias; `LowRankModulation` below for any c_ij = sum_l f_il g_jl, e.g. rotinv).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
 from torch import Tensor, nn
 
 if TYPE_CHECKING:
@@ -27,26 +34,44 @@ def relative_offsets(grid: tuple[int, int], device: torch.device | None = None) 
     return dy * (2 * w - 1) + dx
 
 
-@dataclass
-class RelativeBias:
-    """Luo et al. 2021: c_ij = exp(b[h, r_j - r_i]); `table` is b, shape (h, 2H-1, 2W-1)."""
+class Modulation(ABC):
+    """Multiplicative attention weights c_ij >= 0 of a score-hook encoding, applied per backend primitive."""
 
-    table: Tensor
-    grid: tuple[int, int]
-
-    def dense_log(self) -> Tensor:
-        """log c as an (h, N, N) matrix (the softmax float mask and the brute-force reference)."""
-        idx = relative_offsets(self.grid, self.table.device)
-        return self.table.flatten(1)[:, idx]
-
+    @abstractmethod
     def dense(self) -> Tensor:
-        """c as an (h, N, N) matrix, up to a per-head factor (which cancels in normalised attention)."""
-        log_c = self.dense_log()
-        return torch.exp(log_c - log_c.amax(dim=(-2, -1), keepdim=True))
+        """c as an (h, N, N) or (b, h, N, N) matrix, up to a per-row factor (cancels after normalising)."""
+
+    @abstractmethod
+    def softmax_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """out_i = sum_j e_ij c_ij v_j / sum_j e_ij c_ij with e_ij = exp(q_i^T k_j / sqrt(d)): (b h n d)."""
+
+    @abstractmethod
+    def linear_attention(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        """out_i = sum_j a_ij c_ij v_j / sum_j a_ij c_ij with a_ij = phi_q,i^T phi_k,j: (b h n d)."""
+
+
+def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+    """D^-1 phi(Q) (phi(K)^T [V, 1]) for phi_q, phi_k (b h n m) and v (b h n d): O(N m d).
+
+    The ones column carries the denominator phi(q_i)^T sum_j phi(k_j) through the same two
+    matmuls as the numerator (two bmm calls in all, no N x N matrix).
+    """
+    v_one = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # b h n (d+1)
+    kv = phi_k.transpose(-1, -2) @ v_one  # b h m (d+1)
+    out = phi_q @ kv  # b h n (d+1)
+    return out[..., :-1] / out[..., -1:]
+
+
+def low_rank_features(phi: Tensor, factor: Tensor) -> Tensor:
+    """phi (x) f per token: (b h n m), (h n L) or (b h n L) -> (b h n (m L))."""
+    if factor.dim() == 3:
+        factor = factor.unsqueeze(0)
+    product = einsum(phi, factor.to(phi.dtype), "b h n m, b h n l -> b h n m l")
+    return rearrange(product, "b h n m l -> b h n (m l)")
 
 
 @dataclass
-class LowRankModulation:
+class LowRankModulation(Modulation):
     """c_ij = sum_l f[.., i, l] g[.., j, l] >= 0; f, g of shape (h, N, L) or (b, h, N, L)."""
 
     f: Tensor
@@ -55,8 +80,22 @@ class LowRankModulation:
     def dense(self) -> Tensor:
         return torch.einsum("...il,...jl->...ij", self.f, self.g)
 
+    def softmax_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Exactly and without log c: one SDPA call on the values [g_l v, g_l] (all l) gives
+        N_il = sum_j s_ij g_jl v_j and D_il = sum_j s_ij g_jl (s = softmax, whose normaliser
+        cancels); out_i = sum_l f_il N_il / sum_l f_il D_il. Exact for any c >= 0, even where
+        c_ij = 0 or f, g change sign."""
+        f, g = (x if x.dim() == 4 else x.unsqueeze(0) for x in (self.f, self.g))
+        v_one = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # b h n (d+1)
+        values = einsum(g.to(v.dtype), v_one, "b h n l, b h n e -> b h n l e")
+        attended = F.scaled_dot_product_attention(q, k, rearrange(values, "b h n l e -> b h n (l e)"))
+        attended = rearrange(attended, "b h n (l e) -> b h n l e", e=v_one.shape[-1])
+        out = einsum(f.to(v.dtype), attended, "b h n l, b h n l e -> b h n e")
+        return out[..., :-1] / out[..., -1:]
 
-Modulation = Union[RelativeBias, LowRankModulation]
+    def linear_attention(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        """c folded into the features as phi(q_i) (x) f_i and phi(k_j) (x) g_j: still linear in N."""
+        return linear_attention(low_rank_features(phi_q, self.f), low_rank_features(phi_k, self.g), v)
 
 
 def normalize_rows(weights: Tensor) -> Tensor:

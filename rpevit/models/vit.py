@@ -62,7 +62,7 @@ class Attention(nn.Module):
         self.backend = registry.ATTENTIONS[cfg.attention](cfg, layer=layer)
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.proj_drop = nn.Dropout(cfg.dropout)
-        self.captured: list[tuple[Tensor, Tensor, Modulation | None]] | None = None  # see capture_qk
+        self.captured: list[tuple[Tensor, Tensor, Modulation | None]] | None = None  # see evaluation.attention_fidelity
 
     def no_weight_decay(self) -> set[str]:
         return {"log_temperature"} if self.qk_norm == "l2" else set()

@@ -7,9 +7,10 @@ A position encoding declares `hook`:
            returns its position-independent P from `head_transform()`; the ViT folds P into the
            q/k projection weights (P(Wx + b) = (PW)x + Pb, exact for every backend), so P costs
            one d x d x dim product per head per forward instead of one per token;
-- "score": `modulation()` returns the multiplicative weights c_ij of the attention matrix, as a
-           `RelativeBias` (Luo et al.: a table over 2-D offsets) or a `LowRankModulation`
-           (c_ij = sum_l f_il g_jl); each attention backend applies it its own efficient way.
+- "score": `modulation()` returns the multiplicative weights c_ij of the attention matrix as a
+           `Modulation` (rpevit.attention.base), which applies itself to the backend's primitive
+           (exact softmax or linear attention): Luo et al.'s `RelativeBias` (pe/relative_bias.py)
+           or any low-rank c_ij = sum_l f_il g_jl (`LowRankModulation`, e.g. pe/rotation_invariant.py).
 Positions are integer patch coordinates (x, y) on the H x W grid, row-major token order.
 """
 from __future__ import annotations

@@ -2,7 +2,9 @@
 
 A learned table b per head over all (2H-1)(2W-1) 2-D offsets, per layer, zero-initialised (c = 1:
 training starts from the plain backend). Softmax adds b as a float mask; kernelized backends
-multiply their weights by exp(b) with block-Toeplitz FFT sums (rpevit.attention.toeplitz).
+multiply their weights by exp(b) with block-Toeplitz FFT sums (rpevit.attention.toeplitz) or the
+explicit masked matrix (`luo_path`). Both live in `RelativeBias`, the modulation this encoding
+hands to whichever backend runs (rpevit.attention.base.Modulation).
 
 b is stored as b = luo_scale * raw. b is a logit: locality needs |b| of a few units, but Adam
 moves each parameter by about lr per step whatever its gradient, so with lr 1e-3 and the ~1-2k
@@ -14,13 +16,73 @@ little; an ALiBi-like distance-decaying initialisation alone reached 0.820.
 """
 from __future__ import annotations
 
-import torch
-from torch import nn
+from dataclasses import dataclass
 
-from rpevit.attention.base import RelativeBias
+import torch
+import torch.nn.functional as F
+from einops import einsum, rearrange
+from torch import Tensor, nn
+
+from rpevit.attention.base import Modulation, relative_offsets
+from rpevit.attention.toeplitz import toeplitz_dense_matrix, toeplitz_fft_matvec
 from rpevit.config import TrialConfig
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
+
+# From this many tokens on, `luo_path: auto` uses the FFT path. Measured on the 2-core CPU with
+#   .venv/bin/python benchmarks/attention_scaling.py --luo-crossover --threads 1 [--tokens 1024 4096]
+# (favor+luo_rpe forward+backward, batch 1, 4 heads, head dim 32, m = 64): dense/fft time was
+# 0.01-0.06 for N = 16..1024 and 0.30 at N = 4096 (3.5 s vs 11.4 s). The FFT sums run over
+# F = m (d + 1) = 2112 channels on a ~4N padded grid, so they only pay off at large N; the ratio
+# grew ~N^1.2 between 1024 and 4096, which puts the crossing near 11k tokens (extrapolated).
+LUO_FFT_MIN_TOKENS = 10_000
+
+
+@dataclass
+class RelativeBias(Modulation):
+    """Luo et al. 2021: c_ij = exp(b[h, r_j - r_i]); `table` is b, shape (h, 2H-1, 2W-1).
+
+    `path` (kernelized backends): "fft", "dense", or "auto" (fft from LUO_FFT_MIN_TOKENS tokens on).
+    """
+
+    table: Tensor
+    grid: tuple[int, int]
+    path: str = "auto"
+
+    def dense_log(self) -> Tensor:
+        """log c as an (h, N, N) matrix (the softmax float mask and the brute-force reference)."""
+        idx = relative_offsets(self.grid, self.table.device)
+        return self.table.flatten(1)[:, idx]
+
+    def dense(self) -> Tensor:
+        """c as an (h, N, N) matrix, up to a per-head factor (which cancels in normalised attention)."""
+        log_c = self.dense_log()
+        return torch.exp(log_c - log_c.amax(dim=(-2, -1), keepdim=True))
+
+    def softmax_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """softmax(q k^T / sqrt(d) + b): b enters as an additive float mask."""
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.dense_log().to(q.dtype))
+
+    def linear_attention(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
+        """numerator_i = phi(q_i)^T sum_j c_ij phi(k_j) v_j^T, denominator_i = phi(q_i)^T sum_j c_ij phi(k_j).
+
+        The table max is subtracted before exp: a per-head constant factor that cancels, keeping the
+        weights positive and <= 1. `fft`: one Toeplitz FFT sum over F = m (d + 1) channels (the
+        numerator's m d and the denominator's m together); `dense`: the explicit masked matrix.
+        """
+        path = self.path if self.path != "auto" else (
+            "fft" if phi_q.shape[-2] >= LUO_FFT_MIN_TOKENS else "dense")
+        table = self.table.to(phi_q.dtype)
+        weights = torch.exp(table - table.amax(dim=(-2, -1), keepdim=True).detach())  # h, 2H-1, 2W-1
+        if path == "dense":
+            scores = einsum(phi_q, phi_k, "b h i m, b h j m -> b h i j") * toeplitz_dense_matrix(weights, self.grid)
+            return einsum(scores, v, "b h i j, b h j d -> b h i d") / scores.sum(dim=-1, keepdim=True)
+        v_one = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # b h n (d+1)
+        per_token = rearrange(einsum(phi_k, v_one, "b h n m, b h n e -> b h n m e"), "b h n m e -> b h n (m e)")
+        summed = toeplitz_fft_matvec(weights, per_token, self.grid)
+        summed = rearrange(summed, "b h n (m e) -> b h n m e", e=v_one.shape[-1])
+        out = einsum(phi_q, summed, "b h n m, b h n m e -> b h n e")
+        return out[..., :-1] / out[..., -1:]
 
 
 @register_pe("luo_rpe")
@@ -31,6 +93,7 @@ class LuoRelativeBias(PositionEncoding):
         super().__init__(cfg, layer=layer)
         h, w = cfg.grid
         self.scale = cfg.luo_scale
+        self.path = cfg.luo_path
         self.raw_table = nn.Parameter(torch.zeros(cfg.heads, 2 * h - 1, 2 * w - 1))
 
     @property
@@ -39,4 +102,4 @@ class LuoRelativeBias(PositionEncoding):
         return self.scale * self.raw_table
 
     def modulation(self) -> RelativeBias:
-        return RelativeBias(self.table, self.grid)
+        return RelativeBias(self.table, self.grid, self.path)
