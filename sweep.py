@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus-per-trial", type=float, default=None)
     p.add_argument("--max-concurrent", type=int, default=None, help="0 = as many as the resources fit")
     p.add_argument("--max-failures", type=int, default=1, help="retries per trial, from its checkpoint")
+    p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
+                   help="run trial after trial in warm worker processes (default); --no-reuse: a fresh "
+                        "process per trial (the old behaviour: seconds of start-up per trial)")
     p.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=True,
                    help="start Ray's dashboard on 127.0.0.1 (local Ray only)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                                 retry_failed=args.retry_failed, address=args.address,
                                 cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
                                 max_concurrent=args.max_concurrent, dashboard=args.dashboard,
-                                max_failures=args.max_failures)
+                                max_failures=args.max_failures, reuse=args.reuse)
             return run_sweep(space, opts)
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

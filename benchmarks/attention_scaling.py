@@ -20,7 +20,6 @@ import torch
 
 from rpevit.attention.kernelized import FavorAttention, ReluAttention
 from rpevit.attention.softmax import SoftmaxAttention
-from rpevit.config import TrialConfig
 from rpevit.pe.relative_bias import RelativeBias
 
 
@@ -56,11 +55,12 @@ def fwd_bwd(attend: Callable[..., torch.Tensor], q, k, v, *extra) -> Callable[[]
 def make_variants(n: int, heads: int, head_dim: int, m: int, luo_paths: tuple[str, ...], performer: bool):
     side = math.isqrt(n)
     assert side * side == n, "N must be a square grid"
-    cfg = TrialConfig(dim=heads * head_dim, heads=heads, num_features=m)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, heads, n, head_dim, generator=g).requires_grad_() for _ in range(3))
     table = (0.1 * torch.randn(heads, 2 * side - 1, 2 * side - 1, generator=g)).requires_grad_()
-    favor, relu, softmax = FavorAttention(cfg), ReluAttention(cfg), SoftmaxAttention(cfg)
+    shape = dict(heads=heads, head_dim=head_dim)
+    favor, relu = FavorAttention(**shape, num_features=m), ReluAttention(**shape, num_features=m)
+    softmax = SoftmaxAttention(**shape)
     variants = {}
     if not luo_paths:
         variants["softmax"] = fwd_bwd(softmax, q, k, v)

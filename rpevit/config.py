@@ -1,7 +1,13 @@
 """TrialConfig: the flat, typed record of every knob of one trial, validated before anything trains.
 
 One record drives every task (`train`, `bench`, `kernel_mse`), the single-trial CLI and the
-sweep runner. Validation errors name the field, the value and what is allowed.
+sweep runner: flat, because flags, sweep keys, trial keys and Parquet columns are its field names.
+Each field's metadata groups it into a section (`SECTIONS`: model, attention, pe, optim, ...;
+`TrialConfig.section(name)`), gives its one-line help (`field_help`, shown by both CLIs) and its
+allowed values (choices or bounds), which validate() checks field by field; the rules relating
+several fields stay explicit in validate(). Layers never see this record: `rpevit.models.factory`
+hands each one the arguments its `__init__` declares. Validation errors name the field, the value
+and what is allowed.
 """
 from __future__ import annotations
 
@@ -27,93 +33,137 @@ class ConfigError(ValueError):
     """A trial config that cannot run; the message names field, value and allowed values."""
 
 
-def _choices(*values: str) -> dict[str, Any]:
-    return {"metadata": {"choices": values}}
+SECTIONS = ("task", "data", "model", "attention", "pe", "optim", "runtime", "bench", "kernel_mse")
+DATASET_DEFAULT = "the dataset's default"  # what a field's `dataset_default` sentinel means
+
+
+def _field(default: Any, section: str, help: str, *, choices: tuple[str, ...] = (), ge: float | None = None,
+           gt: float | None = None, le: float | None = None, lt: float | None = None,
+           dataset_default: float | None = None, note: str = "") -> Any:
+    """A TrialConfig field whose metadata says what validate() and both CLIs need to know.
+
+    `section` groups it (SECTIONS), `help` is its one-line help text, `choices` or the bounds
+    `ge` / `gt` / `le` / `lt` say what is allowed, `dataset_default` is a sentinel outside those
+    bounds meaning DATASET_DEFAULT, and `note` is appended to the allowed text. Keeping the rule
+    beside the field means a new field is checked and documented without editing validate().
+    """
+    metadata: dict[str, Any] = {"section": section, "help": help}
+    if choices:
+        metadata["choices"] = choices
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt, "dataset_default": dataset_default}
+    metadata.update({key: value for key, value in bounds.items() if value is not None})
+    if note:
+        metadata["note"] = note
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class TrialConfig:
+    """Every knob of one trial, flat (one CLI flag, sweep key and Parquet column per field).
+
+    Each field's metadata names its section (`section()` returns one as a dict), its help text
+    and its allowed values; validate() checks those generically and the cross-field rules
+    explicitly.
+    """
+
     # what to run
-    task: str = "train"
-    dataset: str = "digits"
-    attention: str = "softmax"
-    pe: str = "ape"  # one registered name, or several joined by '+' (e.g. "ape+rope")
+    task: str = _field("train", "task", "what to run: train a model, benchmark it, or measure kernel estimator MSE")
+    dataset: str = _field("digits", "data", "dataset; its recipe sets image size, patch size, batch size, lr and "
+                          "warm-up (rpevit.data.DATASET_SPECS)", choices=DATASETS)
+    attention: str = _field("softmax", "attention", "attention backend (registered name)")
+    pe: str = _field("ape", "pe", "position encoding(s): one registered name, or several joined by '+' "
+                     "(e.g. ape+rope)")
 
     # model (0 means: the dataset's default)
-    image_size: int = 0
-    patch_size: int = 0
-    dim: int = 64
-    depth: int = 4
-    heads: int = 4
-    mlp_ratio: float = 2.0
-    drop_path: float = 0.1
-    dropout: float = 0.0
+    image_size: int = _field(0, "model", "input image side in pixels (train: the dataset's native size)",
+                             gt=0, dataset_default=0)
+    patch_size: int = _field(0, "model", "patch side in pixels; tokens = (image_size / patch_size)^2",
+                             gt=0, dataset_default=0)
+    dim: int = _field(64, "model", "embedding width (heads x head dim)", gt=0)
+    depth: int = _field(4, "model", "number of transformer blocks", gt=0)
+    heads: int = _field(4, "model", "attention heads per block", gt=0)
+    mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim", gt=0)
+    drop_path: float = _field(0.1, "model", "stochastic-depth rate of the last block (linear from 0)", ge=0, lt=1)
+    dropout: float = _field(0.0, "model", "dropout after the attention and MLP projections", ge=0, lt=1)
 
     # attention options
-    num_features: int = 64  # m, random features of FAVOR+ / ReLU
-    redraw_interval: int = 0  # training steps between FAVOR+ feature redraws; 0 = never
-    # fraction of training steps after which the draw is frozen: no redraw in the last stretch,
-    # so the final weights are adapted to the draw they are evaluated with (docs/random_features.md)
-    redraw_until: float = 0.8
-    # L2-normalised q and k with a learned per-head temperature (Luo et al. 2021, section 3.3)
-    qk_norm: str = field(default="none", **_choices("none", "l2"))
-    feature_type: str = field(default="orthogonal", **_choices("orthogonal", "iid"))
-    relu_projection: str = field(default="random", **_choices("random", "identity"))
-    kernel_eps: float = 1e-3
+    num_features: int = _field(64, "attention", "m, random features of FAVOR+ / ReLU", gt=0)
+    redraw_interval: int = _field(0, "attention", "training steps between random-feature redraws",
+                                  ge=0, note="0 = never")
+    # the draw is frozen for the last stretch so the final weights are adapted to the draw they
+    # are evaluated with (docs/random_features.md)
+    redraw_until: float = _field(0.8, "attention", "fraction of training steps after which the draw is frozen",
+                                 ge=0, le=1)
+    qk_norm: str = _field("none", "attention", "l2: unit q and k with a learned per-head temperature "
+                          "(Luo et al. 2021, section 3.3)", choices=("none", "l2"))
+    feature_type: str = _field("orthogonal", "attention", "random projection rows: orthogonal blocks or iid "
+                               "Gaussian", choices=("orthogonal", "iid"))
+    relu_projection: str = _field("random", "attention", "Performer-ReLU features: ReLU(W x) with random W, or "
+                                  "ReLU(x)", choices=("random", "identity"))
+    kernel_eps: float = _field(1e-3, "attention", "eps added to Performer-ReLU features", gt=0)
 
     # position encoding options
-    rope_base: float = 100.0
-    luo_path: str = field(default="auto", **_choices("auto", "fft", "dense"))
-    luo_scale: float = 10.0  # the Luo bias table is luo_scale * a raw parameter (rpevit/pe/relative_bias.py)
-    string_sparsity: float = 0.1  # f, fraction of learned above-diagonal entries of S
-    cayley_solver: str = field(default="auto", **_choices("auto", "dense", "sparse"))
-    reflection_block: int = 0  # coordinates per Householder block; 0 = the whole head
-    reflection_count: int = 2  # reflections per block
-    rotinv_mode: str = field(default="exact", **_choices("exact", "random"))
-    rotinv_degree: int = 2  # degree of p in |c_i - c_j|^2
-    # auto: bernstein in exact mode, monomial in random mode (rpevit/pe/rotation_invariant.py)
-    rotinv_basis: str = field(default="auto", **_choices("auto", "monomial", "bernstein"))
-    rotinv_draws: int = 16  # Gaussian projections of the random mode
+    rope_base: float = _field(100.0, "pe", "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0)
+    luo_path: str = _field("auto", "pe", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense "
+                           "matrix (auto: by token count)", choices=("auto", "fft", "dense"))
+    luo_scale: float = _field(10.0, "pe", "the Luo bias table is luo_scale x a raw parameter "
+                              "(rpevit/pe/relative_bias.py)", gt=0)
+    string_sparsity: float = _field(0.1, "pe", "f, fraction of learned above-diagonal entries of S "
+                                    "(sparse_cayley_string)", gt=0, le=1)
+    cayley_solver: str = _field("auto", "pe", "sparse_cayley_string solve: dense LU or sparse CG (auto: the "
+                                "measured faster)", choices=("auto", "dense", "sparse"))
+    reflection_block: int = _field(0, "pe", "coordinates per Householder block (reflection_string)",
+                                   ge=0, note="0 = the whole head")
+    reflection_count: int = _field(2, "pe", "Householder reflections per block (reflection_string)", gt=0)
+    rotinv_mode: str = _field("exact", "pe", "rotinv: exact low-rank expansion or random Gaussian projections",
+                              choices=("exact", "random"))
+    rotinv_degree: int = _field(2, "pe", "rotinv: degree of p in |c_i - c_j|^2", ge=0)
+    rotinv_basis: str = _field("auto", "pe", "rotinv: form of p (auto: bernstein in exact mode, monomial in "
+                               "random mode)", choices=("auto", "monomial", "bernstein"))
+    rotinv_draws: int = _field(16, "pe", "rotinv: Gaussian projections of the random mode", gt=0)
 
     # optimisation
-    epochs: int = 10
-    # 0 (batch, lr) / -1 (warm-up) = the dataset's recipe default (rpevit.data.DATASET_SPECS)
-    batch_size: int = 0
-    lr: float = 0.0
-    weight_decay: float = 0.05
-    warmup_epochs: float = -1.0
-    label_smoothing: float = 0.1
-    grad_clip: float = 1.0  # max global grad norm; 0 = off
+    epochs: int = _field(10, "optim", "training epochs", ge=1, le=MAX_EPOCHS)
+    batch_size: int = _field(0, "optim", "training batch size", gt=0, dataset_default=0)
+    lr: float = _field(0.0, "optim", "peak AdamW learning rate", gt=0, dataset_default=0.0)
+    weight_decay: float = _field(0.05, "optim", "AdamW weight decay (not on ViT.no_weight_decay())", ge=0)
+    warmup_epochs: float = _field(-1.0, "optim", "linear warm-up length in epochs (at most 10% of the run)",
+                                  ge=0, dataset_default=-1.0)
+    label_smoothing: float = _field(0.1, "optim", "label smoothing of the cross-entropy", ge=0, lt=1)
+    grad_clip: float = _field(1.0, "optim", "max global gradient norm", ge=0, note="0 = off")
 
     # data
-    data_dir: str = ""  # '' -> $RPEVIT_DATA, else ./data
-    train_subset: int = 0  # 0 = all training images
-    val_fraction: float = 0.1
-    augment: str = field(default="auto", **_choices("auto", "none", "crop", "crop_flip"))
+    data_dir: str = _field("", "data", "folder with <dataset>.npz ('': $RPEVIT_DATA, else ./data)")
+    train_subset: int = _field(0, "data", "use only this many training images", ge=0, note="0 = all")
+    val_fraction: float = _field(0.1, "data", "seeded hold-out of the training set for validation", ge=0, lt=1)
+    augment: str = _field("auto", "data", "training augmentation (auto: the dataset's default)",
+                          choices=("auto", "none", "crop", "crop_flip"))
 
     # runtime
-    seed: int = 0
-    device: str = field(default="auto", **_choices("auto", "cpu", "cuda"))
-    amp: str = field(default="auto", **_choices("auto", "bf16", "none"))
-    eval_batch_size: int = 1024
-    # fresh random-feature draws of the draw-aware test evaluation (random-feature backends); 0 = off
-    eval_draws: int = 8
+    seed: int = _field(0, "runtime", "seeds weights, data order, augmentation and random features",
+                       ge=0, le=INT64_MAX, note="2^63 - 1")
+    device: str = _field("auto", "runtime", "where to run (auto: cuda if available)", choices=("auto", "cpu", "cuda"))
+    amp: str = _field("auto", "runtime", "autocast precision (auto: bf16 on GPU, none on CPU)",
+                      choices=("auto", "bf16", "none"))
+    eval_batch_size: int = _field(1024, "runtime", "batch size of evaluation passes", gt=0)
+    eval_draws: int = _field(8, "runtime", "fresh random-feature draws of the draw-aware test evaluation",
+                             ge=0, note="0 = no draw-aware evaluation")
 
     # bench task
-    bench_batch: int = 32
-    bench_warmup: int = 3
-    bench_iters: int = 10
+    bench_batch: int = _field(32, "bench", "batch size of the timed passes", gt=0)
+    bench_warmup: int = _field(3, "bench", "untimed warm-up iterations", ge=0)
+    bench_iters: int = _field(10, "bench", "timed iterations (medians are reported)", gt=0)
 
     # kernel_mse task
-    kmse_dim: int = 16
-    kmse_features: int = 16
-    kmse_estimator: str = field(default="positive", **_choices("positive", "trig"))
-    kmse_projection: str = field(
-        default="gaussian", **_choices("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher")
-    )
-    kmse_norm: float = 1.0  # |x| = |y|
-    kmse_angle: float = 0.5  # angle between x and y, radians
-    kmse_draws: int = 2000  # Monte Carlo repetitions
+    kmse_dim: int = _field(16, "kernel_mse", "dimension of x and y", gt=0)
+    kmse_features: int = _field(16, "kernel_mse", "random features m of the estimator", gt=0)
+    kmse_estimator: str = _field("positive", "kernel_mse", "positive (FAVOR+) or trigonometric random features",
+                                 choices=("positive", "trig"))
+    kmse_projection: str = _field("gaussian", "kernel_mse", "distribution of the projection rows",
+                                  choices=("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher"))
+    kmse_norm: float = _field(1.0, "kernel_mse", "|x| = |y|", gt=0)
+    kmse_angle: float = _field(0.5, "kernel_mse", "angle between x and y in radians", ge=0)
+    kmse_draws: int = _field(2000, "kernel_mse", "Monte Carlo repetitions", gt=0)
 
     # ---- construction and validation ----
     @classmethod
@@ -145,69 +195,33 @@ class TrialConfig:
     def head_dim(self) -> int:
         return self.dim // self.heads
 
+    def section(self, name: str) -> dict[str, Any]:
+        """The fields of one section (SECTIONS) and their values: the typed group a layer or task reads."""
+        return {field_name: getattr(self, field_name) for field_name in section_fields()[name]}
+
     def validate(self, *, source: str = "config") -> None:
+        """Per-field rules from the field metadata, then the rules that relate several fields."""
         _load_registry()
         bad = lambda name, value, allowed: ConfigError(  # noqa: E731
             f"{source}: field {name!r} has value {value!r}; allowed: {allowed}"
         )
         _check_values(self, bad)
-        for f in fields(self):
-            choices = f.metadata.get("choices")
-            if choices and getattr(self, f.name) not in choices:
-                raise bad(f.name, getattr(self, f.name), ", ".join(choices))
-        if self.task not in registry.TASKS:
-            raise bad("task", self.task, ", ".join(sorted(registry.TASKS)))
-        if self.dataset not in DATASETS:
-            raise bad("dataset", self.dataset, ", ".join(DATASETS))
-        if self.attention not in registry.ATTENTIONS:
-            raise bad("attention", self.attention, ", ".join(sorted(registry.ATTENTIONS)))
-        if not self.pe_names:
-            raise bad("pe", self.pe, ", ".join(sorted(registry.POSITION_ENCODINGS)))
-        for name in self.pe_names:
-            if name not in registry.POSITION_ENCODINGS:
-                raise bad("pe", name, ", ".join(sorted(registry.POSITION_ENCODINGS)))
+        for name, table in _REGISTRY_FIELDS:
+            names = self.pe_names if name == "pe" else [getattr(self, name)]
+            for value in names:
+                if value not in getattr(registry, table):
+                    raise bad(name, value, registered_names(name))
         hooks = [registry.POSITION_ENCODINGS[n].hook for n in self.pe_names]
         if hooks.count("score") > 1:
             raise bad("pe", self.pe, "at most one score-hook encoding in a combination")
         if len(set(self.pe_names)) != len(self.pe_names):
             raise bad("pe", self.pe, "each encoding at most once in a combination")
-        positive = ("dim", "depth", "heads", "eval_batch_size", "num_features",
-                    "bench_batch", "bench_iters", "kmse_dim", "kmse_features", "kmse_draws",
-                    "rotinv_draws", "reflection_count")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise bad(name, getattr(self, name), "an integer > 0")
-        for name in ("epochs", "batch_size", "image_size", "patch_size", "train_subset", "redraw_interval",
-                     "reflection_block", "bench_warmup", "seed", "rotinv_degree"):
-            if getattr(self, name) < 0:
-                raise bad(name, getattr(self, name), "an integer >= 0")
         if self.dim % self.heads:
             raise bad("dim", self.dim, f"a multiple of heads={self.heads}")
-        if not 0.0 <= self.redraw_until <= 1.0:
-            raise bad("redraw_until", self.redraw_until, "a fraction of training steps in [0, 1]")
-        if self.eval_draws < 0:
-            raise bad("eval_draws", self.eval_draws, "an integer >= 0 (0 = no draw-aware evaluation)")
-        if not 0.0 < self.string_sparsity <= 1.0:
-            raise bad("string_sparsity", self.string_sparsity, "a fraction in (0, 1]")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise bad("val_fraction", self.val_fraction, "a fraction in [0, 1)")
-        if self.lr < 0:
-            raise bad("lr", self.lr, "a number > 0, or 0 for the dataset's default")
-        if self.warmup_epochs < 0 and self.warmup_epochs != -1:
-            raise bad("warmup_epochs", self.warmup_epochs, "a number >= 0, or -1 for the dataset's default")
-        for name in ("mlp_ratio", "rope_base", "kernel_eps", "kmse_norm", "luo_scale"):
-            if getattr(self, name) <= 0:
-                raise bad(name, getattr(self, name), "a number > 0")
-        for name in ("weight_decay", "label_smoothing", "grad_clip",
-                     "drop_path", "dropout", "kmse_angle"):
-            if getattr(self, name) < 0:
-                raise bad(name, getattr(self, name), "a number >= 0")
         if self.task == "kernel_mse" and self.kmse_dim < 2:
             raise bad("kmse_dim", self.kmse_dim, "an integer >= 2 (x and y span a plane)")
         if self.task == "kernel_mse" and self.kmse_angle > 3.141592653589794:
             raise bad("kmse_angle", self.kmse_angle, "radians in [0, pi]")
-        if self.label_smoothing >= 1 or self.drop_path >= 1 or self.dropout >= 1:
-            raise bad("label_smoothing/drop_path/dropout", None, "values in [0, 1)")
         if self.task == "train":
             spec = self.spec
             image = self.image_size or spec.image_size
@@ -297,21 +311,114 @@ def _load_registry() -> None:
         _REGISTRY_LOADED.append(True)
 
 
+_REGISTRY_FIELDS = (("task", "TASKS"), ("attention", "ATTENTIONS"), ("pe", "POSITION_ENCODINGS"))
+
+
+def registered_names(name: str) -> str:
+    """The registered names a registry-backed field (task, attention, pe) accepts, sorted."""
+    table = dict(_REGISTRY_FIELDS)[name]
+    return ", ".join(sorted(getattr(registry, table)))
+
+
+@functools.lru_cache(maxsize=1)
+def section_fields() -> dict[str, tuple[str, ...]]:
+    """Section -> the names of its fields, in declaration order (every section of SECTIONS present)."""
+    grouped: dict[str, list[str]] = {name: [] for name in SECTIONS}
+    for f in fields(TrialConfig):
+        grouped[f.metadata["section"]].append(f.name)
+    return {name: tuple(names) for name, names in grouped.items()}
+
+
+def _number(value: float) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def allowed_values(metadata: Any, hint: Any) -> str | None:
+    """What a field's metadata allows, in words ('an integer > 0', 'a fraction in [0, 1)', ...); None: any."""
+    if "choices" in metadata:
+        return ", ".join(metadata["choices"])
+    low, high = metadata.get("ge", metadata.get("gt")), metadata.get("le", metadata.get("lt"))
+    if low is None and high is None:
+        return None
+    kind = "an integer" if hint is int else "a number"
+    if low is not None and high is not None:
+        if hint is int and "ge" in metadata and "le" in metadata:
+            text = f"{kind} in {low}..{high}"
+        else:
+            kind = "a fraction" if 0 <= low and high <= 1 else kind
+            text = (f"{kind} in {'[' if 'ge' in metadata else '('}{_number(low)}, "
+                    f"{_number(high)}{']' if 'le' in metadata else ')'}")
+    elif low is not None:
+        text = f"{kind} {'>=' if 'ge' in metadata else '>'} {_number(low)}"
+    else:
+        text = f"{kind} {'<=' if 'le' in metadata else '<'} {_number(high)}"
+    if "note" in metadata:
+        text += f" ({metadata['note']})"
+    if "dataset_default" in metadata:
+        text += f", or {_number(metadata['dataset_default'])} for {DATASET_DEFAULT}"
+    return text
+
+
+class _Rule(typing.NamedTuple):
+    """A field's metadata checks, resolved once: bounds as numbers (+-inf where none) for speed."""
+
+    name: str
+    hint: Any
+    metadata: Any
+    low: float
+    low_open: bool  # gt rather than ge
+    high: float
+    high_open: bool  # lt rather than le
+    sentinel: Any  # dataset_default, or None
+
+
+def _in_range(value: float, rule: _Rule) -> bool:
+    if value == rule.sentinel:
+        return True
+    if value < rule.low or value > rule.high:
+        return False
+    return not ((rule.low_open and value == rule.low) or (rule.high_open and value == rule.high))
+
+
+@functools.lru_cache(maxsize=1)
+def _field_rules() -> tuple[_Rule, ...]:
+    """Every field's rule, resolved once: validate() runs for each of 10^5 sweep trials."""
+    types, rules = field_types(), []
+    for f in fields(TrialConfig):
+        m = f.metadata
+        rules.append(_Rule(f.name, types[f.name], m, m.get("ge", m.get("gt", -math.inf)), "gt" in m,
+                           m.get("le", m.get("lt", math.inf)), "lt" in m, m.get("dataset_default")))
+    return tuple(rules)
+
+
+def field_help(name: str) -> str:
+    """One line for a CLI: the field's help text, default and allowed values (from its metadata)."""
+    f = {f.name: f for f in fields(TrialConfig)}[name]
+    if name in dict(_REGISTRY_FIELDS):
+        _load_registry()
+        allowed = registered_names(name) + (" (joined by '+')" if name == "pe" else "")
+    else:
+        allowed = allowed_values(f.metadata, field_types()[name])
+    return f"{f.metadata['help']} (default: {f.default!r}" + (f"; allowed: {allowed})" if allowed else ")")
+
+
 def _check_values(cfg: "TrialConfig", bad: Any) -> None:
-    """Checks that must run before every comparison in validate(), generic over the field types.
+    """Checks of one field at a time, from its type and metadata; they run before every cross-field rule.
 
     NaN compares False with everything, so `lr < 0`-style checks let it through (and a sweep's
     dry run with it); inf passes `> 0`. Every float field, including ones added later, must be
-    finite, and every int field must fit the int64 columns of the results.
+    finite, then within its metadata's choices or bounds, and every int field must fit the int64
+    columns of the results.
     """
-    if not 0 <= cfg.seed <= INT64_MAX:
-        raise bad("seed", cfg.seed, f"an integer in 0..{INT64_MAX} (2^63 - 1)")
-    if not 1 <= cfg.epochs <= MAX_EPOCHS:
-        raise bad("epochs", cfg.epochs, f"an integer in 1..{MAX_EPOCHS}")
-    for name, hint in field_types().items():
-        value = getattr(cfg, name)
+    for rule in _field_rules():
+        name, hint, metadata, value = rule.name, rule.hint, rule.metadata, getattr(cfg, rule.name)
         if hint is float and isinstance(value, float) and not math.isfinite(value):  # (not numbers.Real: slow)
             raise bad(name, value, "a finite number (not nan or inf)")
+        if "choices" in metadata:
+            if value not in metadata["choices"]:
+                raise bad(name, value, ", ".join(metadata["choices"]))
+        elif hint is not str and not _in_range(value, rule):
+            raise bad(name, value, allowed_values(metadata, hint))
         if hint is int and isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
             raise bad(name, value, f"a 64-bit integer in {INT64_MIN}..{INT64_MAX}")
     if any(not part or part != part.strip() for part in cfg.pe.split("+")):

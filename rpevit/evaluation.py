@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rpevit import registry
 from rpevit.attention.base import softmax_attention_matrix, total_variation
 from rpevit.config import TrialConfig
+from rpevit.models.factory import build_attention
 
 EVAL_DRAW_SALT = 1  # fresh draws never coincide with the training draws (salt 0)
 FIDELITY_IMAGES = 128  # the fixed test batch of the fidelity metric (its first images)
@@ -86,13 +86,10 @@ def with_softmax_attention(model: nn.Module, cfg: TrialConfig) -> nn.Module:
     The backends of this project hold no learned parameters (only random-feature buffers), so the
     copy is the same trained function with the kernel approximation removed.
     """
-    registry.load_all()
-    softmax_cfg = cfg.replace(attention="softmax")
     swapped = copy.deepcopy(model)
     for layer, attn in enumerate(swapped.attention_layers()):
         old = attn.backend
-        attn.backend = registry.ATTENTIONS["softmax"](softmax_cfg, layer=layer).to(
-            next(swapped.parameters()).device)
+        attn.backend = build_attention(cfg, layer, name="softmax").to(next(swapped.parameters()).device)
         if any(True for _ in old.parameters()):
             raise RuntimeError(f"backend {cfg.attention!r} has learned parameters; a softmax swap would drop them")
     return swapped

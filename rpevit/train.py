@@ -1,7 +1,8 @@
 """Single-trial CLI, no Ray: `python -m rpevit.train --dataset digits --attention softmax --pe ape`.
 
-Every TrialConfig field is a flag (underscores as dashes). Prints one progress line per epoch and,
-last, the summary row as one JSON object. `--task bench|kernel_mse` runs those tasks the same way.
+Every TrialConfig field is a flag (underscores as dashes), listed by section in --help with its
+help text, default and allowed values (rpevit.config.field_help). Prints one progress line per
+epoch and, last, the summary row as one JSON object. `--task bench|kernel_mse` runs those tasks the same way.
 """
 from __future__ import annotations
 
@@ -9,23 +10,25 @@ import argparse
 import json
 import math
 import sys
-import typing
-from dataclasses import MISSING, fields
+from dataclasses import fields
 
 from rpevit import checkpoint, registry
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import SECTIONS, ConfigError, TrialConfig, field_help, field_types
 from rpevit.data import DataError
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """One flag per TrialConfig field, grouped by section, each with its help, default and allowed values."""
     parser = argparse.ArgumentParser(prog="python -m rpevit.train", description=__doc__.splitlines()[0])
-    hints = typing.get_type_hints(TrialConfig)
+    types = field_types()
+    groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for f in fields(TrialConfig):
-        default = f.default if f.default is not MISSING else None
         choices = f.metadata.get("choices")
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=hints[f.name],
-                            default=None, choices=choices,
-                            help=f"default: {default!r}")
+        groups[f.metadata["section"]].add_argument(
+            "--" + f.name.replace("_", "-"), dest=f.name, type=types[f.name], default=None, choices=choices,
+            metavar=None if choices else types[f.name].__name__.upper(),
+            help=field_help(f.name).replace("%", "%%"),  # argparse %-formats help strings
+        )
     parser.add_argument("--checkpoint-dir", default=None,
                         help="save a checkpoint after every epoch here and resume from it if present "
                              "(only a checkpoint written under the same config is continued)")

@@ -284,6 +284,35 @@ def test_efficiency_tables_and_slopes(tmp_path):
     assert png_ok(parent / "efficiency_pareto.png") and png_ok(parent / "token_scaling.png")
 
 
+def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times(tmp_path):
+    start = 1.7e9  # Unix seconds, as the trainable reports them
+    rows = []
+    for attention, offsets in (("softmax", (0, 10)), ("favor", (0, 5))):  # favor's two seeds overlap
+        for seed, offset in enumerate(offsets):
+            rows.append({**config_row(attention=attention, pe="ape", seed=seed, dataset="digits"), "test_acc": 0.9,
+                         "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "peak_mem_mb": 900.0, "n_train": 1000,
+                         "hostname": "h", "started_at": start + 100 * (attention == "favor") + offset,
+                         "finished_at": start + 100 * (attention == "favor") + offset + 8})
+    # a bench row of softmax+ape's model (digits' default 8 px / patch 2, given explicitly): 5 ms per image
+    bench = [{**config_row(task="bench", attention="softmax", pe="ape", dataset="digits", image_size=8, patch_size=2,
+                           bench_batch=10), "tokens": 16, "train_step_ms": 50.0, "infer_ms_per_sample": 0.05,
+              "peak_mem_mb": 300.0}]
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
+    costs = costs.set_index("attention")
+    assert costs.loc["softmax", "timing"] == efficiency.BENCH_TIMING
+    assert costs.loc["softmax", "train_s_per_epoch"] == pytest.approx(5.0)  # 5 ms x 1000 images
+    assert (costs.loc["softmax", "infer_ms_per_sample"], costs.loc["softmax", "peak_mem_mb"]) == (0.05, 300.0)
+    assert costs.loc["favor", "timing"] == efficiency.CONTENDED and costs.loc["favor", "train_s_per_epoch"] == 2.0
+    text = efficiency.build(parent)
+    assert f"| 5 | 0.05 | 300 |" in text and efficiency.CONTENDED in text and "not comparable" in text
+    # without the bench row: softmax's seeds ran one after the other, favor's side by side
+    alone = efficiency.variant_costs(common.load_trials(parent / "main", "train")).set_index("attention")
+    assert alone.loc["softmax", "timing"] == efficiency.ONE_AT_A_TIME and alone.loc["softmax", "train_s_per_epoch"] == 2
+
+
 def test_kernel_mse_report_numbers(tmp_path):
     rows = kernel_rows()
     out = write_sweep(tmp_path / "kmse", "kmse", rows)

@@ -8,13 +8,9 @@ import torch
 from rpevit.attention.base import LowRankModulation
 from rpevit.attention.kernelized import FavorAttention, ReluAttention
 from rpevit.attention.softmax import SoftmaxAttention
-from rpevit.config import TrialConfig
 from rpevit.pe.relative_bias import RelativeBias
 
-
-def make_cfg(**kw):
-    base = dict(image_size=8, patch_size=2, dim=16, heads=2, num_features=12)
-    return TrialConfig.from_dict({**base, **kw})
+HEADS, HEAD_DIM = 2, 8
 
 
 def qkv(n=16, d=8, b=2, h=2, seed=0):
@@ -59,9 +55,9 @@ BACKENDS = [
 ]
 
 
-def build(name, **kw):
-    cfg = make_cfg(attention=name, **kw)
-    return {"favor": FavorAttention, "relu": ReluAttention}[name](cfg, layer=1)
+def build(name, **options):
+    cls = {"favor": FavorAttention, "relu": ReluAttention}[name]
+    return cls(heads=HEADS, head_dim=HEAD_DIM, layer=1, **{"num_features": 12, **options})
 
 
 @pytest.mark.parametrize("name,kw", BACKENDS)
@@ -125,7 +121,7 @@ def test_low_rank_modulation_softmax_exact(batched):
     mod.f[..., 0, 1] = 1.0
     weights = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])) * mod.dense()
     expected = weights @ v / weights.sum(-1, keepdim=True)
-    torch.testing.assert_close(SoftmaxAttention(make_cfg())(q, k, v, mod), expected)
+    torch.testing.assert_close(SoftmaxAttention(heads=HEADS, head_dim=HEAD_DIM)(q, k, v, mod), expected)
 
 
 def test_softmax_luo_equals_definition():
@@ -133,7 +129,7 @@ def test_softmax_luo_equals_definition():
     q, k, v = qkv(n=15)
     table = torch.randn(2, 5, 9, dtype=torch.float64)
     weights = torch.exp(q @ k.transpose(-1, -2) / math.sqrt(8)) * luo_brute_force_weights(table, grid)
-    out = SoftmaxAttention(make_cfg())(q, k, v, RelativeBias(table, grid))
+    out = SoftmaxAttention(heads=HEADS, head_dim=HEAD_DIM)(q, k, v, RelativeBias(table, grid))
     torch.testing.assert_close(out, weights @ v / weights.sum(-1, keepdim=True))
 
 
@@ -183,11 +179,13 @@ def test_redraw_is_deterministic_and_resumes_from_checkpoint():
 
 
 def test_projection_distinct_per_layer_and_seed_and_orthogonal_blocks():
-    cfg = make_cfg(attention="favor", num_features=20)
-    w = [FavorAttention(cfg, layer=i).projection for i in range(3)]
+    def projection(layer, seed=0):
+        return FavorAttention(heads=HEADS, head_dim=HEAD_DIM, num_features=20, layer=layer, seed=seed).projection
+
+    w = [projection(i) for i in range(3)]
     assert not torch.equal(w[0], w[1]) and not torch.equal(w[1], w[2])
-    assert torch.equal(FavorAttention(cfg, layer=1).projection, w[1])
-    assert not torch.equal(FavorAttention(cfg.replace(seed=1), layer=0).projection, w[0])
+    assert torch.equal(projection(1), w[1])
+    assert not torch.equal(projection(0, seed=1), w[0])
     block = w[0][:8].double()
     gram = block @ block.T
     torch.testing.assert_close(gram - torch.diag(torch.diagonal(gram)), torch.zeros(8, 8, dtype=torch.float64),

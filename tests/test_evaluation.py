@@ -11,12 +11,11 @@ import math
 import pytest
 import torch
 
-from rpevit import registry
 from rpevit.attention.base import LowRankModulation, softmax_attention_matrix, total_variation
 from rpevit.config import TrialConfig
 from rpevit.evaluation import (attention_fidelity, draw_aware_accuracy, fresh_draw, random_feature_layers,
                                softmax_swap_accuracy, with_softmax_attention)
-from rpevit.models import build_model
+from rpevit.models import build_attention, build_model
 from rpevit.pe.relative_bias import RelativeBias
 from rpevit.tasks.train import run
 
@@ -45,7 +44,7 @@ def modulations(h=2, grid=(4, 4)):
                                              ("relu", {"relu_projection": "identity"})])
 @pytest.mark.parametrize("kind", ["none", "luo", "low_rank"])
 def test_attention_matrix_is_what_forward_applies(attention, extra, kind):
-    backend = registry.ATTENTIONS[attention](cfg(attention=attention, **extra), layer=0).double()
+    backend = build_attention(cfg(attention=attention, **extra), layer=0).double()
     backend.eval()
     q, k, v = qkv()
     modulation = modulations()[kind]
@@ -89,7 +88,7 @@ def test_favor_fidelity_falls_towards_zero_as_m_grows():
     for m in ms:
         values = []
         for seed in range(8):
-            backend = registry.ATTENTIONS["favor"](cfg(num_features=m, dim=32, seed=seed), layer=0)
+            backend = build_attention(cfg(attention="favor", num_features=m, dim=32, seed=seed), layer=0)
             tv = total_variation(backend.attention_matrix(q.float(), k.float()), softmax_attention_matrix(q, k).float())
             values.append(tv.mean().item())
         means.append(sum(values) / len(values))

@@ -72,9 +72,9 @@ THROWAWAY = textwrap.dedent('''
     class GaussianBias(PositionEncoding):
         hook = "score"
 
-        def __init__(self, cfg, *, layer: int = 0) -> None:
-            super().__init__(cfg, layer=layer)
-            self.log_sigma = nn.Parameter(torch.zeros(cfg.heads))
+        def __init__(self, **context) -> None:  # grid, heads, head_dim, ...: rpevit.models.factory fills them
+            super().__init__(**context)
+            self.log_sigma = nn.Parameter(torch.zeros(self.heads))
 
         def modulation(self) -> GaussianDistance:
             sq = torch.cdist(self.positions, self.positions) ** 2

@@ -6,16 +6,16 @@ import torch
 
 from rpevit.attention.base import relative_offsets
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.models.vit import build_model
+from rpevit.models import build_model
 from rpevit.pe.cayley_string import CayleyString, SparseCayleyString, cayley_orthogonal
 from rpevit.pe.rope import AxialRoPE, apply_rotary
 
 BASE = {"dataset": "digits", "dim": 32, "heads": 2}  # head dim 16, 4 x 4 grid
 
 
-def make(cls, **extra):
-    name = cls.pe_name
-    return cls(TrialConfig.from_dict({**BASE, "pe": name, **extra}), layer=1)
+def make(cls, **options):
+    """The encoding as BASE's config would build it in layer 1 (options: its own, or the seed)."""
+    return cls(grid=(4, 4), heads=2, head_dim=16, layer=1, **options)
 
 
 def randomise(pe, scale=0.7, seed=0):
@@ -67,7 +67,7 @@ def test_orthogonal_relative_and_brute_force(cls, extra):
 
 def test_init_is_axial_rope():
     pe = make(CayleyString)
-    rope = AxialRoPE(TrialConfig.from_dict({**BASE, "pe": "rope"}))
+    rope = AxialRoPE(grid=(4, 4), heads=2, head_dim=16)
     q, k = torch.randn(2, 2, 2, 16, 16)
     assert torch.allclose(pe.orthogonal(), torch.eye(16).expand(2, 16, 16))
     for a, b in zip(pe.encode_qk(q, k), rope.encode_qk(q, k)):

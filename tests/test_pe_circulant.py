@@ -76,8 +76,7 @@ def test_rope_like_init_has_axial_rope_spectrum():
 
 
 def test_module_rotate_matches_dense_per_token_rotation():
-    cfg = TrialConfig.from_dict(dict(image_size=8, patch_size=2, dim=16, heads=2, pe="circulant_string"))
-    pe = CirculantString(cfg, layer=0)
+    pe = CirculantString(grid=(4, 4), heads=2, head_dim=8, layer=0)
     with torch.no_grad():
         pe.coefficients.normal_(0, 0.3)
     q, k = torch.randn(2, 1, 2, 16, 8).unbind(0)
@@ -90,8 +89,7 @@ def test_module_rotate_matches_dense_per_token_rotation():
 
 
 def test_parameters_per_head_and_layer_and_half_precision():
-    cfg = TrialConfig.from_dict(dict(image_size=8, patch_size=2, dim=16, heads=2, pe="circulant_string"))
-    pe = CirculantString(cfg, layer=3)
+    pe = CirculantString(grid=(4, 4), heads=2, head_dim=8, layer=3)
     assert pe.coefficients.shape == (2, 2, 8) and pe.coefficients.requires_grad
     q = torch.randn(1, 2, 16, 8)
     rq, _ = pe.rotate(q.bfloat16(), q.bfloat16())

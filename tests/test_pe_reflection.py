@@ -6,7 +6,7 @@ import torch
 
 from rpevit.attention.base import relative_offsets
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.models.vit import build_model
+from rpevit.models import build_model
 from rpevit.pe.reflection_string import ReflectionString, householder_product
 from rpevit.pe.rope import apply_rotary
 
@@ -35,8 +35,7 @@ def test_householder_product_equals_dense_block_product(block, count):
 
 @pytest.mark.parametrize("block,count", [(0, 2), (4, 3), (8, 1)])
 def test_orthogonal_relative_and_brute_force(block, count):
-    cfg = TrialConfig.from_dict({**BASE, "reflection_block": block, "reflection_count": count})
-    pe = ReflectionString(cfg)
+    pe = ReflectionString(grid=(4, 4), heads=2, head_dim=16, reflection_block=block, reflection_count=count)
     p = pe.orthogonal()
     assert (p.transpose(-1, -2) @ p - torch.eye(16)).abs().max() < 1e-5
     size = block or 16

@@ -12,8 +12,13 @@ def cfg(**kw):
     return TrialConfig.from_dict({**dict(image_size=8, patch_size=2, dim=16, heads=2, pe="luo_rpe"), **kw})
 
 
+def luo(**options) -> LuoRelativeBias:
+    """The encoding on cfg()'s 4 x 4 grid with 2 heads of dim 8, built directly."""
+    return LuoRelativeBias(grid=(4, 4), heads=2, head_dim=8, layer=0, **options)
+
+
 def test_table_shape_zero_init_and_modulation():
-    pe = LuoRelativeBias(cfg(), layer=0)
+    pe = luo()
     assert pe.hook == "score"
     assert pe.table.shape == (2, 7, 7) and pe.table.requires_grad
     assert torch.count_nonzero(pe.table) == 0  # c = 1: training starts from the plain backend
@@ -24,7 +29,7 @@ def test_table_shape_zero_init_and_modulation():
 def test_table_is_luo_scale_times_the_raw_parameter():
     """b = luo_scale * raw: an Adam step of size lr on raw moves b by luo_scale * lr."""
     for scale in (1.0, 10.0):
-        pe = LuoRelativeBias(cfg(luo_scale=scale), layer=0)
+        pe = luo(luo_scale=scale)
         with torch.no_grad():
             pe.raw_table.normal_()
         torch.testing.assert_close(pe.table, scale * pe.raw_table)
@@ -36,7 +41,7 @@ def test_table_is_luo_scale_times_the_raw_parameter():
 
 
 def test_dense_log_equals_offset_lookup():
-    pe = LuoRelativeBias(cfg(), layer=0)
+    pe = luo()
     with torch.no_grad():
         pe.raw_table.normal_()
     dense = pe.modulation().dense_log()
@@ -47,7 +52,7 @@ def test_dense_log_equals_offset_lookup():
 
 
 def test_softmax_with_bias_equals_definition():
-    pe = LuoRelativeBias(cfg(), layer=0)
+    pe = luo()
     with torch.no_grad():
         pe.raw_table.normal_()
     from rpevit.attention.softmax import SoftmaxAttention
@@ -55,7 +60,7 @@ def test_softmax_with_bias_equals_definition():
     q, k, v = torch.randn(3, 1, 2, 16, 8).unbind(0)
     bias = pe.modulation().dense_log()
     weights = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + bias, dim=-1)
-    torch.testing.assert_close(SoftmaxAttention(cfg())(q, k, v, pe.modulation()), weights @ v)
+    torch.testing.assert_close(SoftmaxAttention(heads=2, head_dim=8)(q, k, v, pe.modulation()), weights @ v)
 
 
 def test_one_table_per_layer_in_the_model():

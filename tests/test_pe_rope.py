@@ -24,6 +24,9 @@ def cfg(pe, dim=16, heads=2):
     return TrialConfig.from_dict(dict(image_size=8, patch_size=2, dim=dim, heads=heads, pe=pe))
 
 
+CONTEXT = dict(grid=(4, 4), heads=2, head_dim=8)  # what cfg(...) gives an encoding: 8 x 8 image, patch 2
+
+
 def test_apply_rotary_equals_dense_rotation():
     angles = torch.randn(5, 4, dtype=torch.float64)
     x = torch.randn(5, 8, dtype=torch.float64)
@@ -41,7 +44,7 @@ def test_axial_frequencies_split_planes_between_axes():
 
 @pytest.mark.parametrize("name,cls", [("rope", AxialRoPE), ("rope_mixed", MixedRoPE)])
 def test_rotations_are_orthogonal_and_relative(name, cls):
-    pe = cls(cfg(name), layer=0)
+    pe = cls(**CONTEXT, layer=0)
     q = torch.randn(1, 2, 16, 8, dtype=torch.float64)
     rq, rk = pe.rotate(q, q)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))  # orthogonal per token
@@ -59,18 +62,17 @@ def test_rotations_are_orthogonal_and_relative(name, cls):
 
 
 def test_rope_mixed_frequencies_learned_per_head_and_seeded():
-    pe = MixedRoPE(cfg("rope_mixed"), layer=1)
+    pe = MixedRoPE(**CONTEXT, layer=1)
     assert pe.frequencies.shape == (2, 4, 2) and pe.frequencies.requires_grad
     assert not torch.equal(pe.frequencies[0], pe.frequencies[1])
-    torch.testing.assert_close(MixedRoPE(cfg("rope_mixed"), layer=1).frequencies, pe.frequencies)
-    assert not torch.equal(MixedRoPE(cfg("rope_mixed"), layer=2).frequencies, pe.frequencies)
+    torch.testing.assert_close(MixedRoPE(**CONTEXT, layer=1).frequencies, pe.frequencies)
+    assert not torch.equal(MixedRoPE(**CONTEXT, layer=2).frequencies, pe.frequencies)
 
 
 def test_rope_mixed_directions_reproducible_across_processes():
     """Fixed random patterns must not depend on Python's per-process string-hash salt."""
-    code = ("from rpevit.config import TrialConfig; from rpevit.pe.rope import MixedRoPE;"
-            "c = TrialConfig.from_dict(dict(image_size=8, patch_size=2, dim=16, heads=2, pe='rope_mixed'));"
-            "print(MixedRoPE(c, layer=1).frequencies.sum().item())")
+    code = ("from rpevit.pe.rope import MixedRoPE;"
+            "print(MixedRoPE(grid=(4, 4), heads=2, head_dim=8, layer=1).frequencies.sum().item())")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            env={"PYTHONHASHSEED": str(s)}).stdout.strip() for s in (1, 2)}
     assert len(outs) == 1, outs

@@ -9,7 +9,7 @@ import torch
 from rpevit.attention.base import LowRankModulation
 from rpevit.attention.softmax import SoftmaxAttention
 from rpevit.config import TrialConfig
-from rpevit.models.vit import build_model
+from rpevit.models import build_model
 from rpevit.pe.rotation_invariant import (
     BERNSTEIN_LOG_SCALE,
     RotationInvariantRPE,
@@ -20,6 +20,12 @@ from rpevit.pe.rotation_invariant import (
 )
 
 BASE = {"dataset": "digits", "dim": 32, "heads": 2, "pe": "rotinv"}
+GRID = (4, 4)  # BASE's patch grid
+
+
+def rotinv(**options) -> RotationInvariantRPE:
+    """The encoding as BASE's config (heads 2, head dim 16) would build it in layer 0."""
+    return RotationInvariantRPE(grid=GRID, heads=2, head_dim=16, **options)
 
 
 def brute_p(coords: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -61,7 +67,7 @@ def test_exact_mode_rotation_invariant(angle):
     after = LowRankModulation(*exact_distance_features(coords @ rotation(angle).T, a)).dense()
     assert torch.allclose(before, after, atol=1e-12)
     q, k, v = torch.randn(3, 2, 2, 25, 8, dtype=torch.float64)
-    attn = SoftmaxAttention(TrialConfig.from_dict({**BASE, "dim": 16}))
+    attn = SoftmaxAttention(heads=2, head_dim=8)
     out_before = attn(q, k, v, LowRankModulation(*exact_distance_features(coords, a)))
     out_after = attn(q, k, v, LowRankModulation(*exact_distance_features(coords @ rotation(angle).T, a)))
     assert torch.allclose(out_before, out_after, atol=1e-10)
@@ -112,14 +118,13 @@ def test_random_mode_unbiased_and_invariant_in_expectation(angle):
 
 @pytest.mark.parametrize("mode", ["exact", "random"])
 def test_module_modulation_positive_and_matches_functions(mode):
-    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": mode, "rotinv_draws": 3, "rotinv_degree": 2,
-                                 "rotinv_basis": "monomial"})  # the Bernstein path: test_bernstein_*
-    pe = RotationInvariantRPE(cfg)
+    pe = rotinv(rotinv_mode=mode, rotinv_draws=3, rotinv_degree=2,
+                rotinv_basis="monomial")  # the Bernstein path: test_bernstein_*
     with torch.no_grad():
         pe.raw_coefficients.copy_(torch.randn(2, 3, generator=torch.Generator().manual_seed(0)))
     c = pe.modulation().dense()
     a = pe.coefficients().double()
-    coords = centred_coordinates(cfg.grid).double()
+    coords = centred_coordinates(GRID).double()
     if mode == "exact":
         assert torch.allclose(c.double(), brute_p(coords, a), atol=1e-5)
     else:
@@ -131,11 +136,10 @@ def test_module_modulation_positive_and_matches_functions(mode):
 
 
 def test_random_projections_seeded():
-    cfg = TrialConfig.from_dict({**BASE, "rotinv_mode": "random"})
-    a, b = RotationInvariantRPE(cfg, layer=2), RotationInvariantRPE(cfg, layer=2)
+    a, b = rotinv(rotinv_mode="random", layer=2), rotinv(rotinv_mode="random", layer=2)
     assert torch.equal(a.projections, b.projections)
-    assert not torch.equal(a.projections, RotationInvariantRPE(cfg, layer=3).projections)
-    assert a.projections.shape == (2, cfg.rotinv_draws, 2)
+    assert not torch.equal(a.projections, rotinv(rotinv_mode="random", layer=3).projections)
+    assert a.projections.shape == (2, TrialConfig.rotinv_draws, 2)  # the default number of draws
 
 
 @pytest.mark.parametrize("attention", ["softmax", "favor", "relu"])
@@ -174,13 +178,12 @@ def test_bernstein_basis_converts_to_the_same_polynomial():
 
 
 def test_bernstein_rotinv_starts_neutral_stays_positive_and_can_decay():
-    cfg = TrialConfig.from_dict({**BASE, "rotinv_basis": "bernstein", "rotinv_degree": 2})
-    pe = RotationInvariantRPE(cfg)
+    pe = rotinv(rotinv_basis="bernstein", rotinv_degree=2)
     torch.testing.assert_close(pe.modulation().dense(), torch.ones(2, 16, 16), atol=1e-5, rtol=0)
     with torch.no_grad():  # b = (1, 0.01, 0.01): near 1 at distance 0, near 0.01 far away
         pe.raw_coefficients.copy_(torch.log(torch.tensor([[1.0, 0.01, 0.01]] * 2)) / BERNSTEIN_LOG_SCALE)
     c = pe.modulation().dense().double()
-    coords = centred_coordinates(cfg.grid).double()
+    coords = centred_coordinates(GRID).double()
     torch.testing.assert_close(c, brute_p(coords, pe.coefficients().double()), atol=1e-5, rtol=1e-5)
     dist = torch.cdist(coords, coords) ** 2
     assert bool((c > 0).all())
@@ -195,16 +198,15 @@ def test_bernstein_random_mode_is_refused():
 
 
 def test_auto_basis_is_bernstein_in_exact_mode_and_monomial_in_random_mode():
-    exact = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_mode": "exact"}))
-    random = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_mode": "random"}))
+    exact, random = rotinv(rotinv_mode="exact"), rotinv(rotinv_mode="random")
     assert exact.basis is not None and random.basis is None
-    monomial = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_basis": "monomial"}))
+    monomial = rotinv(rotinv_basis="monomial")
     assert monomial.basis is None
 
 
 def test_bernstein_log_scale_speeds_up_the_coefficients():
     """b = exp(scale * raw): Adam's first step of size lr on raw moves log b by scale * lr."""
-    pe = RotationInvariantRPE(TrialConfig.from_dict({**BASE, "rotinv_basis": "bernstein"}))
+    pe = rotinv(rotinv_basis="bernstein")
     optimizer = torch.optim.Adam(pe.parameters(), lr=1e-3)
     pe.modulation().dense().sum().backward()
     optimizer.step()

@@ -12,6 +12,7 @@ import torch
 from rpevit import registry
 from rpevit.attention.base import Modulation
 from rpevit.config import ConfigError, TrialConfig
+from rpevit.models.factory import build_encodings
 
 registry.load_all()
 RELATIVE = sorted(n for n, c in registry.POSITION_ENCODINGS.items() if c.hook in ("qk", "score"))
@@ -34,7 +35,7 @@ def config_for(name: str) -> TrialConfig:
 
 def build(name: str):
     cfg = config_for(name)
-    pe = registry.POSITION_ENCODINGS[name](cfg, layer=0)
+    (pe,) = build_encodings(cfg, ("qk", "score"), layer=0)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # random parameters: zero-initialised tables would pass trivially
         for p in pe.parameters():

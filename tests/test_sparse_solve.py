@@ -97,7 +97,7 @@ def test_float32_sparse_solve_is_accurate():
 def test_flop_handle_counts_sparse_products_at_cg_bound():
     from rpevit.config import TrialConfig
     from rpevit.flops import count_flops
-    from rpevit.models.vit import build_model
+    from rpevit.models import build_model
 
     counts = {}
     for solver in ("dense", "sparse"):

@@ -140,6 +140,12 @@ BAD_SPACES = [
     ("fixed: {dim: 30, heads: 4}\n", ["'dim'", "30", "multiple of heads=4"]),
     ("name: 'bad name'\n", ["'name' has value 'bad name'"]),
     ("- just a list\n", ["holds list", "allowed: a mapping"]),
+    ("timing: {repeats: 3}\n", ["'timing' is given for task 'train'", "only for timing tasks (bench)"]),
+    ("task: bench\ntiming: {repeat: 3}\n", ["unknown key timing.repeat", "repeats, interleave, warmup"]),
+    ("task: bench\ntiming: {repeats: 0}\n", ["'timing.repeats' has value 0", "an integer >= 1"]),
+    ("task: bench\ntiming: {interleave: 'yes'}\n", ["timing.interleave has value 'yes'", "true or false"]),
+    ("task: bench\ntiming: {interleave: true}\n", ["timing.repeats 1", "repeats >= 2"]),
+    ("task: bench\ntiming: [3]\n", ["'timing' has value [3]", "a mapping of repeats"]),
 ]
 
 
@@ -166,6 +172,13 @@ def test_unknown_set_field_and_bad_set_syntax(tmp_path):
 def test_shipped_spaces_expand(name, count):
     space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
     assert len(space.trials) == count and space.name == name
+
+
+def test_timing_spaces_are_exclusive_and_read_their_timing(tmp_path):
+    bench = load_space(write(tmp_path, "task: bench\ntiming: {repeats: 3, interleave: true}\n"))
+    assert bench.exclusive and (bench.timing.repeats, bench.timing.interleave, bench.timing.warmup) == (3, True, True)
+    train = load_space(write(tmp_path, "fixed: {dataset: digits}\n", "train.yaml"))
+    assert not train.exclusive and train.timing.repeats == 1
 
 
 def test_all12_gives_each_dataset_its_recipe():

@@ -9,7 +9,7 @@ from rpevit import registry
 from rpevit.attention.base import softmax_attention_matrix, total_variation
 from rpevit.attention.kernelized import KernelizedAttention, set_training_length
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.models import build_model
+from rpevit.models import build_attention, build_model
 from rpevit.pe.base import PositionEncoding
 from rpevit.tasks.train import WARMUP_MAX_FRACTION, make_optimizer, warmup_steps_for
 
@@ -57,7 +57,7 @@ def test_favor_error_is_bounded_with_unit_q_and_k():
         q, k = (d * length * 16 ** 0.25 for d in directions)
         values = []
         for seed in range(4):
-            backend = registry.ATTENTIONS["favor"](cfg(num_features=64, seed=seed), layer=0)
+            backend = build_attention(cfg(attention="favor", num_features=64, seed=seed), layer=0)
             values.append(total_variation(backend.attention_matrix(q, k), softmax_attention_matrix(q, k)).mean())
         tv[label] = torch.stack(values).mean().item()
     assert tv["unit"] < 0.12, tv
@@ -100,16 +100,16 @@ def count_redraws(backend: KernelizedAttention, steps: int) -> int:
 def test_redraw_until_freezes_the_draw():
     """Every 10 steps over 100 steps: redraws at steps 10..90 (9) for ever; with redraw_until 0.8
     only at 10..70 (7), the last 20% of training keep the draw the model is evaluated with."""
-    forever = registry.ATTENTIONS["favor"](cfg(redraw_interval=10), layer=0)
+    forever = build_attention(cfg(attention="favor", redraw_interval=10), layer=0)
     assert count_redraws(forever, 100) == 9  # total_steps unknown: redraws never stop
-    frozen = registry.ATTENTIONS["favor"](cfg(redraw_interval=10, redraw_until=0.8), layer=0)
+    frozen = build_attention(cfg(attention="favor", redraw_interval=10, redraw_until=0.8), layer=0)
     model = torch.nn.ModuleList([frozen])
     set_training_length(model, 100)
     assert count_redraws(frozen, 100) == 7
     before = frozen.projection.clone()
     frozen(torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16), torch.randn(1, 2, 4, 16))
     assert torch.equal(frozen.projection, before)
-    never = registry.ATTENTIONS["favor"](cfg(redraw_interval=10, redraw_until=0.0), layer=0)
+    never = build_attention(cfg(attention="favor", redraw_interval=10, redraw_until=0.0), layer=0)
     set_training_length(torch.nn.ModuleList([never]), 100)
     assert count_redraws(never, 100) == 0
 

@@ -120,15 +120,20 @@ def total_variation(a: Tensor, b: Tensor) -> Tensor:
 class AttentionBackend(nn.Module):
     """Base class of the backends; subclasses define forward(q, k, v, modulation=None).
 
+    Constructed with keyword arguments only: the layer context (`heads`, `head_dim`, `layer`, and
+    `seed` where a subclass declares it) and the subclass's own options, each named like the
+    TrialConfig field it comes from, so `rpevit.models.factory.build_attention` can fill them from
+    a config while tests and benchmarks build a backend without one. A subclass declares its
+    options with defaults equal to the field defaults and passes the rest on as `**context`.
     `layer` lets random features differ per layer while all come from the trial seed.
     """
 
     linear_time: ClassVar[bool] = False
 
-    def __init__(self, cfg: "TrialConfig", *, layer: int = 0) -> None:
+    def __init__(self, *, heads: int, head_dim: int, layer: int = 0) -> None:
         super().__init__()
-        self.head_dim = cfg.head_dim
-        self.heads = cfg.heads
+        self.head_dim = head_dim
+        self.heads = heads
         self.layer = layer
 
     @property

@@ -7,13 +7,14 @@ block-Toeplitz FFT sums (rpevit/pe/relative_bias.py), a low-rank c as feature te
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import Tensor
 
 from rpevit.attention.base import AttentionBackend, Modulation, linear_attention, normalize_rows
 from rpevit.attention.features import iid_gaussian, orthogonal_gaussian, positive_random_features
-from rpevit.config import TrialConfig
 from rpevit.registry import register_attention
 
 
@@ -39,13 +40,14 @@ class KernelizedAttention(AttentionBackend):
     linear_time = True
     uses_projection = True
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        self.seed = cfg.seed
-        self.num_features = cfg.num_features
-        self.feature_type = cfg.feature_type
-        self.redraw_interval = cfg.redraw_interval
-        self.redraw_until = cfg.redraw_until
+    def __init__(self, *, seed: int = 0, num_features: int = 64, feature_type: str = "orthogonal",
+                 redraw_interval: int = 0, redraw_until: float = 0.8, **context: Any) -> None:
+        super().__init__(**context)
+        self.seed = seed
+        self.num_features = num_features
+        self.feature_type = feature_type
+        self.redraw_interval = redraw_interval
+        self.redraw_until = redraw_until
         self.total_steps: int | None = None  # set by the train task; None: redraw for ever
         self.register_buffer("forward_count", torch.zeros((), dtype=torch.long))
         if self.uses_projection:
@@ -112,10 +114,10 @@ class FavorAttention(KernelizedAttention):
 class ReluAttention(KernelizedAttention):
     """Performer-ReLU: phi(x) = ReLU(W x) + eps with random W, or ReLU(x) + eps (`relu_projection: identity`)."""
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        self.uses_projection = cfg.relu_projection == "random"
-        super().__init__(cfg, layer=layer)
-        self.eps = cfg.kernel_eps
+    def __init__(self, *, relu_projection: str = "random", kernel_eps: float = 1e-3, **context: Any) -> None:
+        self.uses_projection = relu_projection == "random"
+        super().__init__(**context)
+        self.eps = kernel_eps
 
     def feature_map(self, x: Tensor, is_query: bool) -> Tensor:
         if self.uses_projection:

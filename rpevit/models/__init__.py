@@ -1,3 +1,4 @@
-from rpevit.models.vit import ViT, build_model
+from rpevit.models.factory import build_attention, build_encodings, build_model
+from rpevit.models.vit import ViT
 
-__all__ = ["ViT", "build_model"]
+__all__ = ["ViT", "build_attention", "build_encodings", "build_model"]

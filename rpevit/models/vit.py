@@ -3,8 +3,17 @@
 Patch embedding -> (token hook) -> depth x pre-norm Block(Attention, Mlp, DropPath) -> norm ->
 mean pool over patch tokens -> linear head. Inside Attention, the q/k hook rotates q and k, and
 the score hook's modulation goes to the backend (design.md section 2).
+
+The modules take explicit arguments (timm style) and never a config. The backend and encodings
+of each layer come from two callables, as timm's blocks take `attn_layer` / `norm_layer`:
+`backend(layer)` and `encodings(hook_kinds, layer)`, so that every module is still built inside
+its parent in the order the seeded global RNG has always seen (qkv, encodings, backend, proj):
+reflection_string draws its vectors from that RNG, and every Linear's init consumes it.
+`rpevit.models.factory.build_model` supplies them from a TrialConfig.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -12,17 +21,11 @@ from einops import rearrange
 from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
 
-from rpevit import registry
-from rpevit.attention.base import Modulation
-from rpevit.config import TrialConfig
+from rpevit.attention.base import AttentionBackend, Modulation
 from rpevit.pe.base import PositionEncoding
 
-
-def build_encodings(cfg: TrialConfig, hook_kinds: tuple[str, ...], layer: int) -> nn.ModuleList:
-    """Instances of the encodings named in cfg.pe whose hook is one of `hook_kinds`."""
-    registry.load_all()
-    classes = [registry.POSITION_ENCODINGS[name] for name in cfg.pe_names]
-    return nn.ModuleList(c(cfg, layer=layer) for c in classes if c.hook in hook_kinds)
+BackendLayer = Callable[[int], AttentionBackend]  # layer index -> that layer's attention backend
+EncodingLayers = Callable[[tuple[str, ...], int], nn.ModuleList]  # (hook kinds, layer) -> its encodings
 
 
 def fold_head_transform(weight: Tensor, bias: Tensor, p: Tensor, heads: int) -> tuple[Tensor, Tensor]:
@@ -48,20 +51,24 @@ class Attention(nn.Module):
     total variation of FAVOR+ to exact softmax at m = 64 / 256 / 1024 features: tau 1: 0.085 /
     0.053 / 0.029; tau 4: 0.36 / 0.30 / 0.25 (tests/test_qk_norm.py). The model raises tau where
     sharpness pays, at that price in fidelity (the attn_tv_to_softmax metric shows it).
+
+    `backend` and `encodings` build this layer's backend and q/k- and score-hook encodings
+    (rpevit.models.factory); `layer` is passed to them (per-layer random features and patterns).
     """
 
-    def __init__(self, cfg: TrialConfig, layer: int) -> None:
+    def __init__(self, dim: int, heads: int, layer: int, *, backend: BackendLayer, encodings: EncodingLayers,
+                 qk_norm: str = "none", proj_drop: float = 0.0) -> None:
         super().__init__()
-        self.heads = cfg.heads
-        self.head_dim = cfg.head_dim
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
-        self.encodings = build_encodings(cfg, ("qk", "score"), layer)
-        self.qk_norm = cfg.qk_norm
+        self.heads = heads
+        self.head_dim = dim // heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.encodings = encodings(("qk", "score"), layer)
+        self.qk_norm = qk_norm
         if self.qk_norm == "l2":
-            self.log_temperature = nn.Parameter(torch.zeros(cfg.heads))
-        self.backend = registry.ATTENTIONS[cfg.attention](cfg, layer=layer)
-        self.proj = nn.Linear(cfg.dim, cfg.dim)
-        self.proj_drop = nn.Dropout(cfg.dropout)
+            self.log_temperature = nn.Parameter(torch.zeros(heads))
+        self.backend = backend(layer)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
         self.captured: list[tuple[Tensor, Tensor, Modulation | None]] | None = None  # see evaluation.attention_fidelity
 
     def no_weight_decay(self) -> set[str]:
@@ -108,12 +115,16 @@ class Attention(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TrialConfig, layer: int, drop_path: float) -> None:
+    """Pre-norm block: x + DropPath(Attention(LN x)), then x + DropPath(Mlp(LN x))."""
+
+    def __init__(self, dim: int, heads: int, layer: int, *, backend: BackendLayer, encodings: EncodingLayers,
+                 mlp_ratio: float = 2.0, drop_path: float = 0.0, dropout: float = 0.0, qk_norm: str = "none") -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(cfg.dim)
-        self.attn = Attention(cfg, layer)
-        self.norm2 = nn.LayerNorm(cfg.dim)
-        self.mlp = Mlp(cfg.dim, int(cfg.dim * cfg.mlp_ratio), drop=cfg.dropout)
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads, layer, backend=backend, encodings=encodings, qk_norm=qk_norm,
+                              proj_drop=dropout)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=dropout)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: Tensor) -> Tensor:
@@ -122,17 +133,25 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, cfg: TrialConfig, in_chans: int, num_classes: int) -> None:
+    """Patch embedding, token-hook encodings (layer -1), `depth` blocks, mean pooling, linear head.
+
+    `drop_path` is the stochastic-depth rate of the last block, rising linearly from 0 (timm).
+    """
+
+    def __init__(self, *, img_size: int, patch_size: int, in_chans: int, num_classes: int, backend: BackendLayer,
+                 encodings: EncodingLayers, dim: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: float = 2.0,
+                 drop_path: float = 0.1, dropout: float = 0.0, qk_norm: str = "none") -> None:
         super().__init__()
-        self.patch_embed = PatchEmbed(
-            img_size=cfg.resolved_image_size, patch_size=cfg.resolved_patch_size,
-            in_chans=in_chans, embed_dim=cfg.dim,
-        )
-        self.token_encodings = build_encodings(cfg, ("token",), layer=-1)
-        rates = torch.linspace(0, cfg.drop_path, cfg.depth).tolist()
-        self.blocks = nn.Sequential(*(Block(cfg, i, rates[i]) for i in range(cfg.depth)))
-        self.norm = nn.LayerNorm(cfg.dim)
-        self.head = nn.Linear(cfg.dim, num_classes)
+        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=dim)
+        self.token_encodings = encodings(("token",), -1)
+        rates = torch.linspace(0, drop_path, depth).tolist()
+        self.blocks = nn.Sequential(*(
+            Block(dim, heads, i, backend=backend, encodings=encodings, mlp_ratio=mlp_ratio, drop_path=rates[i],
+                  dropout=dropout, qk_norm=qk_norm)
+            for i in range(depth)
+        ))
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, num_classes)
         self.apply(_init_weights)
 
     def forward_features(self, images: Tensor) -> Tensor:
@@ -175,10 +194,4 @@ def _init_weights(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
-    """Seeded construction: the same cfg.seed gives the same initial weights and random patterns."""
-    torch.manual_seed(cfg.seed)
-    return ViT(cfg, in_chans, num_classes)
-
-
-__all__ = ["Attention", "Block", "ViT", "build_model", "PositionEncoding"]
+__all__ = ["Attention", "Block", "ViT", "PositionEncoding"]

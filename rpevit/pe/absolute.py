@@ -1,10 +1,11 @@
 """`none` (no position information) and `ape` (learned absolute embedding, the token hook)."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from rpevit.config import TrialConfig
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
@@ -20,10 +21,10 @@ class LearnedAbsolute(PositionEncoding):
 
     hook = "token"
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        n = cfg.grid[0] * cfg.grid[1]
-        self.embedding = nn.Parameter(torch.zeros(1, n, cfg.dim))
+    def __init__(self, **context: Any) -> None:
+        super().__init__(**context)
+        n = self.grid[0] * self.grid[1]
+        self.embedding = nn.Parameter(torch.zeros(1, n, self.dim))
         nn.init.trunc_normal_(self.embedding, std=0.02)
 
     def add_to_tokens(self, x: Tensor) -> Tensor:

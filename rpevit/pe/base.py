@@ -12,6 +12,13 @@ A position encoding declares `hook`:
            (exact softmax or linear attention): Luo et al.'s `RelativeBias` (pe/relative_bias.py)
            or any low-rank c_ij = sum_l f_il g_jl (`LowRankModulation`, e.g. pe/rotation_invariant.py).
 Positions are integer patch coordinates (x, y) on the H x W grid, row-major token order.
+
+An encoding is constructed with keyword arguments only: the layer context (`grid`, `heads`,
+`head_dim`, `layer`, `seed`, and `dim` where a subclass declares it) and its own options, each
+named like the TrialConfig field it comes from (`rope_base`, `luo_scale`, ...), with defaults
+equal to the field defaults. `rpevit.models.factory.build_encodings` reads a subclass's `__init__`
+signature and passes exactly those, so a new encoding declares what it needs and nothing else
+(its options pass through `**context` up to this class).
 """
 from __future__ import annotations
 
@@ -39,25 +46,28 @@ class PositionEncoding(nn.Module):
     hook: ClassVar[str] = "none"
     pe_name: ClassVar[str] = ""  # set by @register_pe
 
-    def __init__(self, cfg: "TrialConfig", *, layer: int = 0) -> None:
+    def __init__(self, *, grid: tuple[int, int], heads: int, head_dim: int, layer: int = 0, seed: int = 0) -> None:
         super().__init__()
-        self.grid = cfg.grid
-        self.heads = cfg.heads
-        self.head_dim = cfg.head_dim
-        self.dim = cfg.dim
+        self.grid = tuple(grid)
+        self.heads = heads
+        self.head_dim = head_dim
+        self.dim = heads * head_dim  # the model width: heads x head dim (validated in the config)
         self.layer = layer
-        self.register_buffer("positions", grid_positions(cfg.grid), persistent=False)
+        self.seed = seed
+        self.register_buffer("positions", grid_positions(self.grid), persistent=False)
 
     @classmethod
     def check_config(cls, cfg: "TrialConfig", source: str) -> None:
         """Raise ConfigError if this encoding cannot run with cfg (e.g. head dim parity)."""
 
-    def seed_generator(self, cfg: "TrialConfig", salt: int = 0) -> torch.Generator:
-        """A CPU generator from the trial seed, distinct per layer: fixed random patterns.
+    def seed_generator(self, salt: int = 0) -> torch.Generator:
+        """A CPU generator from the trial seed, distinct per layer and class: fixed random patterns.
 
         crc32, not hash(): Python salts str hashes per process, which made patterns irreproducible.
+        The key (seed, layer, class name, salt) is part of every saved result: changing it changes
+        the patterns of rope_mixed, sparse_cayley_string and random-mode rotinv.
         """
-        key = repr((cfg.seed, self.layer, type(self).__name__, salt)).encode()
+        key = repr((self.seed, self.layer, type(self).__name__, salt)).encode()
         return torch.Generator().manual_seed(zlib.crc32(key))
 
     def add_to_tokens(self, x: Tensor) -> Tensor:  # x: b n c

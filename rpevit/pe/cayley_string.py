@@ -6,16 +6,17 @@ ONCE per head per forward pass (one d x d solve) and returned as the `head_trans
 ViT folds into the q/k projection weights: the per-token work is exactly RoPE's.
 - `cayley_string`: S skew-symmetric with all d(d-1)/2 above-diagonal entries learned, init 0
   (P = I: training starts from axial RoPE).
-- `sparse_cayley_string`: a fixed random pattern holding a fraction f = cfg.string_sparsity of
+- `sparse_cayley_string`: a fixed random pattern holding a fraction f = `string_sparsity` of
   the above-diagonal entries per head (from the trial seed), only those learned; P through a
-  dense LU or the sparse CG solver of `rpevit.pe.sparse_solve` (cfg.cayley_solver).
+  dense LU or the sparse CG solver of `rpevit.pe.sparse_solve` (`cayley_solver`).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from rpevit.config import TrialConfig
 from rpevit.pe.rope import AxialRoPE
 from rpevit.pe.sparse_solve import SolveInfo, cayley_solve_sparse, skew_from_entries
 from rpevit.registry import register_pe
@@ -28,7 +29,7 @@ def cayley_orthogonal(skew: Tensor) -> Tensor:
 
 
 def sparse_solver_is_faster(head_dim: int, sparsity: float) -> bool:
-    """The `auto` rule for cfg.cayley_solver, from benchmarks/cayley_solvers.py on a 2-core CPU.
+    """The `auto` rule for `cayley_solver`, from benchmarks/cayley_solvers.py on a 2-core CPU.
 
     Measured with `.venv/bin/python benchmarks/cayley_solvers.py` (forward + backward of P, 1
     thread): the dense LU won every cell of d in {16..512} x f in {0.01..1.0} (closest: d = 256,
@@ -47,13 +48,13 @@ class _StringBase(AxialRoPE):
 @register_pe("cayley_string")
 class CayleyString(_StringBase):
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        d = cfg.head_dim
+    def __init__(self, **context: Any) -> None:
+        super().__init__(**context)
+        d = self.head_dim
         rows, cols = torch.triu_indices(d, d, offset=1)
         self.register_buffer("rows", rows, persistent=False)
         self.register_buffer("cols", cols, persistent=False)
-        self.skew_entries = nn.Parameter(torch.zeros(cfg.heads, rows.numel()))
+        self.skew_entries = nn.Parameter(torch.zeros(self.heads, rows.numel()))
 
     def skew(self) -> Tensor:
         return skew_from_entries(self.skew_entries, self.rows, self.cols, self.head_dim)
@@ -65,19 +66,19 @@ class CayleyString(_StringBase):
 @register_pe("sparse_cayley_string")
 class SparseCayleyString(_StringBase):
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        d, h = cfg.head_dim, cfg.heads
+    def __init__(self, *, string_sparsity: float = 0.1, cayley_solver: str = "auto", **context: Any) -> None:
+        super().__init__(**context)
+        d, h = self.head_dim, self.heads
         upper_rows, upper_cols = torch.triu_indices(d, d, offset=1)
-        count = max(1, round(cfg.string_sparsity * upper_rows.numel()))
-        gen = self.seed_generator(cfg)
+        count = max(1, round(string_sparsity * upper_rows.numel()))
+        gen = self.seed_generator()
         picks = torch.stack([torch.randperm(upper_rows.numel(), generator=gen)[:count] for _ in range(h)])
         picks = picks.sort(dim=1).values  # row-major order: f = 1 lists the entries as cayley_string
         self.register_buffer("rows", upper_rows[picks])  # (h, k), persistent: part of the model
         self.register_buffer("cols", upper_cols[picks])
         self.skew_entries = nn.Parameter(torch.zeros(h, count))
-        self.solver = "sparse" if cfg.cayley_solver == "sparse" or (
-            cfg.cayley_solver == "auto" and sparse_solver_is_faster(d, cfg.string_sparsity)
+        self.solver = "sparse" if cayley_solver == "sparse" or (
+            cayley_solver == "auto" and sparse_solver_is_faster(d, string_sparsity)
         ) else "dense"
         self.solve_log: list[SolveInfo] = []  # CG iterations / residual of the latest sparse solve
 

@@ -11,6 +11,8 @@ alternate bins (x on even, y on odd rotating bins), i.e. RoPE in the Fourier bas
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from einops import einsum
 from torch import Tensor, nn
@@ -50,9 +52,9 @@ def rope_like_coefficients(heads: int, head_dim: int, base: float) -> Tensor:
 class CirculantString(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        self.coefficients = nn.Parameter(rope_like_coefficients(cfg.heads, cfg.head_dim, cfg.rope_base))
+    def __init__(self, *, rope_base: float = 100.0, **context: Any) -> None:
+        super().__init__(**context)
+        self.coefficients = nn.Parameter(rope_like_coefficients(self.heads, self.head_dim, rope_base))
 
     @classmethod
     def check_config(cls, cfg: TrialConfig, source: str) -> None:

@@ -2,8 +2,8 @@
 
 H(v) = I - 2 v v^T / |v|^2 is orthogonal, so any product P is, and RoPE(r) P is a STRING
 (relative: (RoPE(r_i) P q)^T (RoPE(r_j) P k) = q^T P^T RoPE(r_j - r_i) P k). The head's d
-coordinates split into disjoint blocks of cfg.reflection_block (0 = one block, the whole head);
-each block gets cfg.reflection_count learned reflections, accumulated in compact WY form,
+coordinates split into disjoint blocks of `reflection_block` (0 = one block, the whole head);
+each block gets `reflection_count` learned reflections, accumulated in compact WY form,
 P x = x - V^T (T (V x)). P is built once per forward from the WY form (O(d^2 * count)) and
 folded into the q/k projection by the ViT, so the per-token work is RoPE's; `householder_product`
 applies P to tokens directly in O(N d * count) where no projection is there to fold into.
@@ -11,6 +11,8 @@ Init: v ~ N(0, I) from the global (seeded) RNG, so P starts as a random orthogon
 (an odd number of reflections cannot make I).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from einops import rearrange
@@ -52,11 +54,11 @@ def householder_product(x: Tensor, vectors: Tensor) -> Tensor:
 @register_pe("reflection_string")
 class ReflectionString(AxialRoPE):
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        block = cfg.reflection_block or cfg.head_dim
+    def __init__(self, *, reflection_block: int = 0, reflection_count: int = 2, **context: Any) -> None:
+        super().__init__(**context)
+        block = reflection_block or self.head_dim
         self.reflection_vectors = nn.Parameter(
-            torch.randn(cfg.heads, cfg.head_dim // block, cfg.reflection_count, block)
+            torch.randn(self.heads, self.head_dim // block, reflection_count, block)
         )
 
     @classmethod

@@ -17,6 +17,7 @@ little; an ALiBi-like distance-decaying initialisation alone reached 0.820.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,6 @@ from torch import Tensor, nn
 
 from rpevit.attention.base import Modulation, relative_offsets
 from rpevit.attention.toeplitz import toeplitz_dense_matrix, toeplitz_fft_matvec
-from rpevit.config import TrialConfig
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
@@ -89,12 +89,12 @@ class RelativeBias(Modulation):
 class LuoRelativeBias(PositionEncoding):
     hook = "score"
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        h, w = cfg.grid
-        self.scale = cfg.luo_scale
-        self.path = cfg.luo_path
-        self.raw_table = nn.Parameter(torch.zeros(cfg.heads, 2 * h - 1, 2 * w - 1))
+    def __init__(self, *, luo_scale: float = 10.0, luo_path: str = "auto", **context: Any) -> None:
+        super().__init__(**context)
+        h, w = self.grid
+        self.scale = luo_scale
+        self.path = luo_path
+        self.raw_table = nn.Parameter(torch.zeros(self.heads, 2 * h - 1, 2 * w - 1))
 
     @property
     def table(self) -> torch.Tensor:

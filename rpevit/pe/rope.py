@@ -9,6 +9,7 @@ Rotation plane k of a head turns (x_{2k}, x_{2k+1}) by the angle w_k . r_i, so t
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from einops import rearrange
@@ -50,9 +51,9 @@ def _check_head_dim(cls: type, cfg: TrialConfig, source: str, multiple: int) -> 
 class AxialRoPE(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        angles = self.positions @ axial_frequencies(cfg.head_dim, cfg.rope_base).T  # n, d/2
+    def __init__(self, *, rope_base: float = 100.0, **context: Any) -> None:
+        super().__init__(**context)
+        angles = self.positions @ axial_frequencies(self.head_dim, rope_base).T  # n, d/2
         self.register_buffer("angles", angles, persistent=False)
 
     @classmethod
@@ -67,11 +68,11 @@ class AxialRoPE(PositionEncoding):
 class MixedRoPE(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        half = cfg.head_dim // 2
-        theta = cfg.rope_base ** (-2.0 * torch.arange(half, dtype=torch.float32) / half)
-        direction = torch.rand(cfg.heads, half, generator=self.seed_generator(cfg)) * 2 * math.pi
+    def __init__(self, *, rope_base: float = 100.0, **context: Any) -> None:
+        super().__init__(**context)
+        half = self.head_dim // 2
+        theta = rope_base ** (-2.0 * torch.arange(half, dtype=torch.float32) / half)
+        direction = torch.rand(self.heads, half, generator=self.seed_generator()) * 2 * math.pi
         unit = torch.stack([torch.cos(direction), torch.sin(direction)], dim=-1)  # h, d/2, 2
         self.frequencies = nn.Parameter(theta[None, :, None] * unit)
 

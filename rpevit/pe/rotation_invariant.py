@@ -1,6 +1,6 @@
 """Rotation-invariant RPE: A_ij proportional to exp(q_i^T k_j / sqrt(d)) * p(|c_i - c_j|^2).
 
-p(t) = sum_{k=0..K} a_k t^k, K = cfg.rotinv_degree, with two parametrisations (cfg.rotinv_basis;
+p(t) = sum_{k=0..K} a_k t^k, K = `rotinv_degree`, with two parametrisations (`rotinv_basis`;
 `auto`, the default, is bernstein in exact mode and monomial in random mode):
 - monomial: a_k = softplus(raw_k) > 0 per head, so p(t) >= a_0 > 0 for every t >= 0, in both
   modes; the price: p is non-decreasing in t, it cannot decay with distance (no locality);
@@ -21,7 +21,7 @@ post-processing of the coordinates, never an N x N matrix:
 - exact: t_ij = phi(c_i) . psi(c_j) with phi = (|c|^2, 1, -2x, -2y), psi = (1, |c|^2, x, y);
   by the multinomial theorem t^k = sum_{|alpha| = k} (k! / alpha!) phi_i^alpha psi_j^alpha,
   so L = C(K + 4, 4) features (15 for K = 2);
-- random: w ~ N(0, I_2) (cfg.rotinv_draws per head, a fixed buffer from the trial seed),
+- random: w ~ N(0, I_2) (`rotinv_draws` per head, a fixed buffer from the trial seed),
   z = w^T c. Since w^T(c_j - c_i) ~ N(0, t), E[(z_j - z_i)^(2k)] = (2k - 1)!! t^k; and
   (z_j - z_i)^(2k) = sum_r C(2k, r) z_j^r (-z_i)^(2k - r). Grouping by the power r of z_j gives
   L = m (2K + 1) features whose per-draw value sum_k a_k (z_j - z_i)^(2k) / (2k-1)!! is >= a_0 > 0
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,11 +56,11 @@ BERNSTEIN_RANGE = 2.0  # t = |c_i - c_j|^2 <= 2 for centred coordinates in [-1/2
 BERNSTEIN_LOG_SCALE = 10.0  # b_k = exp(BERNSTEIN_LOG_SCALE * raw_k): log b moves 10x faster than raw
 
 
-def resolved_basis(cfg: TrialConfig) -> str:
+def resolved_basis(basis: str, mode: str) -> str:
     """`auto` -> bernstein in exact mode (can decay: measured better), monomial in random mode."""
-    if cfg.rotinv_basis != "auto":
-        return cfg.rotinv_basis
-    return "bernstein" if cfg.rotinv_mode == "exact" else "monomial"
+    if basis != "auto":
+        return basis
+    return "bernstein" if mode == "exact" else "monomial"
 
 
 def bernstein_to_monomial(degree: int, t_max: float = BERNSTEIN_RANGE) -> Tensor:
@@ -154,32 +155,33 @@ def _random_combine(a: Tensor, neg_pow: Tensor, z_pow: Tensor, selector: Tensor)
 class RotationInvariantRPE(PositionEncoding):
     hook = "score"
 
-    def __init__(self, cfg: TrialConfig, *, layer: int = 0) -> None:
-        super().__init__(cfg, layer=layer)
-        self.mode = cfg.rotinv_mode
-        self.register_buffer("coordinates", centred_coordinates(cfg.grid), persistent=False)
-        if resolved_basis(cfg) == "bernstein":  # raw = 0, b = 1: p = 1 everywhere, no modulation at the start
-            self.register_buffer("basis", bernstein_to_monomial(cfg.rotinv_degree).float(), persistent=False)
-            self.raw_coefficients = nn.Parameter(torch.zeros(cfg.heads, cfg.rotinv_degree + 1))
+    def __init__(self, *, rotinv_mode: str = "exact", rotinv_degree: int = 2, rotinv_basis: str = "auto",
+                 rotinv_draws: int = 16, **context: Any) -> None:
+        super().__init__(**context)
+        self.mode = rotinv_mode
+        degree, heads = rotinv_degree, self.heads
+        self.register_buffer("coordinates", centred_coordinates(self.grid), persistent=False)
+        if resolved_basis(rotinv_basis, rotinv_mode) == "bernstein":  # raw = 0, b = 1: p = 1, no modulation at first
+            self.register_buffer("basis", bernstein_to_monomial(degree).float(), persistent=False)
+            self.raw_coefficients = nn.Parameter(torch.zeros(heads, degree + 1))
         else:  # a_0 = 1, a_k = 0.1: p varies by under 2x over [0, 2] at K = 2, a mild start
-            start = torch.full((cfg.heads, cfg.rotinv_degree + 1), 0.1)
+            start = torch.full((heads, degree + 1), 0.1)
             start[:, 0] = 1.0
             self.basis = None
             self.raw_coefficients = nn.Parameter(torch.log(torch.expm1(start)))  # softplus^-1
-        degree = cfg.rotinv_degree
         if self.mode == "exact":
             phi_pow, psi_pow, order = distance_monomials(self.coordinates, degree)
             self.register_buffer("order", order, persistent=False)
             self.register_buffer("phi_monomials", phi_pow.float(), persistent=False)
             self.register_buffer("psi_monomials", psi_pow.float(), persistent=False)
         else:
-            w = torch.randn(cfg.heads, cfg.rotinv_draws, 2, generator=self.seed_generator(cfg))
+            w = torch.randn(heads, rotinv_draws, 2, generator=self.seed_generator())
             self.register_buffer("projections", w)  # fixed: part of the model (checkpoints), from the seed
             self.register_buffer("selector", binomial_selector(degree).float(), persistent=False)
 
     @classmethod
     def check_config(cls, cfg: TrialConfig, source: str) -> None:
-        if resolved_basis(cfg) == "bernstein" and cfg.rotinv_mode == "random":
+        if resolved_basis(cfg.rotinv_basis, cfg.rotinv_mode) == "bernstein" and cfg.rotinv_mode == "random":
             raise ConfigError(
                 f"{source}: field 'rotinv_basis' has value 'bernstein' with rotinv_mode 'random'; allowed: "
                 f"'bernstein' with rotinv_mode 'exact', or 'monomial' (its signed coefficients could make "

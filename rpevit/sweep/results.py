@@ -40,7 +40,7 @@ SPACE_FILE = "space.json"
 OK, FAILED = "ok", "failed"
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
 
-F64, I64, STR = pa.float64(), pa.int64(), pa.string()
+F64, I64, STR, BOOL = pa.float64(), pa.int64(), pa.string(), pa.bool_()
 TIMESTAMP = pa.timestamp("us", tz="UTC")
 F64_LIST = pa.list_(pa.float64())
 
@@ -62,7 +62,9 @@ TASK_METRICS: dict[str, tuple[tuple[tuple[str, pa.DataType], ...], tuple[tuple[s
         (("tokens", I64), ("train_step_ms", F64)),
         (("forward_ms", F64), ("backward_ms", F64), ("forward_backward_ms", F64), ("infer_ms", F64),
          ("infer_ms_per_sample", F64), ("images_per_s", F64), ("flops", I64), ("flops_unsupported", STR),
-         ("params", I64), ("peak_mem_mb", F64), ("peak_mem_kind", STR)),
+         ("params", I64), ("peak_mem_mb", F64), ("peak_mem_kind", STR), ("train_step_ms_min", F64),
+         ("train_step_ms_max", F64), ("timing_repeats", I64), ("timing_interleaved", BOOL),
+         ("process_warm", BOOL)),
     ),
     "kernel_mse": (
         (("mse_mc", F64), ("mse_closed", F64)),
@@ -74,7 +76,7 @@ TASK_METRICS: dict[str, tuple[tuple[tuple[str, pa.DataType], ...], tuple[tuple[s
 ENVIRONMENT_COLUMNS = (("device_name", STR), ("torch_version", STR), ("ray_version", STR),
                        ("rpevit_version", STR), ("git_commit", STR), ("python_version", STR))
 PLACEMENT_COLUMNS = (("node_id", STR), ("hostname", STR), ("pid", I64), ("ray_gpu_ids", STR),
-                     ("cuda_device", I64), ("torch_threads", I64))
+                     ("cuda_device", I64), ("torch_threads", I64), ("reserved_cpus", F64))
 BOOKKEEPING_COLUMNS = (("epochs_done", I64), ("resumed_from_epoch", I64), ("attempts", I64),
                        ("started_at", TIMESTAMP), ("finished_at", TIMESTAMP), ("tune_trial_id", STR),
                        ("error_traceback", STR))
@@ -83,7 +85,7 @@ EPOCHS_SCHEMA = pa.schema([
     ("val_loss", F64), ("val_acc", F64), ("lr", F64), ("epoch_s", F64), ("attn_tv_to_softmax", F64),
     ("attn_tv_per_layer", F64_LIST),
 ])
-_ARROW_OF_HINT = {int: I64, float: F64, str: STR, bool: pa.bool_()}
+_ARROW_OF_HINT = {int: I64, float: F64, str: STR, bool: BOOL}
 
 
 def config_columns() -> list[tuple[str, pa.DataType]]:
@@ -156,7 +158,7 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
         if not isinstance(value, (list, tuple)):
             return None
         return [_coerce(v, F64) for v in value]
-    if kind == pa.bool_():
+    if kind == BOOL:
         return bool(value) if isinstance(value, (bool, numbers.Integral)) else None
     return value
 
@@ -252,19 +254,27 @@ class ParquetResults(Callback):
             self.trial_rows[key] = {"sweep": self.sweep, **row, "trial_key": key, "status": OK,
                                     "error": "", "error_traceback": "", "tune_trial_id": trial.trial_id}
             self.flush()
+        elif kind == "failed":  # one variant of a multi-variant (interleaved timing) trial
+            self.record_failure(result["trial_key"], result["error"], result["traceback"], trial.trial_id, 1)
+            self.flush()
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
-        key = trial.config["t"]["trial_key"]
+        """Every member of the Tune trial without a row of its own fails with Tune's error."""
         traceback = re.sub(r"\x1b\[[0-9;]*m", "", _error_text(trial))  # no terminal colours
         lines = [ln for ln in traceback.strip().splitlines() if ln.strip()]
+        for member in members_of(trial):
+            key = member["trial_key"]
+            if key not in self.trial_rows or self.trial_rows[key].get("tune_trial_id") != trial.trial_id:
+                self.record_failure(key, lines[-1] if lines else "unknown error (no error file)", traceback,
+                                    trial.trial_id, max(1, traceback.count("Failure # ")))  # one entry per try
+        self.flush()
+
+    def record_failure(self, key: str, error: str, traceback: str, tune_trial_id: str, attempts: int) -> None:
         self.trial_rows[key] = {
-            "sweep": self.sweep, **self.trials[key], "trial_key": key, "status": FAILED,
-            "error": lines[-1] if lines else "unknown error (no error file)",
-            "error_traceback": traceback[-10000:], "tune_trial_id": trial.trial_id,
-            "attempts": max(1, traceback.count("Failure # ")),  # Tune logs one entry per try
+            "sweep": self.sweep, **self.trials[key], "trial_key": key, "status": FAILED, "error": error,
+            "error_traceback": traceback[-10000:], "tune_trial_id": tune_trial_id, "attempts": attempts,
             "epochs_done": sum(1 for k, _ in self.epoch_rows if k == key),
         }
-        self.flush()
 
     def on_experiment_end(self, trials, **info) -> None:
         self.flush()
@@ -286,6 +296,13 @@ class ParquetResults(Callback):
         self._last_flush = time.monotonic()
         if self.on_change is not None:
             self.on_change()
+
+
+def members_of(trial) -> list[dict[str, Any]]:
+    """The sweep trials one Tune trial runs: config["t"]["members"] (runner.tune_trials; none for a
+    warm-up trial); a config with a bare "trial_key" is one trial."""
+    config = trial.config["t"]
+    return config["members"] if "members" in config else [config]
 
 
 def _error_text(trial) -> str:

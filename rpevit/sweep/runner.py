@@ -11,10 +11,16 @@ Guarantees the runner adds around that (README, "Reliability"):
   when the driver dies, so a second driver stops at once and a killed one never blocks `--resume`;
 - only rows of the current space's trial keys count (an edited YAML's old rows are set aside);
 - the embedded Ray listens on 127.0.0.1 only and its processes end with the driver (reaper.py).
+
+Throughput: Tune reuses workers (`reuse_actors`, SweepOptions.reuse; trainable.py resets the
+process state between trials) and writes no per-trial logger files, so a tiny trial costs a
+fraction of a second outside the task instead of a process start; the summary prints that
+figure. Timing tasks (space.TIMING_TASKS) reserve a whole node per trial instead (see space.py).
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import secrets
@@ -38,12 +44,14 @@ from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.results import (EPOCHS_FILE, FAILED, OK, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials,
-                                  select_keys)
+                                  members_of, select_keys)
 from rpevit.sweep.space import Resources, Space, SpaceError, check_name
-from rpevit.sweep.trainable import run_trial
+from rpevit.sweep.trainable import StartBarrier, run_trial
 
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (ray_constants)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+NO_TUNE_LOGGERS_ENV = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"  # no per-trial CSV / JSON / TensorBoard files
+TUNE_ANALYSIS_LOGGER = "ray.tune.analysis.experiment_analysis"  # would warn once per trial about them
 
 
 @dataclass
@@ -59,6 +67,7 @@ class SweepOptions:
     dashboard: bool = True
     max_failures: int = 1  # Tune retries per trial, each from the trial's last checkpoint
     progress_every_s: float = 30.0
+    reuse: bool = True  # run trial after trial in warm workers (Tune reuse_actors); False: a process per trial
 
 
 def prepare_trials(space: Space, opts: SweepOptions) -> list[dict[str, Any]]:
@@ -74,15 +83,45 @@ def prepare_trials(space: Space, opts: SweepOptions) -> list[dict[str, Any]]:
     return out
 
 
+@dataclass
+class SweepOutcome:
+    """What one run of the runner did: its exit code, and the numbers of its throughput line."""
+    exit_code: int
+    wall_s: float = 0.0  # Tuner.fit(), from the first trial's start-up to the last row
+    trial_s: float = 0.0  # sum over the trials that ran of finished_at - started_at
+    trials_ran: int = 0
+    slots: int = 0  # trials the resources let run at once
+    startup_s: float = math.nan  # from Tuner.fit() to the first trial's start (workers starting, imports)
+
+    @property
+    def overhead_s_per_trial(self) -> float:
+        """Slot-seconds per trial spent outside the trials: (wall x slots - in-trial time) / trials."""
+        return self.overhead_after(0.0)
+
+    @property
+    def steady_overhead_s_per_trial(self) -> float:
+        """The same without the one-time start-up: what each further trial adds."""
+        return self.overhead_after(self.startup_s)
+
+    def overhead_after(self, seconds: float) -> float:
+        busy = (self.wall_s - seconds) * self.slots - self.trial_s
+        return busy / self.trials_ran if self.trials_ran else math.nan
+
+
 def run_sweep(space: Space, opts: SweepOptions) -> int:
     """Run every pending trial of the space; 0 if all succeeded, 1 if any failed."""
+    return execute_sweep(space, opts).exit_code
+
+
+def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
+    """run_sweep, returning the throughput figures too (benchmarks/sweep_overhead.py)."""
     check_name(space.name, "sweep name")  # also for callers that set space.name themselves
     out_dir = sweep_dir(opts.results_dir, space.name)
     with sweep_lock(out_dir):  # one driver per sweep (rpevit.sweep.lock)
         return _run_locked(space, opts, out_dir)
 
 
-def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> int:
+def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> SweepOutcome:
     everything = load_trials(out_dir)
     started = not everything.empty or any((out_dir / "trials").glob("*/checkpoint.pt"))
     if started and not opts.resume:
@@ -115,31 +154,114 @@ def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> int:
 
     with _ray(opts, gpus) as started_ray:
         _check_fits(cpus, gpus, fixed_cluster=started_ray and not _address(opts))
-        items = [{"trial_key": space.keys[i], "label": space.label(i), "cfg": configs[i],
-                  "checkpoint_root": str(out_dir / "trials"), "cpus_per_trial": cpus,
-                  "gpus_per_trial": gpus} for i in pending]
-        bundle = {"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})}
+        reserved = _node_cpus(gpus) if space.exclusive else cpus
+        if space.exclusive:
+            print(f"{space.task} trials time: each reserves a whole node ({reserved:g} CPU{', ' if gpus else ''}"
+                  f"{f'{gpus:g} GPU' if gpus else ''}) and runs with {max(1, int(cpus))} thread(s); timing: repeats "
+                  f"{space.timing.repeats}, interleave {space.timing.interleave}, warm-up {space.timing.warmup}",
+                  flush=True)
+        items = tune_trials(space, configs, pending, checkpoint_root=out_dir / "trials", cpus=cpus, gpus=gpus,
+                            reserved_cpus=reserved)
+        bundle = {"CPU": reserved, **({"GPU": gpus} if gpus > 0 else {})}
+        slots = _slots(bundle, max_concurrent, len(items))
+        # With no more trials than slots no worker would run a second trial, and Tune would only hand
+        # a trial whose own worker is still starting to another trial's finished one (defeating SPREAD).
+        reuse = opts.reuse and len(items) > slots
+        barrier, warmups = _warmup_trials(slots if reuse else 0)
         trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory([bundle], strategy="SPREAD"))
         writer = ParquetResults(out_dir, space.name, {space.keys[i]: configs[i] for i in pending},
                                 {k: i for i, k in enumerate(space.keys)}, task=space.task)
-        progress = Progress(len(pending), opts.progress_every_s)
+        progress = Progress(len(items), opts.progress_every_s)
         tuner = tune.Tuner(
             trainable,
-            param_space={"t": tune.grid_search(items)},
+            param_space={"t": tune.grid_search(warmups + items)},
             tune_config=tune.TuneConfig(
-                max_concurrent_trials=max_concurrent or None, reuse_actors=False,
-                trial_name_creator=lambda t: t.config["t"]["trial_key"],
-                trial_dirname_creator=lambda t: t.config["t"]["trial_key"]),
+                max_concurrent_trials=max_concurrent or None, reuse_actors=reuse,
+                trial_name_creator=lambda t: t.config["t"]["name"],
+                trial_dirname_creator=lambda t: t.config["t"]["name"]),
             run_config=tune.RunConfig(
                 name=time.strftime("run-%Y%m%d-%H%M%S"), storage_path=str(out_dir / "ray"),
                 failure_config=tune.FailureConfig(max_failures=opts.max_failures),
                 callbacks=[writer, progress], log_to_file=True, verbose=0),
         )
         t0 = time.time()
-        tuner.fit()
+        try:
+            with _environ({NO_TUNE_LOGGERS_ENV: "1"}), _quiet(TUNE_ANALYSIS_LOGGER):  # Parquet is the result
+                tuner.fit()
+        finally:
+            if barrier is not None:
+                ray.kill(barrier)
         wall = time.time() - t0
         writer.flush()
-    return summarize(out_dir, space, wall_s=wall)
+    return summarize(out_dir, space, wall_s=wall, slots=slots, started_after=t0)
+
+
+def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path,
+                cpus: float, gpus: float, reserved_cpus: float) -> list[dict[str, Any]]:
+    """The Tune trials (grid points) for the pending trials: one each, except that an interleaved
+    timing space runs all its pending variants in one Tune trial (rounds inside one worker)."""
+    members = [{"trial_key": space.keys[i], "label": space.label(i), "cfg": configs[i]} for i in pending]
+    timing = vars(space.timing) if space.exclusive else None
+    groups = [members] if timing and space.timing.interleave else [[m] for m in members]
+    return [{"name": g[0]["trial_key"] if len(g) == 1 else f"interleaved-{len(g)}-{g[0]['trial_key']}",
+             "members": g, "checkpoint_root": str(checkpoint_root), "cpus_per_trial": cpus,
+             "gpus_per_trial": gpus, "reserved_cpus": reserved_cpus, "timing": timing} for g in groups]
+
+
+def _warmup_trials(slots: int) -> tuple[Any, list[dict[str, Any]]]:
+    """(barrier actor, warm-up Tune trials): one per slot, run first, each holding its worker until
+    every slot has one (trainable.wait_for_workers says why); none for a single slot."""
+    if slots < 2:
+        return None, []
+    name = f"rpevit-start-barrier-{secrets.token_hex(6)}"
+    barrier = StartBarrier.options(name=name).remote(slots)
+    return barrier, [{"name": f"warmup-{i}", "members": [], "barrier": name} for i in range(slots)]
+
+
+def _node_cpus(gpus: float) -> float:
+    """CPUs of the largest live node that has the trial's GPUs: what a timing trial reserves, so no
+    other trial of the sweep shares its node (on a mixed cluster timing trials run on the largest
+    such nodes only, which keeps their rows comparable)."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    fitting = [r for r in nodes if r.get("GPU", 0.0) >= gpus] or nodes
+    return max(r.get("CPU", 0.0) for r in fitting)
+
+
+def _slots(bundle: dict[str, float], max_concurrent: int, n_trials: int) -> int:
+    """How many Tune trials run at once: bundles that fit per live node, summed, capped."""
+    fit = 0
+    for node in ray.nodes():
+        if node.get("Alive"):
+            have = node["Resources"]
+            fit += min(int(have.get(r, 0.0) / need + 1e-9) for r, need in bundle.items() if need > 0)
+    return max(1, min(fit, max_concurrent or fit, n_trials))
+
+
+@contextmanager
+def _quiet(name: str) -> Iterator[None]:
+    """The named logger shows errors only, for a block."""
+    log = logging.getLogger(name)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+@contextmanager
+def _environ(changes: dict[str, str]) -> Iterator[None]:
+    """Environment variables set for a block and restored after it."""
+    saved = {k: os.environ.get(k) for k in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _address(opts: SweepOptions) -> str | None:
@@ -219,19 +341,13 @@ def _local_environment(owner: str | None) -> Iterator[None]:
     from ray._private import ray_constants
 
     changes = {LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}
-    saved_env = {k: os.environ.get(k) for k in changes}
     saved_flag = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
-    os.environ.update(changes)
     if saved_flag is not None:
         ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        yield
+        with _environ(changes):
+            yield
     finally:
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         if saved_flag is not None:
             ray_constants.ENABLE_RAY_CLUSTER = saved_flag
 
@@ -270,7 +386,7 @@ class Progress(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         acc = result.get("val_acc")
         if isinstance(acc, float) and math.isfinite(acc) and acc > self.best[0]:
-            self.best = (acc, trial.config["t"]["label"])
+            self.best = (acc, result.get("label") or members_of(trial)[0].get("label", ""))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.show(trials, force=True)
@@ -288,6 +404,7 @@ class Progress(Callback):
         if not force and time.monotonic() - self.last < self.every_s:
             return
         self.last = time.monotonic()
+        trials = [t for t in trials if members_of(t)]  # not the warm-up trials
         count = lambda *s: sum(t.status in s for t in trials)  # noqa: E731
         best = f"{self.best[0]:.4f} ({self.best[1]})" if self.best[1] else "-"
         print(f"[{time.strftime('%H:%M:%S')}] running {count('RUNNING')} | pending "
@@ -295,13 +412,15 @@ class Progress(Callback):
               f"{count('ERROR')} | of {self.total} | best val_acc {best}", flush=True)
 
 
-def summarize(out_dir: Path, space: Space, wall_s: float) -> int:
-    """Print the result table of this space's trials and where the files are; the exit code."""
+def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, started_after: float = 0.0
+              ) -> SweepOutcome:
+    """Print the result table of this space's trials, the throughput of this run (its trials: those
+    started after `started_after`, a Unix time) and where the files are."""
     table, _ = select_keys(load_trials(out_dir), space.keys)  # never rows of an older space
     if table.empty:
         print(f"no trial finished; continue with: python sweep.py --space {space.source} --name {space.name} "
               f"--resume")
-        return 1
+        return SweepOutcome(1, wall_s, slots=slots)
     labels = {k: space.label(i) for i, k in enumerate(space.keys)}
     metric = next((m for m in ("test_acc", "final_val_acc") if m in table.columns), None)
     print(f"\n{'trial':<48} {'status':<7} {metric or ''}")
@@ -312,10 +431,16 @@ def summarize(out_dir: Path, space: Space, wall_s: float) -> int:
         print(line + (shown if row.status == OK else str(row.error)[:100]))
     missing = len(set(space.keys) - set(table["trial_key"]))
     failed = table[table["status"] == FAILED]
+    outcome = SweepOutcome(0 if (len(failed) == 0 and missing == 0) else 1, wall_s, slots=slots)
     if wall_s > 0 and "started_at" in table.columns:
-        ran = table[(table["status"] == OK) & (table["started_at"].notna())]
-        trial_s = float(_seconds(ran["finished_at"] - ran["started_at"]).sum())
-        print(f"wall time {wall_s:.1f} s; sum of in-trial times {trial_s:.1f} s over {len(ran)} trials")
+        ran = table[(table["status"] == OK) & (_unix(table["started_at"]) >= started_after)]
+        outcome.trial_s = float(_seconds(ran["finished_at"] - ran["started_at"]).sum())
+        outcome.trials_ran = len(ran)
+        if len(ran):
+            outcome.startup_s = float(_unix(ran["started_at"]).min() - started_after)
+        print(f"wall time {wall_s:.1f} s; sum of in-trial times {outcome.trial_s:.1f} s over {len(ran)} trials; "
+              f"{slots} at a time: {outcome.overhead_s_per_trial:.2f} s per trial outside the trials "
+              f"((wall x {slots} - in-trial) / trials; {outcome.startup_s:.1f} s of it before the first trial started)")
     print(f"\n{int((table['status'] == OK).sum())} ok, {len(failed)} failed, {missing} not run; "
           f"results: {out_dir / TRIALS_FILE}, {out_dir / EPOCHS_FILE}")
     if missing:
@@ -324,7 +449,14 @@ def summarize(out_dir: Path, space: Space, wall_s: float) -> int:
         print("failures:", file=sys.stderr)
         for row in failed.itertuples(index=False):
             print(f"  {labels.get(row.trial_key, row.trial_key)}: {row.error}", file=sys.stderr)
-    return 0 if (len(failed) == 0 and missing == 0) else 1
+    return outcome
+
+
+def _unix(times: pd.Series) -> pd.Series:
+    """Unix seconds of a timestamp column (now) or of float seconds (older files)."""
+    if hasattr(times, "dt"):
+        return (times - pd.Timestamp(0, unit="s", tz="UTC")).dt.total_seconds()
+    return times.astype(float)
 
 
 def _seconds(delta: pd.Series) -> pd.Series:

@@ -18,6 +18,13 @@ Format (every key but `fixed`/`grid` optional):
     exclude: [{attention: favor, pe: rope}]   # drop grid trials matching ALL keys of an entry
     include: [{attention: softmax, pe: ape+rope}]   # extra trials: entry over `fixed`, x seeds
     resources: {cpus_per_trial: 1, gpus_per_trial: 0.25, max_concurrent: 8}
+    timing: {repeats: 3, interleave: true, warmup: true}     # timing tasks (bench) only
+
+Timing tasks (TIMING_TASKS: `bench`) never share a node with other trials: the runner reserves
+the whole node for each (cpus_per_trial is then the measurement's thread count). `timing:`
+asks for repeats (the row holds the median, plus min / max of train_step_ms), interleaved in
+rounds over all variants inside one worker (A B C, A B C, ...) so that slow drift of the
+machine hits every variant alike, and an untimed warm-up run before a worker's first timed one.
 
 Precedence: fixed < grid < sample < seeds < `--set` overrides.
 
@@ -42,7 +49,8 @@ import yaml
 from rpevit.config import ConfigError, TrialConfig, build_config
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
-                  "sample_seed", "seeds", "exclude", "include", "resources")
+                  "sample_seed", "seeds", "exclude", "include", "resources", "timing")
+TIMING_TASKS = ("bench",)  # tasks whose rows are timings: whole node per trial, `timing:` allowed
 SAMPLERS = ("choice", "uniform", "loguniform", "randint")
 KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what a trial computes
 DEFAULT_MAX_TRIALS = 10_000  # a sweep bigger than this is almost surely a typo; --max-trials raises it
@@ -85,6 +93,37 @@ class Resources:
         return res
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How a timing space measures (`timing:`); see the module docstring."""
+
+    repeats: int = 1  # timed runs per variant; the row holds their median
+    interleave: bool = False  # repeats in rounds over all variants, in one worker
+    warmup: bool = True  # an untimed run before the first timed run of each worker
+
+    @classmethod
+    def from_dict(cls, values: Any, source: str, task: str) -> "Timing":
+        allowed = [f.name for f in fields(cls)]
+        values = {} if values is None else values  # `timing:` with nothing under it
+        if not isinstance(values, dict):
+            raise SpaceError(f"{source}: 'timing' has value {values!r}; allowed: a mapping of {', '.join(allowed)}")
+        if values and task not in TIMING_TASKS:
+            raise SpaceError(f"{source}: 'timing' is given for task {task!r}; allowed: only for timing tasks "
+                             f"({', '.join(TIMING_TASKS)}); remove the key")
+        for key, value in values.items():
+            if key not in allowed:
+                raise SpaceError(f"{source}: unknown key timing.{key}; allowed: {', '.join(allowed)}")
+            if key == "repeats":
+                _count(value, "timing.repeats", source)
+            elif not isinstance(value, bool):
+                raise SpaceError(f"{source}: timing.{key} has value {value!r}; allowed: true or false")
+        timing = cls(**values)
+        if timing.interleave and timing.repeats < 2:
+            raise SpaceError(f"{source}: timing.interleave is true with timing.repeats {timing.repeats}; allowed: "
+                             f"repeats >= 2 (one repeat has nothing to interleave), or interleave: false")
+        return timing
+
+
 @dataclass
 class Space:
     name: str
@@ -94,6 +133,12 @@ class Space:
     keys: list[str]  # trial_key of each trial
     resources: Resources = field(default_factory=Resources)
     duplicates_dropped: int = 0
+    timing: Timing = field(default_factory=Timing)
+
+    @property
+    def exclusive(self) -> bool:
+        """Whether each trial gets a whole node to itself (timing tasks: their rows are times)."""
+        return self.task in TIMING_TASKS
 
     def varying_fields(self) -> list[str]:
         """Config fields whose value differs between trials: what identifies a trial (cached: the
@@ -229,6 +274,7 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     exclude = _partials(spec.get("exclude", []), "exclude", source)
     include = _partials(spec.get("include", []), "include", source)
     resources = Resources.from_dict(spec.get("resources", {}), source)
+    timing = Timing.from_dict(spec.get("timing", {}), source, task)
     overrides = dict(overrides or {})
     _check_fields(overrides, "--set", source)
     total = count_trials(grids, num_samples, seeds, include)
@@ -269,7 +315,7 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
             configs.append(full)
             keys.append(key)
     return Space(name=name, task=task, source=source, trials=configs, keys=keys,
-                 resources=resources, duplicates_dropped=len(trials) - len(configs))
+                 resources=resources, duplicates_dropped=len(trials) - len(configs), timing=timing)
 
 
 # ---- pieces ----

@@ -1,4 +1,19 @@
-"""The Tune function trainable: one trial = one registered task run on its share of the node.
+"""The Tune function trainable: one Tune trial = one registered task run on its share of the node
+(or, for a timing space with `timing.interleave`, every pending variant in rounds, see run_timed).
+
+Workers are reused: the runner sets Tune's `reuse_actors=True`, and Tune restarts this function
+in the same warm process for the next trial with the same resources (FunctionTrainable.reset_config)
+instead of starting a process that imports torch, Ray Tune and rpevit again (seconds per trial on
+a small machine). What a trial could leave behind for the next one is reset around every run
+(`trial_scope`): the torch thread count (= the trial's CPU share), the python / numpy / torch /
+CUDA RNGs (seeded from the trial's seed), the peak-memory counters (CPU max RSS through
+/proc/self/clear_refs, CUDA peak statistics), the CUDA caching allocator (emptied) and memory
+fraction; the trial's log file is opened for it and closed. Registries are filled at import and
+never change; datasets are cached per worker as read-only arrays (`rpevit.data.cache_arrays`) and
+each trial gets its own tensors. tests/test_sweep_reuse.py runs two different trials in one
+reused worker and checks that each equals its fresh-process result exactly. A sweep starts with
+one warm-up trial per slot (wait_for_workers), so that every slot has a worker before trials are
+handed out.
 
 Checkpoints (and a log.txt) live in a directory keyed by the trial's `trial_key` (results/<sweep>/
 trials/<key>/), not in Tune's per-run trial folders, so a Tune retry (FailureConfig) and a `--resume`
@@ -11,39 +26,182 @@ running code or being continued under another config.
 """
 from __future__ import annotations
 
+import gc
 import os
+import random
 import socket
 import time
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
+import numpy as np
+import ray
 import torch
 from ray import tune
 
-from rpevit import checkpoint, registry
+from rpevit import checkpoint, data, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
+from rpevit.tasks.bench import combine_repeats
+
+UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
+WARMUP_TIMEOUT_S = 60.0  # how long warm-up trials wait for the other slots' workers
+_process: dict[str, Any] = {"gpu": None, "timed_runs": 0}  # what this worker process already did
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """Tune entry point. config["t"]: {"cfg": TrialConfig dict, "trial_key", "label",
-    "checkpoint_root", "cpus_per_trial", "gpus_per_trial"} (built by the runner)."""
-    config = config["t"]
-    key = config["trial_key"]
+    """Tune entry point. config["t"] (built by the runner): {"name", "members": [{"trial_key",
+    "label", "cfg": TrialConfig dict}, ...], "checkpoint_root", "cpus_per_trial" (the torch
+    threads), "gpus_per_trial", "reserved_cpus", "timing": None or {"repeats", "interleave",
+    "warmup"}}. Only an interleaved timing trial has more than one member; a warm-up trial has
+    none and a "barrier" (wait_for_workers)."""
+    spec = config["t"]
+    if spec.get("barrier"):
+        wait_for_workers(spec["barrier"])
+        return
     registry.load_all()
-    cfg = TrialConfig.from_dict(config["cfg"], source=f"trial {key}")
-    placement = place_on_devices(config["cpus_per_trial"], config["gpus_per_trial"])
-    ckpt_dir = Path(config["checkpoint_root"]) / key
-    started_at = time.time()
+    data.cache_arrays()
+    if spec.get("timing"):
+        run_timed(spec)
+    else:
+        run_single(spec, spec["members"][0])
 
-    def report_epoch(row: dict, _checkpoint_dir: Path | None = None) -> None:
-        tune.report({"row_kind": "epoch", "trial_key": key, "row": dict(row),
-                     "epoch": row["epoch"], "val_acc": row.get("val_acc", float("nan"))})
 
+@ray.remote(num_cpus=0)
+class StartBarrier:
+    """Counts the sweep's warm-up trials that have a worker; opens when all of them have one."""
+
+    def __init__(self, parties: int) -> None:
+        self.parties, self.arrived = parties, 0
+
+    def arrive(self) -> None:
+        self.arrived += 1
+
+    def is_open(self) -> bool:
+        return self.arrived >= self.parties
+
+
+def wait_for_workers(name: str, timeout_s: float = WARMUP_TIMEOUT_S) -> None:
+    """A warm-up trial: hold this worker until every slot's worker has started (or timeout_s).
+
+    Why: Tune hands a finished trial's worker to the next trial and cancels the worker it was
+    starting for that trial. When trials are shorter than a worker's start-up, the first worker
+    therefore ran every trial while the others were started and killed over and over (each import
+    of torch costing CPU). Held here, all slot workers come up; once all are cached for reuse
+    they hold every slot's resources, so no worker is started in vain again.
+    """
+    try:
+        barrier = ray.get_actor(name)
+        ray.get(barrier.arrive.remote())
+        deadline = time.monotonic() + timeout_s
+        while not ray.get(barrier.is_open.remote()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    except Exception:  # noqa: BLE001 - a warm-up is an optimisation: never fail the sweep for it
+        pass
+
+
+def run_single(spec: dict[str, Any], member: dict[str, Any]) -> None:
+    """One trial: re-report checkpointed epochs, run the task, report its summary row."""
+    key = member["trial_key"]
+    cfg = TrialConfig.from_dict(member["cfg"], source=f"trial {key}")
+    ckpt_dir = Path(spec["checkpoint_root"]) / key
     history = checkpointed_history(ckpt_dir, cfg)
     for row in history:  # epochs finished before a kill / retry
-        report_epoch(row)
+        report_epoch(key, row)
+    with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
+        started_at = time.time()
+        log(describe(key, placement))
+        summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
+                                           on_epoch=lambda row, _dir=None: report_epoch(key, row))
+    report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
+                            "started_at": started_at, "finished_at": time.time()})
+
+
+def run_timed(spec: dict[str, Any]) -> None:
+    """Timing trials: an untimed warm-up run first in a fresh worker, then `repeats` timed runs per
+    variant (in rounds over the variants when interleaved); each row is the median of its runs.
+
+    In an interleaved group a variant that raises is recorded failed (no retry) and left out of
+    later rounds, so one out-of-memory N does not cost the other variants their rows; a single
+    timing trial raises as any trial does (Tune records it, and retries it per FailureConfig).
+    """
+    timing, members = spec["timing"], spec["members"]
+    configs = {m["trial_key"]: TrialConfig.from_dict(m["cfg"], source=f"trial {m['trial_key']}") for m in members}
+    schedule = timing_schedule(list(configs), timing["repeats"], timing["interleave"],
+                               warmup=timing["warmup"] and _process["timed_runs"] == 0)
+    last_run = {key: i for i, (key, _) in enumerate(schedule)}
+    runs: dict[str, list[dict]] = {key: [] for key in configs}
+    started: dict[str, float] = {}
+    warm: dict[str, bool] = {}
+    failed: set[str] = set()
+    for i, (key, repeat) in enumerate(schedule):
+        if key in failed:
+            continue
+        cfg, member = configs[key], next(m for m in members if m["trial_key"] == key)
+        started.setdefault(key, time.time())
+        warm.setdefault(key, _process["timed_runs"] > 0 or repeat == UNTIMED)
+        try:
+            with trial_scope(cfg, spec) as placement, trial_log(Path(spec["checkpoint_root"]) / key) as log:
+                what = "untimed warm-up run" if repeat == UNTIMED else f"timed run {repeat + 1}/{timing['repeats']}"
+                log(f"{describe(key, placement)}: {what}")
+                row = registry.TASKS[cfg.task](cfg, log=log if repeat != UNTIMED else None)
+        except Exception as err:  # noqa: BLE001 - recorded per variant, the group goes on
+            if len(members) == 1:
+                raise
+            failed.add(key)
+            report_failure(member, err)
+            continue
+        _process["timed_runs"] += 1
+        if repeat == UNTIMED:
+            continue
+        runs[key].append(row)
+        if i == last_run[key]:
+            report_summary(member, {**combine_repeats(runs[key]), **placement, "process_warm": warm[key],
+                                    "timing_interleaved": bool(timing["interleave"]), "started_at": started[key],
+                                    "finished_at": time.time()})
+
+
+def timing_schedule(keys: list[str], repeats: int, interleave: bool, warmup: bool) -> list[tuple[str, int]]:
+    """(trial_key, repeat) in run order; repeat UNTIMED marks the untimed warm-up run of the first
+    variant. Interleaved: round r times every variant once (A B C, A B C, ...); else each variant's
+    repeats run back to back (A A, B B, ...)."""
+    if interleave:
+        timed = [(key, r) for r in range(repeats) for key in keys]
+    else:
+        timed = [(key, r) for key in keys for r in range(repeats)]
+    return ([(keys[0], UNTIMED)] if warmup and keys else []) + timed
+
+
+# ---------------------------------------------------------------- reporting to the driver
+def report_epoch(key: str, row: dict) -> None:
+    tune.report({"row_kind": "epoch", "trial_key": key, "row": dict(row),
+                 "epoch": row["epoch"], "val_acc": row.get("val_acc", float("nan"))})
+
+
+def report_summary(member: dict[str, Any], row: dict) -> None:
+    key = member["trial_key"]
+    tune.report({"row_kind": "summary", "trial_key": key, "label": member["label"],
+                 "row": {**row, "trial_key": key}, "val_acc": row.get("final_val_acc", float("nan"))})
+
+
+def report_failure(member: dict[str, Any], err: BaseException) -> None:
+    """A failed member of a multi-variant trial; the driver records it like a failed Tune trial."""
+    text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    tune.report({"row_kind": "failed", "trial_key": member["trial_key"], "label": member["label"],
+                 "error": f"{type(err).__name__}: {err}", "traceback": text})
+
+
+def describe(key: str, placement: dict[str, Any]) -> str:
+    return (f"trial {key} on {placement['hostname']} (node {placement['node_id'][:8]}, pid {placement['pid']}, "
+            f"GPU ids {placement['ray_gpu_ids'] or '-'}, {placement['torch_threads']} threads)")
+
+
+@contextmanager
+def trial_log(ckpt_dir: Path) -> Iterator[Callable[[str], None]]:
+    """log(message): printed and appended to <ckpt_dir>/log.txt, which is closed after the run."""
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     with open(ckpt_dir / "log.txt", "a") as log_file:
 
@@ -52,13 +210,52 @@ def run_trial(config: dict[str, Any]) -> None:
             log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
             log_file.flush()
 
-        log(f"trial {key} on {placement['hostname']} (node {placement['node_id'][:8]}, "
-            f"GPU ids {placement['ray_gpu_ids'] or '-'}, {placement['torch_threads']} threads)")
-        summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, on_epoch=report_epoch, log=log)
-    summary = {**summary, **placement, "trial_key": key, "resumed_from_epoch": len(history),
-               "started_at": started_at, "finished_at": time.time()}
-    tune.report({"row_kind": "summary", "trial_key": key, "row": summary,
-                 "val_acc": summary.get("final_val_acc", float("nan"))})
+        yield log
+
+
+# ---------------------------------------------------------------- process state between trials
+@contextmanager
+def trial_scope(cfg: TrialConfig, spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The process state one run starts from, whatever ran before it in this worker; yields the
+    placement row (where it ran). Afterwards the run's garbage and cached GPU memory are freed."""
+    placement = place_on_devices(spec["cpus_per_trial"], spec["gpus_per_trial"])
+    placement["reserved_cpus"] = float(spec.get("reserved_cpus") or spec["cpus_per_trial"])
+    seed_everything(cfg.seed)
+    reset_peak_memory()
+    try:
+        yield placement
+    finally:
+        release_memory()
+
+
+def seed_everything(seed: int) -> None:
+    """python, numpy and torch (CPU and every CUDA device) RNGs from the trial's seed: a task that
+    draws from a global RNG without seeding it draws the same in a fresh and in a reused worker."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def reset_peak_memory() -> None:
+    """Peak memory is per run, not per process: the CPU max RSS (what `peak_mem_mb` reports on CPU)
+    is reset through /proc/self/clear_refs (Linux >= 4.0; elsewhere it stays the process's peak),
+    the CUDA peak statistics of every initialised device likewise."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+    if torch.cuda.is_initialized():
+        for device in range(torch.cuda.device_count()):
+            torch.cuda.reset_peak_memory_stats(device)
+
+
+def release_memory() -> None:
+    """The run's tensors are unreachable once the task returned: collect reference cycles and hand
+    cached CUDA blocks back, so the next trial in this worker starts with the GPU memory it would
+    have in a fresh process (its memory fraction is set again by place_on_devices)."""
+    if torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def checkpointed_history(ckpt_dir: Path, cfg: TrialConfig) -> list[dict]:
@@ -78,7 +275,8 @@ def checkpointed_history(ckpt_dir: Path, cfg: TrialConfig) -> list[dict]:
 def place_on_devices(cpus: float, gpus: float) -> dict[str, Any]:
     """Threads = the CPU share; a fractional GPU is the least-loaded visible one, capped in memory.
 
-    Returns where the trial ran, recorded in its summary row.
+    A reused worker keeps the GPU it claimed first (its CUDA context lives there). Returns where
+    the trial ran, recorded in its summary row.
     """
     import ray
 
@@ -90,7 +288,9 @@ def place_on_devices(cpus: float, gpus: float) -> dict[str, Any]:
         if gpus < 1:
             # Ray was told not to set CUDA_VISIBLE_DEVICES (runner): every GPU of the node is
             # visible, pick the least loaded and cap this process at its share of the memory.
-            cuda_device = claim_least_loaded_gpu(gpus, torch.cuda.device_count())
+            if _process["gpu"] is None:
+                _process["gpu"] = claim_least_loaded_gpu(gpus, torch.cuda.device_count())
+            cuda_device = _process["gpu"]
             torch.cuda.set_device(cuda_device)
             torch.cuda.set_per_process_memory_fraction(gpus, cuda_device)
         else:
@@ -99,6 +299,8 @@ def place_on_devices(cpus: float, gpus: float) -> dict[str, Any]:
             ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
             cuda_device = ids.index(ray_gpu_ids[0]) if ray_gpu_ids and ray_gpu_ids[0] in ids else 0
             torch.cuda.set_device(cuda_device)
+            if torch.cuda.is_initialized():
+                torch.cuda.set_per_process_memory_fraction(1.0, cuda_device)
     return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
             "ray_gpu_ids": ",".join(ray_gpu_ids), "cuda_device": cuda_device,
             "torch_threads": torch.get_num_threads()}

@@ -3,9 +3,14 @@
 Medians after warm-up, synchronised on GPU, on random images (no data is loaded): forward,
 forward+backward (backward = the difference), a full training step, inference in eval mode,
 peak memory, FLOPs and parameters. Token-scaling and per-variant cost studies are sweeps of it.
+
+In a sweep a bench trial has the node to itself, and a space's `timing:` can ask for repeated
+runs (interleaved across variants); `combine_repeats` turns the runs of one variant into its row
+(rpevit/sweep/space.py, rpevit/sweep/trainable.py).
 """
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Callable
 
@@ -72,13 +77,7 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
     return {
         **cfg.to_dict(),
         "tokens": tokens,
-        "forward_ms": 1e3 * fwd,
-        "backward_ms": 1e3 * max(fwd_bwd - fwd, 0.0),
-        "forward_backward_ms": 1e3 * fwd_bwd,
-        "train_step_ms": 1e3 * step,
-        "infer_ms": 1e3 * inf,
-        "infer_ms_per_sample": 1e3 * inf / cfg.bench_batch,
-        "images_per_s": cfg.bench_batch / step,
+        **timing_columns(1e3 * fwd, 1e3 * fwd_bwd, 1e3 * step, 1e3 * inf, cfg.bench_batch),
         "flops": flops,
         "flops_unsupported": ",".join(sorted(unsupported)),
         "params": metrics.count_parameters(model),
@@ -86,3 +85,33 @@ def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
         "peak_mem_kind": peak_kind,
         **metrics.environment(device),
     }
+
+
+MEASURED = ("forward_ms", "forward_backward_ms", "train_step_ms", "infer_ms")  # the rest derive from these
+
+
+def timing_columns(forward_ms: float, forward_backward_ms: float, train_step_ms: float, infer_ms: float,
+                   batch: int) -> dict[str, float]:
+    """The time columns of a row from the four measured medians (backward = the difference)."""
+    return {
+        "forward_ms": forward_ms,
+        "backward_ms": max(forward_backward_ms - forward_ms, 0.0),
+        "forward_backward_ms": forward_backward_ms,
+        "train_step_ms": train_step_ms,
+        "infer_ms": infer_ms,
+        "infer_ms_per_sample": infer_ms / batch,
+        "images_per_s": 1e3 * batch / train_step_ms,
+    }
+
+
+def combine_repeats(rows: list[dict]) -> dict:
+    """One row from repeated runs of one variant: the median of each measured time (derived columns
+    recomputed from the medians, so images_per_s = batch / train_step time still holds), the peak
+    memory of the worst run, the spread of train_step_ms, and the number of runs."""
+    if not rows:
+        raise ValueError("combine_repeats needs at least one run")
+    medians = [statistics.median(r[name] for r in rows) for name in MEASURED]
+    steps = [r["train_step_ms"] for r in rows]
+    return {**rows[-1], **timing_columns(*medians, rows[-1]["bench_batch"]),
+            "peak_mem_mb": max(r["peak_mem_mb"] for r in rows), "train_step_ms_min": min(steps),
+            "train_step_ms_max": max(steps), "timing_repeats": len(rows)}

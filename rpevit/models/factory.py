@@ -1,0 +1,93 @@
+"""The one place where a TrialConfig becomes layers: backends, encodings and the ViT.
+
+Layers take explicit keyword arguments, as timm's `Attention(dim, num_heads, ...)` does: the
+layer context (`dim`, `heads`, `head_dim`, `grid`, `layer`, `seed`) and their own options, named
+like the TrialConfig fields they come from. This module reads which of those a registered class
+declares (its `__init__` signatures up the `**context` chain) and fills exactly those: context
+from the config and the layer index, options from the class's own config section (`attention`
+for backends, `pe` for encodings). So a new variant stays one file: it declares its options, and
+neither the config, the model nor this module changes; a name that is neither context nor a field
+of its section is refused when the layer is built.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from rpevit import registry
+from rpevit.attention.base import AttentionBackend
+from rpevit.config import TrialConfig
+from rpevit.models.vit import ViT
+
+CONTEXT = ("dim", "heads", "head_dim", "grid", "layer", "seed")  # what a layer may take besides its options
+
+
+def layer_context(cfg: TrialConfig, layer: int) -> dict[str, Any]:
+    """The shape and identity of one layer: where the dataset, image and patch size end, for layers."""
+    return {"dim": cfg.dim, "heads": cfg.heads, "head_dim": cfg.head_dim, "grid": cfg.grid,
+            "layer": layer, "seed": cfg.seed}
+
+
+@functools.lru_cache(maxsize=None)
+def init_parameters(cls: type) -> tuple[str, ...]:
+    """Keyword names `cls(...)` accepts: its `__init__`'s, and its bases' while each passes `**context` on."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if klass is nn.Module or "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return tuple(dict.fromkeys(names))
+
+
+def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> dict[str, Any]:
+    """The keyword arguments for `cls`: the context it declares, and its options from cfg's `section`."""
+    context, options = layer_context(cfg, layer), cfg.section(section)
+    arguments = {}
+    for name in init_parameters(cls):
+        if name in context:
+            arguments[name] = context[name]
+        elif name in options:
+            arguments[name] = options[name]
+        else:
+            raise TypeError(
+                f"{cls.__qualname__}.__init__ takes {name!r}, which is neither layer context ({', '.join(CONTEXT)}) "
+                f"nor a field of the config section {section!r} ({', '.join(options)}): name an option like "
+                f"its TrialConfig field"
+            )
+    return arguments
+
+
+def build_attention(cfg: TrialConfig, layer: int, *, name: str | None = None) -> AttentionBackend:
+    """The backend cfg.attention (or `name`, e.g. "softmax" for the softmax swap) of attention layer `layer`."""
+    registry.load_all()
+    cls = registry.ATTENTIONS[name or cfg.attention]
+    return cls(**layer_arguments(cls, cfg, "attention", layer))
+
+
+def build_encodings(cfg: TrialConfig, hook_kinds: tuple[str, ...], layer: int) -> nn.ModuleList:
+    """Instances of the encodings named in cfg.pe whose hook is one of `hook_kinds` (layer -1: the token hook)."""
+    registry.load_all()
+    classes = [registry.POSITION_ENCODINGS[name] for name in cfg.pe_names]
+    return nn.ModuleList(c(**layer_arguments(c, cfg, "pe", layer)) for c in classes if c.hook in hook_kinds)
+
+
+def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
+    """Seeded construction: the same cfg.seed gives the same initial weights and random patterns."""
+    torch.manual_seed(cfg.seed)
+    return ViT(
+        img_size=cfg.resolved_image_size, patch_size=cfg.resolved_patch_size, in_chans=in_chans,
+        num_classes=num_classes, dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
+        drop_path=cfg.drop_path, dropout=cfg.dropout, qk_norm=cfg.qk_norm,
+        backend=functools.partial(build_attention, cfg), encodings=functools.partial(build_encodings, cfg),
+    )
+
+
+__all__ = ["CONTEXT", "build_attention", "build_encodings", "build_model", "init_parameters", "layer_arguments",
+           "layer_context"]
