@@ -20,7 +20,10 @@ from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Resources, Space, check_name,
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python sweep.py", description=__doc__.splitlines()[0])
-    p.add_argument("--space", required=True, help="YAML search space (see rpevit/sweep/space.py)")
+    p.add_argument("--space", help="YAML search space (see rpevit/sweep/space.py); required unless --fields")
+    p.add_argument("--fields", action="store_true",
+                   help="list every config field a space's fixed / grid / sample or --set may give, by section, "
+                        "with its help, default and allowed values, and exit")
     p.add_argument("--name", default=None, help="sweep name (default: the space's name); one folder name")
     p.add_argument("--results-dir", default="results", help="results go to <dir>/<name>/")
     p.add_argument("--data-dir", default=None, help="folder of <dataset>.npz (default $RPEVIT_DATA or ./data)")
@@ -40,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=True,
                    help="start Ray's dashboard on 127.0.0.1 (local Ray only)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a config field in every trial (repeatable)")
+                   help="override a config field in every trial (repeatable; --fields lists them)")
     return p
 
 
@@ -71,13 +74,29 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
                               "with GPUs)")
 
 
+def print_fields() -> None:
+    """The config fields by section, one line each: what `python -m rpevit.cli --help` shows as flags."""
+    from rpevit.config import field_help, section_fields
+
+    for section, names in section_fields().items():
+        print(f"{section}:")
+        for name in names:
+            print(f"  {name:<18} {field_help(name)}")
+
+
 def _exit_on_sigterm(signum: int, _frame: object) -> None:
     """`kill <driver>`: unwind like Ctrl-C, so Ray is shut down and the sweep lock released."""
     raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.fields:
+        print_fields()
+        return 0
+    if args.space is None:
+        parser.error("the following arguments are required: --space (or --fields)")
     try:
         if args.max_trials < 1:
             raise ConfigError(f"--max-trials has value {args.max_trials}; allowed: an integer >= 1")

@@ -6,7 +6,7 @@
 #                           [--skip-tests] [--device cuda|cpu] [-- EXTRA TRAIN FLAGS]
 #
 # DATA_DIR holds mnist.npz (default: $RPEVIT_DATA). EXTRA TRAIN FLAGS go to every
-# `python -m rpevit.train` (e.g. `-- --attention favor --pe rope`); the default trial is the CLI's.
+# `python -m rpevit.cli` (e.g. `-- --attention favor --pe rope`); the default trial is the CLI's.
 # --device cpu is for a dry run of this script on a machine without a GPU (the tests then skip);
 # the figures only mean something on cuda. Exits non-zero if the tests fail, after the figures.
 set -euo pipefail
@@ -79,7 +79,7 @@ fi
 
 # (b) one MNIST epoch alone: s/epoch and images/s from the summary row
 echo "== (b) MNIST, 1 epoch, --amp bf16, one trial"
-OMP_NUM_THREADS="$threads" "$py" -m rpevit.train --quiet --dataset mnist --data-dir "$data_dir" --epochs 1 \
+OMP_NUM_THREADS="$threads" "$py" -m rpevit.cli --quiet --dataset mnist --data-dir "$data_dir" --epochs 1 \
     --device "$device" --amp bf16 ${subset_flags[@]+"${subset_flags[@]}"} ${extra[@]+"${extra[@]}"} >"$out/single.json"
 "$py" benchmarks/gpu_packing.py --show-row "$out/single.json"
 

@@ -7,7 +7,7 @@
 
 Why: a tiny ViT leaves most of a GPU idle (launch-bound steps), so a sweep packs trials at
 `gpus_per_trial: 0.25`. Whether that pays is this ratio. Each trial is one
-`python -m rpevit.train --dataset mnist --epochs 1 --amp bf16` process (seed i for trial i); the
+`python -m rpevit.cli --dataset mnist --epochs 1 --amp bf16` process (seed i for trial i); the
 packed ones are started together and, on CUDA, capped at 1/K of the GPU memory each, as a sweep's
 fractional trials are (rpevit.sweep.trainable.place_on_devices). Two aggregates are printed:
 
@@ -36,7 +36,7 @@ CHILD = ("import sys, torch\n"
          "fraction = float(sys.argv[1])\n"
          "if fraction < 1:\n"
          "    torch.cuda.set_per_process_memory_fraction(fraction)\n"
-         "from rpevit.train import main\n"
+         "from rpevit.cli import main\n"
          "sys.exit(main(sys.argv[2:]))\n")
 
 
@@ -119,7 +119,7 @@ def show_row(path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra: list[str] = []
-    if "--" in argv:  # everything after `--` goes to every `python -m rpevit.train`
+    if "--" in argv:  # everything after `--` goes to every `python -m rpevit.cli`
         split = argv.index("--")
         argv, extra = argv[:split], argv[split + 1:]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -12,7 +12,7 @@ Why this module exists:
   checkpoint stores a fingerprint (the config fields that define the run) and a resume under a
   different config is refused with the differing fields named. `epochs` is special: fewer epochs
   than were already trained is always refused; more is allowed only when asked for explicitly
-  (`extend_epochs=True`, `python -m rpevit.train ... --extend-epochs`), since the cosine schedule
+  (`extend_epochs=True`, `python -m rpevit.cli ... --extend-epochs`), since the cosine schedule
   of the longer run differs from the one the first epochs were trained under.
 """
 from __future__ import annotations

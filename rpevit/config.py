@@ -17,7 +17,7 @@ import math
 import numbers
 import typing
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 from rpevit import registry
 
@@ -55,6 +55,28 @@ def _field(default: Any, section: str, help: str, *, choices: tuple[str, ...] = 
     if note:
         metadata["note"] = note
     return field(default=default, metadata=metadata)
+
+
+V = TypeVar("V", int, float)
+
+
+class RecipeDefault(Generic[V]):
+    """`cfg.resolved_<field>`: the config field's value, or the dataset recipe's (DatasetSpec) where
+    the field holds its "use the recipe" value (0 unless `recipe_when` says otherwise). Read-only,
+    and not a dataclass field (no annotation), so it is neither a flag nor a Parquet column."""
+
+    def __init__(self, recipe_when: Callable[[V], bool] = lambda value: value == 0) -> None:
+        self.recipe_when = recipe_when
+        self.field = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.field = name.removeprefix("resolved_")
+
+    def __get__(self, cfg: "TrialConfig | None", owner: type | None = None) -> V:
+        if cfg is None:
+            return self  # type: ignore[return-value]  (the descriptor itself, on the class)
+        value = getattr(cfg, self.field)
+        return getattr(cfg.spec, self.field) if self.recipe_when(value) else value
 
 
 @dataclass
@@ -241,25 +263,11 @@ class TrialConfig:
 
         return DATASET_SPECS[self.dataset]
 
-    @property
-    def resolved_image_size(self) -> int:
-        return self.image_size or self.spec.image_size
-
-    @property
-    def resolved_patch_size(self) -> int:
-        return self.patch_size or self.spec.patch_size
-
-    @property
-    def resolved_batch_size(self) -> int:
-        return self.batch_size or self.spec.batch_size
-
-    @property
-    def resolved_lr(self) -> float:
-        return self.lr or self.spec.lr
-
-    @property
-    def resolved_warmup_epochs(self) -> float:
-        return self.spec.warmup_epochs if self.warmup_epochs < 0 else self.warmup_epochs
+    resolved_image_size = RecipeDefault[int]()
+    resolved_patch_size = RecipeDefault[int]()
+    resolved_batch_size = RecipeDefault[int]()
+    resolved_lr = RecipeDefault[float]()
+    resolved_warmup_epochs = RecipeDefault[float](recipe_when=lambda value: value < 0)  # 0 = no warm-up
 
     @property
     def grid(self) -> tuple[int, int]:

@@ -1,12 +1,14 @@
 """Name -> class registries, so a new attention, encoding, dataset or task is one file.
 
 Every module in `rpevit.attention`, `rpevit.pe` and `rpevit.tasks` is imported by its package
-(`load_all`), and registers itself with a decorator. Config validation reads the names from here.
+(`load_all`), and registers itself with a decorator. Config validation reads the names from here,
+and the sweep's Parquet schema reads each task's declared metrics (`TaskMetrics`).
 """
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from dataclasses import dataclass, field
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -14,6 +16,21 @@ T = TypeVar("T")
 ATTENTIONS: dict[str, type] = {}
 POSITION_ENCODINGS: dict[str, type] = {}
 TASKS: dict[str, Callable] = {}
+METRICS: dict[str, "TaskMetrics"] = {}
+
+
+@dataclass(frozen=True)
+class TaskMetrics:
+    """The columns a task adds to the sweep's Parquet files, name -> Python type (int, float, str,
+    bool or list[float]), declared beside the task so a new metric is one edit in one file.
+
+    `headline` columns follow the headline config in trials.parquet, `other` follow the rest of the
+    config, `epoch` columns follow the fixed epoch columns of epochs.parquet (rpevit.sweep.results).
+    """
+
+    headline: dict[str, type] = field(default_factory=dict)
+    other: dict[str, type] = field(default_factory=dict)
+    epoch: dict[str, type] = field(default_factory=dict)
 
 
 def _register(table: dict, kind: str, name: str) -> Callable[[T], T]:
@@ -40,8 +57,15 @@ def register_pe(name: str) -> Callable[[T], T]:
     return add
 
 
-def register_task(name: str) -> Callable[[T], T]:
-    return _register(TASKS, "task", name)
+def register_task(name: str, metrics: TaskMetrics | None = None) -> Callable[[T], T]:
+    """A task: `fn(cfg, *, checkpoint_dir=None, on_epoch=None, log=print) -> summary row`, with the
+    metrics its rows carry (besides the config, environment and placement columns)."""
+
+    def add(fn: T) -> T:
+        METRICS[name] = metrics or TaskMetrics()
+        return _register(TASKS, "task", name)(fn)
+
+    return add
 
 
 def import_submodules(package_name: str) -> None:

@@ -19,19 +19,14 @@ import pytest
 import torch
 
 from rpevit import metrics
+from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, report
 from rpevit.config import TrialConfig
+from rpevit.sweep.protocol import SUMMARY, Report
 from rpevit.sweep.results import TRIALS_FILE, ParquetResults
 from rpevit.sweep.space import trial_key
 from rpevit.tasks import kernel_mse as kmse_task
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "analysis"))
-
-import common  # noqa: E402
-import efficiency  # noqa: E402
-import gap_closure  # noqa: E402
-import kernel_mse  # noqa: E402
-import report  # noqa: E402
 
 ENV = metrics.environment(torch.device("cpu"))
 
@@ -42,7 +37,7 @@ def write_sweep(out_dir: Path, name: str, rows: list[dict]) -> Path:
     writer = ParquetResults(out_dir, name, dict(zip(keys, rows)), {k: i for i, k in enumerate(keys)})
     for i, (key, row) in enumerate(zip(keys, rows)):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
-                               {"row_kind": "summary", "trial_key": key, "row": row})
+                               Report(SUMMARY, key, row).to_tune())
     writer.on_experiment_end([])
     return out_dir
 
@@ -95,7 +90,7 @@ def kernel_rows() -> list[dict]:
                 cfg = TrialConfig.from_dict({"task": "kernel_mse", "kmse_projection": projection, "kmse_dim": 8,
                                              "kmse_estimator": estimator, "kmse_features": m, "kmse_norm": norm,
                                              "kmse_angle": angle, "kmse_draws": 200})
-                rows.append(kmse_task.run(cfg, log=None))
+                rows.append(kmse_task.kernel_mse_point(cfg, log=None))
     return rows
 
 
@@ -311,6 +306,33 @@ def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times
     # without the bench row: softmax's seeds ran one after the other, favor's side by side
     alone = efficiency.variant_costs(common.load_trials(parent / "main", "train")).set_index("attention")
     assert alone.loc["softmax", "timing"] == efficiency.ONE_AT_A_TIME and alone.loc["softmax", "train_s_per_epoch"] == 2
+
+
+def test_cost_ratios_divide_bench_times_by_softmax_ape_and_rope_and_skip_contended_ones(tmp_path):
+    rows, bench = [], []
+    for attention, pe, ms in (("softmax", "ape", 5.0), ("softmax", "rope", 6.0), ("softmax", "cayley_string", 9.0),
+                              ("favor", "ape", None)):
+        rows.append({**config_row(attention=attention, pe=pe, seed=0, dataset="digits"), "test_acc": 0.9,
+                     "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "peak_mem_mb": 900.0, "n_train": 1000})
+        if ms is not None:  # favor has no bench row: its (train-trial) time gets no ratio
+            bench.append({**config_row(task="bench", attention=attention, pe=pe, dataset="digits", image_size=8,
+                                       patch_size=2, bench_batch=10), "tokens": 16, "train_step_ms": 10 * ms,
+                          "infer_ms_per_sample": ms / 100, "peak_mem_mb": 300.0})
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    costs = efficiency.cost_ratios(efficiency.variant_costs(common.load_trials(parent, "train"),
+                                                            common.load_trials(parent, "bench"))).set_index("pe")
+    assert costs.loc["cayley_string", "train x softmax+ape"] == pytest.approx(9 / 5)
+    assert costs.loc["cayley_string", "train x rope"] == pytest.approx(9 / 6)
+    assert costs.loc["rope", "infer x softmax+ape"] == pytest.approx(6 / 5)
+    softmax_ape = costs[costs["attention"] == "softmax"].loc["ape"]
+    assert softmax_ape["train x softmax+ape"] == pytest.approx(1.0)
+    favor = costs[costs["attention"] == "favor"].iloc[0]
+    assert math.isnan(favor["train x softmax+ape"]) and math.isnan(favor["train x rope"])
+    text = efficiency.build(parent)
+    assert "train x rope" in text and "18.7x on CIFAR-10" in text
+    assert "Token scaling" not in text  # one model size: a cost bench, no slope to fit
 
 
 def test_kernel_mse_report_numbers(tmp_path):

@@ -17,7 +17,7 @@ from rpevit.evaluation import (attention_fidelity, draw_aware_accuracy, fresh_dr
                                softmax_swap_accuracy, with_softmax_attention)
 from rpevit.models import build_attention, build_model
 from rpevit.pe.relative_bias import RelativeBias
-from rpevit.tasks.train import run
+from rpevit.tasks.train import train_and_evaluate
 
 DRAW_KEYS = ("test_acc_draw_mean", "test_acc_draw_std", "test_acc_draw_min", "test_acc_draw_ensemble")
 
@@ -163,8 +163,9 @@ def test_softmax_swap_equals_softmax_model_from_the_same_state_dict():
 
 
 def small_run(**kw):
-    return run(TrialConfig.from_dict({"dataset": "digits", "epochs": 1, "train_subset": 160, "eval_draws": 3,
-                                      "dim": 16, "heads": 2, "depth": 2, "num_features": 16, **kw}), log=None)
+    cfg = TrialConfig.from_dict({"dataset": "digits", "epochs": 1, "train_subset": 160, "eval_draws": 3,
+                                 "dim": 16, "heads": 2, "depth": 2, "num_features": 16, **kw})
+    return train_and_evaluate(cfg, log=None)
 
 
 def test_train_rows_carry_draw_aware_keys_seeded():

@@ -25,7 +25,7 @@ from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import Space, expand_space
 from rpevit.sweep.trainable import place_on_devices
-from rpevit.tasks.train import run
+from rpevit.tasks.train import train_and_evaluate
 from tests.test_amp_cpu import (FFT_AND_SOLVE_CASES, HALF, TINY_MODEL, bf16_train_steps, case_id,
                                 fft_and_solve_dtypes, sparse_cg_error_under_autocast, variant_cases)
 
@@ -99,7 +99,7 @@ def test_train_task_runs_on_cuda_under_bf16(attention: str, pe: str, extra: dict
     cfg = TrialConfig.from_dict({"dataset": "digits", "dim": 32, "depth": 2, "heads": 2, "epochs": 2,
                                  "train_subset": 400, "device": "cuda", "amp": "bf16",
                                  "attention": attention, "pe": pe, **extra})
-    row = run(cfg, log=None)  # raises DivergedError on a non-finite training loss
+    row = train_and_evaluate(cfg, log=None)  # raises DivergedError on a non-finite training loss
     assert row["epochs_done"] == 2 and math.isfinite(row["log_likelihood"])
     assert row["peak_mem_kind"] == "cuda_max_allocated" and row["peak_mem_mb"] > 0
     assert row["device_name"] == torch.cuda.get_device_name(0)

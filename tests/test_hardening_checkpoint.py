@@ -9,10 +9,10 @@ import torch
 
 from rpevit import checkpoint
 from rpevit.checkpoint import CHECKPOINT_NAME, CheckpointError
+from rpevit.cli import main
 from rpevit.config import TrialConfig
 from rpevit.sweep.trainable import checkpointed_history
-from rpevit.tasks.train import run
-from rpevit.train import main
+from rpevit.tasks.train import train_and_evaluate
 
 TINY = {"dim": 16, "depth": 1, "heads": 2, "train_subset": 100, "epochs": 2, "batch_size": 50,
         "eval_batch_size": 256, "drop_path": 0.0, "eval_draws": 0}
@@ -41,7 +41,7 @@ def test_planted_pickle_is_refused_and_its_payload_never_runs(tmp_path, capsys) 
     path = plant(ckpt_dir, marker)
     cfg = TrialConfig.from_dict(TINY)
     with pytest.raises(CheckpointError, match="was not loaded: unpickling it could run code") as err:
-        run(cfg, checkpoint_dir=ckpt_dir, log=None)  # the train task (CLI and Ray trials)
+        train_and_evaluate(cfg, checkpoint_dir=ckpt_dir, log=None)  # the train task (CLI and Ray trials)
     assert str(path) in str(err.value) and "posix.system" in str(err.value)
     with pytest.raises(CheckpointError, match="was not loaded"):
         checkpointed_history(ckpt_dir, cfg)  # what the Ray trainable reads first on --resume
@@ -57,19 +57,19 @@ def test_planted_pickle_is_refused_and_its_payload_never_runs(tmp_path, capsys) 
 
 def test_resume_refuses_a_checkpoint_of_another_config_naming_the_fields(tmp_path, capsys) -> None:
     cfg = TrialConfig.from_dict(TINY)
-    done = run(cfg, checkpoint_dir=tmp_path, log=None)  # a finished 2-epoch checkpoint, seed 0
+    done = train_and_evaluate(cfg, checkpoint_dir=tmp_path, log=None)  # a finished 2-epoch checkpoint, seed 0
     assert torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)["fingerprint"]["fields"]["seed"] == 0
 
     with pytest.raises(CheckpointError) as err:  # another seed: refused, not silently continued
-        run(cfg.replace(seed=5), checkpoint_dir=tmp_path, log=None)
+        train_and_evaluate(cfg.replace(seed=5), checkpoint_dir=tmp_path, log=None)
     assert "field 'seed' has value 5 here but 0 in the checkpoint" in str(err.value)
     with pytest.raises(CheckpointError) as err:  # another model size: a message, not load_state_dict's
-        run(cfg.replace(dim=32, lr=1e-3), checkpoint_dir=tmp_path, log=None)
+        train_and_evaluate(cfg.replace(dim=32, lr=1e-3), checkpoint_dir=tmp_path, log=None)
     assert "'dim' has value 32 here but 16" in str(err.value) and "'lr' has value 0.001 here but 0.0" in str(err.value)
     with pytest.raises(CheckpointError, match="has 2 epochs done but field 'epochs' has value 1"):
-        run(cfg.replace(epochs=1), checkpoint_dir=tmp_path, log=None)
+        train_and_evaluate(cfg.replace(epochs=1), checkpoint_dir=tmp_path, log=None)
     with pytest.raises(CheckpointError, match="2-epoch run but field 'epochs' has value 3.*--extend-epochs"):
-        run(cfg.replace(epochs=3), checkpoint_dir=tmp_path, log=None)
+        train_and_evaluate(cfg.replace(epochs=3), checkpoint_dir=tmp_path, log=None)
     with pytest.raises(CheckpointError, match="'seed' has value 5"):  # the sweep's trainable checks too
         checkpointed_history(tmp_path, cfg.replace(seed=5))
     assert main(["--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "100", "--epochs", "2",
@@ -78,11 +78,11 @@ def test_resume_refuses_a_checkpoint_of_another_config_naming_the_fields(tmp_pat
     assert "'seed' has value 5" in capsys.readouterr().err
 
     # the same config resumes (nothing left to train); extending is allowed when asked for
-    again = run(cfg, checkpoint_dir=tmp_path, log=None)
+    again = train_and_evaluate(cfg, checkpoint_dir=tmp_path, log=None)
     assert again["epochs_done"] == 2 and again["test_acc"] == done["test_acc"]
     seen: list[int] = []
-    longer = run(cfg.replace(epochs=3), checkpoint_dir=tmp_path, log=None, extend_epochs=True,
-                 on_epoch=lambda row, _c: seen.append(row["epoch"]))
+    longer = train_and_evaluate(cfg.replace(epochs=3), checkpoint_dir=tmp_path, log=None, extend_epochs=True,
+                                on_epoch=lambda row, _c: seen.append(row["epoch"]))
     assert seen == [3] and longer["epochs"] == 3 and longer["epochs_done"] == 3
 
 

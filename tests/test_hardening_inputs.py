@@ -13,15 +13,14 @@ import pytest
 import torch
 import yaml
 
+from rpevit.cli import main as cli_main
 from rpevit.config import ConfigError, TrialConfig, field_types
 from rpevit.flops import count_flops
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import SpaceError, expand_space
-from rpevit.train import main as train_main
+import sweep  # the CLI at the repository root (pytest puts the root on sys.path: pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import sweep  # noqa: E402  (the CLI at the repo root)
 
 FLOAT_FIELDS = [name for name, hint in field_types().items() if hint is float]
 
@@ -94,7 +93,7 @@ def test_cli_refuses_bad_values_before_training_in_one_line(tmp_path, capsys) ->
     for argv, words in _cli_cases(tmp_path):
         argv = base + argv
         t0 = time.time()
-        assert train_main(argv) == 2, argv
+        assert cli_main(argv) == 2, argv
         out, err = capsys.readouterr()
         assert out == "" and err.startswith("error: ") and err.count("\n") == 1, (argv, err)
         assert "epoch 1/" not in err and "pickle" not in err and time.time() - t0 < 30, (argv, err)

@@ -14,8 +14,9 @@ import torch
 from rpevit import registry
 from rpevit.config import TrialConfig
 from rpevit.sweep import runner
-from rpevit.sweep.results import (EPOCHS_FILE, EPOCHS_SCHEMA, TRIALS_FILE, ParquetResults, current_rows,
-                                  trials_schema)
+from rpevit.sweep.protocol import EPOCH, SPEC_KEY, SUMMARY, Member, Report, TrialSpec
+from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, ParquetResults, current_rows,
+                                  epochs_schema, trials_schema)
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space
 
@@ -44,7 +45,8 @@ def fail(writer: ParquetResults, key: str, tmp: Path) -> None:
     """What Tune hands the callback for a trial that raised (twice: tried, retried)."""
     error_file = tmp / f"{key}.txt"
     error_file.write_text("Failure # 1\nTraceback ...\nValueError: boom\nFailure # 2\nValueError: boom\n")
-    trial = SimpleNamespace(config={"t": {"trial_key": key}}, error_file=str(error_file), trial_id=f"id-{key}")
+    trial = SimpleNamespace(config={SPEC_KEY: TrialSpec(key, (Member(key, key, {}),)).to_dict()},
+                            error_file=str(error_file), trial_id=f"id-{key}")
     writer.on_trial_error(0, [], trial)
 
 
@@ -61,9 +63,9 @@ def test_every_sweep_of_a_task_writes_the_same_typed_schema(tmp_path, train_rows
     key = mixed.keys[0]
     for epoch in epochs:
         writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"),
-                               {"row_kind": "epoch", "trial_key": key, "row": epoch})
+                               Report(EPOCH, key, epoch).to_tune())
     writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"),
-                           {"row_kind": "summary", "trial_key": key, "row": {**row, **PLACEMENT, "trial_key": key}})
+                           Report(SUMMARY, key, {**row, **PLACEMENT, "trial_key": key}).to_tune())
     fail(writer, mixed.keys[1], tmp_path)
     failed, writer = sweep_of(tmp_path, "all_failed", ["ape", "rope", "none"])
     for key in failed.keys:
@@ -80,7 +82,7 @@ def test_every_sweep_of_a_task_writes_the_same_typed_schema(tmp_path, train_rows
                        "test_acc_draw_mean": pa.float64(), "attn_tv_to_softmax": pa.float64()}.items():
         assert schema.field(name).type == kind, (name, schema.field(name).type)
     for name in ("mixed", "all_failed"):
-        assert pq.read_schema(tmp_path / name / EPOCHS_FILE).remove_metadata().equals(EPOCHS_SCHEMA)
+        assert pq.read_schema(tmp_path / name / EPOCHS_FILE).remove_metadata().equals(epochs_schema("train"))
     # the union a duckdb `read_parquet([...])` (no union_by_name) sees
     both = pa.concat_tables([pq.read_table(tmp_path / n / TRIALS_FILE) for n in ("mixed", "all_failed")])
     assert both.num_rows == 5
@@ -93,7 +95,7 @@ def test_every_sweep_of_a_task_writes_the_same_typed_schema(tmp_path, train_rows
 
 
 def test_every_task_row_fits_its_schema_without_extra_columns(train_rows) -> None:
-    """A metric a task adds must be added to rpevit.sweep.results too, or sweeps drift again."""
+    """A metric a task adds must be declared in its TaskMetrics too, or sweeps drift again."""
     row, epochs = train_rows
     bench = registry.TASKS["bench"](TrialConfig.from_dict(
         {"task": "bench", "dataset": "cifar10", "image_size": 16, "patch_size": 4, "dim": 16, "depth": 1,
@@ -103,7 +105,7 @@ def test_every_task_row_fits_its_schema_without_extra_columns(train_rows) -> Non
     for task, summary in (("train", row), ("bench", bench), ("kernel_mse", kmse)):
         unknown = (set(summary) | set(PLACEMENT)) - set(trials_schema(task).names)
         assert not unknown, (task, unknown)
-    assert not {k for e in epochs for k in e} - set(EPOCHS_SCHEMA.names)
+    assert not {k for e in epochs for k in e} - set(epochs_schema("train").names)
 
 
 def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_rows, monkeypatch, capsys) -> None:
@@ -111,7 +113,7 @@ def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_ro
     old, writer = sweep_of(tmp_path, "edited", ["ape", "rope"])  # the space as it was: epochs 1
     for i, key in enumerate(old.keys):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
-                               {"row_kind": "summary", "trial_key": key, "row": {**row, "trial_key": key}})
+                               Report(SUMMARY, key, {**row, "trial_key": key}).to_tune())
     (tmp_path / "edited" / "space.json").write_text(json.dumps({"trial_keys": old.keys}))
     new = expand_space({"name": "edited", "fixed": {**TINY, "epochs": 2}, "grid": {"pe": ["ape", "rope"]}},
                        source="edited.yaml")  # `epochs` edited: new trial keys
@@ -139,7 +141,7 @@ def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_ro
                             {k: i for i, k in enumerate(new.keys)}, task="train")
     for i, key in enumerate(new.keys):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"n{i}"),
-                               {"row_kind": "summary", "trial_key": key, "row": {**row, "trial_key": key}})
+                               Report(SUMMARY, key, {**row, "trial_key": key}).to_tune())
     assert run_sweep(new, SweepOptions(results_dir=tmp_path, resume=True)) == 0
     out = capsys.readouterr().out
     assert "set aside 2 row(s)" in out and "2 ok, 0 failed, 0 not run" in out

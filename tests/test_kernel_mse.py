@@ -200,7 +200,7 @@ def test_rademacher_bias_matches_monte_carlo_and_is_a_floor(estimator):
 def test_task_row(projection):
     cfg = TrialConfig.from_dict({"task": "kernel_mse", "kmse_projection": projection, "kmse_dim": 8,
                                  "kmse_features": 4, "kmse_norm": 1.2, "kmse_angle": 0.8, "kmse_draws": 500})
-    row = km.run(cfg, log=None)
+    row = km.kernel_mse_point(cfg, log=None)
     assert row["x_dot_y"] == pytest.approx(1.44 * math.cos(0.8), rel=1e-12)
     assert row["kernel_true"] == pytest.approx(math.exp(1.44 * math.cos(0.8)), rel=1e-12)
     for key in ("mse_mc", "mse_mc_se", "bias_mc", "var_mc", "mse_closed", "bias_closed", "var_closed", "limit_mse"):
@@ -209,7 +209,7 @@ def test_task_row(projection):
         assert row["limit_mse"] == 0.0 and row["bias_closed"] == 0.0  # exactly unbiased
     else:
         assert row["limit_mse"] > 0
-    assert row == {**row, **km.run(cfg, log=None), "git_commit": row["git_commit"]}  # seeded: reproducible
+    assert row == {**row, **km.kernel_mse_point(cfg, log=None), "git_commit": row["git_commit"]}  # seeded: reproducible
 
 
 @pytest.mark.parametrize("field, value", [("kmse_dim", 1), ("kmse_angle", 4.0), ("kmse_projection", "hadamard")])

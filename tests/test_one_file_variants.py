@@ -4,6 +4,8 @@ the config, the model and the attention-fidelity metric, with no other file touc
 import importlib.util
 import sys
 import textwrap
+from contextlib import contextmanager
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -82,20 +84,31 @@ THROWAWAY = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture
-def throwaway(tmp_path):
-    """Import the one file (it registers itself); restore the registries afterwards."""
-    saved = dict(registry.POSITION_ENCODINGS)
-    path = tmp_path / "throwaway_encodings.py"
-    path.write_text(THROWAWAY)
-    spec = importlib.util.spec_from_file_location("throwaway_encodings", path)
+@contextmanager
+def imported_file(tmp_path, name: str, text: str, tables: tuple[dict, ...]):
+    """Write `text` to <tmp_path>/<name>.py and import it (its decorators register its variants);
+    afterwards restore the registry `tables` and forget the module."""
+    registry.load_all()  # the package's own names first, as in any run (and so they are restored)
+    saved = [dict(t) for t in tables]
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    registry.POSITION_ENCODINGS.clear()
-    registry.POSITION_ENCODINGS.update(saved)
-    sys.modules.pop(spec.name, None)
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        for table, copy in zip(tables, saved):
+            table.clear()
+            table.update(copy)
+        sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture
+def throwaway(tmp_path):
+    with imported_file(tmp_path, "throwaway_encodings", THROWAWAY, (registry.POSITION_ENCODINGS,)) as module:
+        yield module
 
 
 @pytest.mark.parametrize("attention", ["softmax", "favor", "relu"])
@@ -118,3 +131,88 @@ def test_one_file_adds_an_encoding_of_each_hook_kind(throwaway, attention):
                                attn.backend(q, k, v, modulation), atol=1e-5, rtol=1e-4)
     fidelity = attention_fidelity(model, images)
     assert len(fidelity) == 2 and (fidelity == [0.0, 0.0]) == (attention == "softmax")
+
+
+THROWAWAY_BACKEND_AND_TASK = textwrap.dedent('''
+    """A throwaway attention backend and a throwaway task with its own metric, in one file."""
+    import torch.nn.functional as F
+    from torch import Tensor
+
+    from rpevit.attention.base import AttentionBackend, Modulation, linear_attention, normalize_rows
+    from rpevit.config import TrialConfig
+    from rpevit.models import build_model
+    from rpevit.registry import TaskMetrics, register_attention, register_task
+
+
+    @register_attention("throwaway_elu")
+    class EluLinearAttention(AttentionBackend):
+        """Linear attention with phi(x) = elu(x) + 1 (Katharopoulos et al. 2020)."""
+
+        linear_time = True
+
+        def features(self, x: Tensor) -> Tensor:
+            return F.elu(x) + 1
+
+        def forward(self, q: Tensor, k: Tensor, v: Tensor, modulation: Modulation | None = None) -> Tensor:
+            phi_q, phi_k = self.features(q), self.features(k)
+            if modulation is None:
+                return linear_attention(phi_q, phi_k, v)
+            return modulation.linear_attention(phi_q, phi_k, v)
+
+        def attention_matrix(self, q: Tensor, k: Tensor, modulation: Modulation | None = None) -> Tensor:
+            weights = self.features(q) @ self.features(k).transpose(-1, -2)
+            return normalize_rows(weights if modulation is None else weights * modulation.dense())
+
+
+    @register_task("throwaway_size", TaskMetrics(headline={"weights": int}, other={"tokens_per_image": int}))
+    def model_size(cfg: TrialConfig, *, checkpoint_dir=None, on_epoch=None, log=print) -> dict:
+        model = build_model(cfg, 1, 10)
+        return {**cfg.to_dict(), "weights": sum(p.numel() for p in model.parameters()),
+                "tokens_per_image": cfg.grid[0] * cfg.grid[1]}
+''')
+
+
+@pytest.fixture
+def throwaway_backend_and_task(tmp_path):
+    tables = (registry.ATTENTIONS, registry.TASKS, registry.METRICS)
+    with imported_file(tmp_path, "throwaway_backend_and_task", THROWAWAY_BACKEND_AND_TASK, tables) as module:
+        yield module
+
+
+@pytest.mark.parametrize("pe", ["ape", "rope", "luo_rpe", "rotinv"])
+def test_one_file_adds_an_attention_backend(throwaway_backend_and_task, pe):
+    cfg = TrialConfig.from_dict({"dataset": "digits", "patch_size": 2, "dim": 16, "heads": 2, "depth": 2,
+                                 "attention": "throwaway_elu", "pe": pe})
+    model = build_model(cfg, 1, 10)
+    assert isinstance(model.attention_layers()[0].backend, throwaway_backend_and_task.EluLinearAttention)
+    model(torch.randn(4, 1, 8, 8)).logsumexp(-1).mean().backward()
+    attn = model.attention_layers()[1]
+    q, k, v, modulation = attn.attention_inputs(torch.randn(2, 16, 16))
+    matrix = attn.backend.attention_matrix(q, k, modulation)
+    torch.testing.assert_close(matrix.sum(-1), torch.ones(matrix.shape[:-1]))
+    torch.testing.assert_close(matrix @ v, attn.backend(q, k, v, modulation), atol=1e-5, rtol=1e-4)
+
+
+def test_one_file_adds_a_task_whose_metrics_reach_the_cli_and_the_parquet_schema(throwaway_backend_and_task, capsys,
+                                                                                  tmp_path):
+    import json
+
+    import pandas as pd
+
+    from rpevit.cli import main
+    from rpevit.sweep.protocol import SUMMARY, Report
+    from rpevit.sweep.results import TRIALS_FILE, ParquetResults, trials_schema
+    from rpevit.sweep.space import expand_space
+
+    assert main(["--task", "throwaway_size", "--dim", "16", "--heads", "2", "--quiet"]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["tokens_per_image"] == 16 and row["weights"] > 0
+    names = trials_schema("throwaway_size").names
+    assert names.index("weights") == names.index("seed") + 1  # a headline metric follows the headline config
+    space = expand_space({"name": "size", "task": "throwaway_size", "fixed": {"dim": 16, "heads": 2}}, source="t")
+    writer = ParquetResults(tmp_path, "size", dict(zip(space.keys, space.trials)), {space.keys[0]: 0},
+                            task="throwaway_size")
+    writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"),
+                           Report(SUMMARY, space.keys[0], {**row, "trial_key": space.keys[0]}).to_tune())
+    table = pd.read_parquet(tmp_path / TRIALS_FILE)
+    assert table["weights"].dtype == "int64" and int(table["weights"].iloc[0]) == row["weights"]

@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rpevit.attention.base import relative_offsets
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_model
 from rpevit.pe.cayley_string import CayleyString, SparseCayleyString, cayley_orthogonal
-from rpevit.pe.rope import AxialRoPE, apply_rotary
+from rpevit.pe.rope import AxialRoPE
+from tests.string_reference import assert_is_rope_times_p, assert_logits_depend_on_offset_only
 
 BASE = {"dataset": "digits", "dim": 32, "heads": 2}  # head dim 16, 4 x 4 grid
 
@@ -23,12 +23,6 @@ def randomise(pe, scale=0.7, seed=0):
     with torch.no_grad():
         pe.skew_entries.copy_(scale * torch.randn(pe.skew_entries.shape, generator=gen))
     return pe
-
-
-def rope_matrices(angles: torch.Tensor, d: int) -> torch.Tensor:
-    """(n, d, d) dense RoPE(r_i), brute force from the rotary map applied to the identity."""
-    eye = torch.eye(d, dtype=torch.float64).expand(angles.shape[0], d, d)
-    return apply_rotary(eye, angles[:, None, :].double()).transpose(-1, -2)
 
 
 def test_cayley_orthogonal_matches_definition():
@@ -51,18 +45,8 @@ def test_orthogonal_relative_and_brute_force(cls, extra):
     p = pe.orthogonal()
     assert (p.transpose(-1, -2) @ p - torch.eye(16)).abs().max() < 1e-5
     q, k = torch.randn(2, 2, 16, 16, dtype=torch.float64), torch.randn(2, 2, 16, 16, dtype=torch.float64)
-    rq, rk = pe.encode_qk(q.float(), k.float())
-    # brute force: T(r_i) = RoPE(r_i) P as dense per-token matrices
-    t = rope_matrices(pe.angles, 16)[None] @ p.double()[:, None]  # h n d d
-    assert torch.allclose(rq.double(), torch.einsum("hnij,bhnj->bhni", t, q), atol=1e-5)
-    assert torch.allclose(rk.double(), torch.einsum("hnij,bhnj->bhni", t, k), atol=1e-5)
-    # relative: with the same q, k at every token, the logit depends only on r_j - r_i
-    rq, rk = pe.encode_qk(q[:, :, :1].expand_as(q).float(), k[:, :, :1].expand_as(k).float())
-    logits = rq @ rk.transpose(-1, -2)
-    offsets = relative_offsets(pe.grid)
-    for o in offsets.unique():
-        group = logits[..., offsets == o]
-        assert torch.allclose(group, group[..., :1].expand_as(group), atol=1e-4)
+    assert_is_rope_times_p(pe, p, q, k)
+    assert_logits_depend_on_offset_only(pe, q, k)
 
 
 def test_init_is_axial_rope():

@@ -4,11 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rpevit.attention.base import relative_offsets
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_model
 from rpevit.pe.reflection_string import ReflectionString, householder_product
-from rpevit.pe.rope import apply_rotary
+from tests.string_reference import assert_is_rope_times_p, assert_logits_depend_on_offset_only
 
 BASE = {"dataset": "digits", "dim": 32, "heads": 2, "pe": "reflection_string"}  # head dim 16
 
@@ -45,18 +44,8 @@ def test_orthogonal_relative_and_brute_force(block, count):
     assert torch.allclose(torch.linalg.det(p.double()), torch.full((2,), (-1.0) ** (count * (16 // size)),
                                                                    dtype=torch.float64), atol=1e-5)
     q, k = torch.randn(2, 2, 2, 16, 16)
-    rq, rk = pe.encode_qk(q, k)
-    eye = torch.eye(16).expand(16, 16, 16)
-    rope = apply_rotary(eye, pe.angles[:, None, :]).transpose(-1, -2)  # n d d
-    t = rope[None] @ p[:, None]  # h n d d: RoPE(r_i) P, per token
-    assert torch.allclose(rq, torch.einsum("hnij,bhnj->bhni", t, q), atol=1e-5)
-    assert torch.allclose(rk, torch.einsum("hnij,bhnj->bhni", t, k), atol=1e-5)
-    rq, rk = pe.encode_qk(q[:, :, :1].expand_as(q), k[:, :, :1].expand_as(k))
-    logits = rq @ rk.transpose(-1, -2)
-    offsets = relative_offsets(pe.grid)
-    for o in offsets.unique():
-        group = logits[..., offsets == o]
-        assert torch.allclose(group, group[..., :1].expand_as(group), atol=1e-4)
+    assert_is_rope_times_p(pe, p, q, k)
+    assert_logits_depend_on_offset_only(pe, q, k)
 
 
 def test_block_must_divide_head_dim():

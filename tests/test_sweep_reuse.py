@@ -22,6 +22,7 @@ import torch
 from rpevit import registry
 from rpevit.config import TrialConfig
 from rpevit.sweep import runner, trainable
+from rpevit.sweep.protocol import TrialSpec
 from rpevit.sweep.results import TRIALS_FILE, ParquetResults
 from rpevit.sweep.runner import SweepOptions, run_sweep, tune_trials
 from rpevit.sweep.space import expand_space
@@ -74,7 +75,7 @@ def test_two_trials_in_one_reused_worker_equal_their_fresh_process_runs(tmp_path
 def test_trial_scope_resets_threads_rngs_and_peak_memory(monkeypatch):
     monkeypatch.setattr(trainable, "place_on_devices", lambda cpus, gpus: {"torch_threads": int(cpus)})
     cfg = TrialConfig.from_dict({"seed": 7})
-    spec = {"cpus_per_trial": 1, "gpus_per_trial": 0, "reserved_cpus": 2}
+    spec = TrialSpec("t", cpus_per_trial=1, gpus_per_trial=0, reserved_cpus=2)
     with trainable.trial_scope(cfg, spec) as placement:
         first = (random.random(), np.random.rand(), torch.rand(3))
     random.seed(99), np.random.seed(99), torch.manual_seed(99)  # what a previous trial may leave

@@ -10,13 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import ConfigError, TrialConfig, field_help, section_fields
 from rpevit.sweep.gpus import claim_least_loaded_gpu
 from rpevit.sweep.space import SpaceError, load_space, parse_overrides, trial_key
+import sweep  # the CLI at the repository root (pytest puts the root on sys.path: pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-import sweep  # noqa: E402  (the CLI at the repo root)
 
 
 def write(tmp_path: Path, text: str, name: str = "space.yaml") -> Path:
@@ -114,39 +113,7 @@ def test_yaml_scientific_notation_and_overrides(tmp_path):
     assert load_space(write(tmp_path, "fixed: {lr: 1e-3}\n")).trials[0]["lr"] == 1e-3
 
 
-BAD_SPACES = [
-    ("grdi: {pe: [ape]}\n", ["unknown key 'grdi'", "allowed:", "grid"]),
-    ("grid: {attention: [sofmax]}\n", ["'attention'", "'sofmax'", "softmax"]),
-    ("grid: {pe: [ape, rotary]}\n", ["'pe'", "'rotary'", "rope_mixed"]),
-    ("fixed: {dim: big}\n", ["'dim'", "'big'", "int"]),
-    ("fixed: {epochs: 2.5}\n", ["'epochs'", "2.5", "int"]),
-    ("grid: {pe: []}\n", ["grid.pe is an empty list", "at least one value"]),
-    ("grid: {pe: rope}\n", ["grid.pe has value 'rope'", "a list of values"]),
-    ("grid: []\n", ["'grid' is an empty list"]),
-    ("grid: {atention: [softmax]}\n", ["grid key 'atention' is not a TrialConfig field", "attention"]),
-    ("include: [{atention: softmax}]\n", ["include[0] key 'atention' is not a TrialConfig field"]),
-    ("exclude: [{pee: rope}]\n", ["exclude[0] key 'pee' is not a TrialConfig field"]),
-    ("grid: {pe: [ape, rope]}\nexclude: [{pe: rope_mixed}]\n", ["exclude entry {'pe': 'rope_mixed'} matches no trial"]),
-    ("sample: {lr: {normal: [0, 1]}}\nnum_samples: 2\n", ["sample.lr has value {'normal': [0, 1]}", "loguniform"]),
-    ("sample: {lr: {loguniform: [0, 1]}}\nnum_samples: 2\n", ["sample.lr.loguniform", "0 < lo < hi"]),
-    ("sample: {lr: {uniform: [0.1]}}\nnum_samples: 2\n", ["sample.lr.uniform", "lo < hi"]),
-    ("sample: {lr: {uniform: [0.1, 0.2]}}\n", ["without 'num_samples'"]),
-    ("num_samples: 0\n", ["'num_samples' has value 0", "integer >= 1"]),
-    ("seeds: [0, -1]\n", ["'seeds' has value -1", "integer >= 0"]),
-    ("resources: {gpus: 1}\n", ["unknown key resources.gpus", "gpus_per_trial"]),
-    ("resources: {gpus_per_trial: -1}\n", ["resources.gpus_per_trial has value -1", ">= 0"]),
-    ("resources: {gpus_per_trial: 1.5}\n", ["resources.gpus_per_trial has value 1.5", "fraction"]),
-    ("task: train\nfixed: {task: bench}\n", ["'task' is 'train' but fixed.task is 'bench'"]),
-    ("fixed: {dim: 30, heads: 4}\n", ["'dim'", "30", "multiple of heads=4"]),
-    ("name: 'bad name'\n", ["'name' has value 'bad name'"]),
-    ("- just a list\n", ["holds list", "allowed: a mapping"]),
-    ("timing: {repeats: 3}\n", ["'timing' is given for task 'train'", "only for timing tasks (bench)"]),
-    ("task: bench\ntiming: {repeat: 3}\n", ["unknown key timing.repeat", "repeats, interleave, warmup"]),
-    ("task: bench\ntiming: {repeats: 0}\n", ["'timing.repeats' has value 0", "an integer >= 1"]),
-    ("task: bench\ntiming: {interleave: 'yes'}\n", ["timing.interleave has value 'yes'", "true or false"]),
-    ("task: bench\ntiming: {interleave: true}\n", ["timing.repeats 1", "repeats >= 2"]),
-    ("task: bench\ntiming: [3]\n", ["'timing' has value [3]", "a mapping of repeats"]),
-]
+BAD_SPACES = [(case["space"], case["says"]) for case in yaml.safe_load((ROOT / "tests" / "bad_spaces.yaml").read_text())]
 
 
 @pytest.mark.parametrize("text,needles", BAD_SPACES)
@@ -168,7 +135,17 @@ def test_unknown_set_field_and_bad_set_syntax(tmp_path):
         parse_overrides(["lr"])
 
 
-@pytest.mark.parametrize("name,count", [("smoke", 4), ("all12", 72), ("rope_cifar100", 24)])
+def test_fields_lists_every_config_field_with_its_help(capsys):
+    assert sweep.main(["--fields"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for section, names in section_fields().items():
+        assert f"{section}:" in lines
+        for name in names:
+            assert any(line.split()[:1] == [name] and field_help(name) in line for line in lines), name
+
+
+@pytest.mark.parametrize("name,count", [("smoke", 4), ("all12", 72), ("rope_cifar100", 24), ("mnist_converged_cpu", 129),
+                                        ("string_mnist_cpu", 30), ("cifar10_cpu", 90)])
 def test_shipped_spaces_expand(name, count):
     space = load_space(ROOT / "search_spaces" / f"{name}.yaml")
     assert len(space.trials) == count and space.name == name

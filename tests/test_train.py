@@ -5,9 +5,9 @@ import json
 
 import pytest
 
+from rpevit.cli import main
 from rpevit.config import TrialConfig
-from rpevit.tasks.train import DivergedError, run
-from rpevit.train import main
+from rpevit.tasks.train import DivergedError, train_and_evaluate
 
 TIMING_KEYS = {"train_s_per_epoch", "images_per_s", "infer_ms_per_sample", "peak_mem_mb", "git_commit"}
 
@@ -18,16 +18,16 @@ def _metrics(row: dict) -> dict:
 
 def test_same_seed_gives_identical_metrics(tiny) -> None:
     cfg = TrialConfig.from_dict(tiny)
-    a, b = run(cfg, log=None), run(cfg, log=None)
+    a, b = train_and_evaluate(cfg, log=None), train_and_evaluate(cfg, log=None)
     assert _metrics(a) == _metrics(b)
-    c = run(cfg.replace(seed=1), log=None)
+    c = train_and_evaluate(cfg.replace(seed=1), log=None)
     assert c["log_likelihood"] != a["log_likelihood"]
 
 
 @pytest.mark.parametrize("extra", [{}, {"augment": "crop_flip", "dropout": 0.1, "drop_path": 0.1}])
 def test_resume_from_checkpoint_matches_uninterrupted_run(tiny, tmp_path, extra) -> None:
     cfg = TrialConfig.from_dict({**tiny, **extra, "epochs": 3})
-    straight = run(cfg, log=None)
+    straight = train_and_evaluate(cfg, log=None)
 
     class Killed(Exception):
         pass
@@ -38,10 +38,10 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tiny, tmp_path, extra)
 
     # stop after the first epoch (its checkpoint is written), as a kill would, then resume from disk
     with pytest.raises(Killed):
-        run(cfg, checkpoint_dir=tmp_path, log=None, on_epoch=kill_after_first_epoch)
+        train_and_evaluate(cfg, checkpoint_dir=tmp_path, log=None, on_epoch=kill_after_first_epoch)
     epochs_seen = []
-    resumed = run(cfg, checkpoint_dir=tmp_path, log=None,
-                  on_epoch=lambda row, ckpt: epochs_seen.append(row["epoch"]))
+    resumed = train_and_evaluate(cfg, checkpoint_dir=tmp_path, log=None,
+                                 on_epoch=lambda row, ckpt: epochs_seen.append(row["epoch"]))
     assert epochs_seen == [2, 3]
     assert _metrics(resumed) == _metrics(straight)
 
@@ -50,11 +50,11 @@ def test_divergence_raises(tiny) -> None:
     cfg = TrialConfig.from_dict({**tiny, "lr": 1e8, "grad_clip": 0.0, "label_smoothing": 0.0,
                                  "warmup_epochs": 0.0, "weight_decay": 0.0})
     with pytest.raises(DivergedError, match="training loss is"):
-        run(cfg, log=None)
+        train_and_evaluate(cfg, log=None)
 
 
 def test_summary_row_has_every_metric(tiny) -> None:
-    row = run(TrialConfig.from_dict(tiny), log=None)
+    row = train_and_evaluate(TrialConfig.from_dict(tiny), log=None)
     for key in ("test_acc", "precision", "recall", "f1", "log_likelihood", "aic", "bic", "params",
                 "flops", "train_s_per_epoch", "infer_ms_per_sample", "images_per_s", "peak_mem_mb",
                 "device_name", "torch_version", "ray_version", "git_commit"):
@@ -84,11 +84,11 @@ def test_cli_bad_input_exits_2_with_the_field(capsys) -> None:
 
 
 def test_bench_task_reports_costs() -> None:
-    from rpevit.tasks.bench import run as bench
+    from rpevit.tasks.bench import time_variant
 
     cfg = TrialConfig.from_dict({"task": "bench", "dataset": "cifar10", "image_size": 16,
                                  "patch_size": 4, "dim": 16, "depth": 1, "heads": 2,
                                  "bench_batch": 4, "bench_warmup": 1, "bench_iters": 2})
-    row = bench(cfg, log=None)
+    row = time_variant(cfg, log=None)
     assert row["tokens"] == 16 and row["flops"] > 0 and row["flops_unsupported"] == ""
     assert row["forward_ms"] > 0 and row["train_step_ms"] > 0 and row["infer_ms"] > 0

@@ -4,7 +4,7 @@ On an H x W grid the N x N matrix C_ij = c[r_j - r_i] is block-Toeplitz with Toe
 C X is a 2-D cross-correlation of the (H, W) token image X with the (2H-1, 2W-1) offset table.
 Embedding both in a circular convolution of size P >= 2H-1, Q >= 2W-1 (no wrap-around can
 alias, every offset has its own cell) gives C X with 2-D FFTs in O(N log N * F) instead of
-O(N^2 * F). Used by kernelized attention with Luo et al.'s relative bias (design.md section 3).
+O(N^2 * F). Used by kernelized attention with Luo et al.'s relative bias (docs/mechanisms.md).
 """
 from __future__ import annotations
 

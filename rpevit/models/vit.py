@@ -2,7 +2,7 @@
 
 Patch embedding -> (token hook) -> depth x pre-norm Block(Attention, Mlp, DropPath) -> norm ->
 mean pool over patch tokens -> linear head. Inside Attention, the q/k hook rotates q and k, and
-the score hook's modulation goes to the backend (design.md section 2).
+the score hook's modulation goes to the backend (docs/architecture.md, "The three hooks").
 
 The modules take explicit arguments (timm style) and never a config. The backend and encodings
 of each layer come from two callables, as timm's blocks take `attn_layer` / `norm_layer`:

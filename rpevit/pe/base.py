@@ -1,4 +1,4 @@
-"""The three position-encoding hooks of design.md section 2, as one base class.
+"""The three position-encoding hooks (docs/architecture.md), as one base class.
 
 A position encoding declares `hook`:
 - "token": `add_to_tokens(x)` adds a vector to each patch embedding (built once per model);

@@ -4,7 +4,8 @@ A `ray.tune.Callback` receives every row the trials report and rewrites the two 
 atomically (temporary file + os.replace), so a kill never leaves a torn file. Rows are keyed by
 trial_key (and epoch) and the files are read back on `--resume`, so nothing is duplicated.
 
-The files have a fixed, typed schema per task (`trials_schema(task)`, `EPOCHS_SCHEMA`): every
+The files have a fixed, typed schema per task (`trials_schema(task)`, `epochs_schema(task)`, from
+the metrics each task declares with `register_task`): every
 metric column is present whether or not any trial produced it (nullable; NaN where a metric does
 not apply), integers stay int64 when a failed trial leaves them empty, `started_at` /
 `finished_at` are UTC timestamps, and config columns follow the TrialConfig type hints. Two
@@ -32,12 +33,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from ray.tune import Callback
 
+from rpevit import registry
 from rpevit.config import TrialConfig, field_types
+from rpevit.registry import TaskMetrics
+from rpevit.sweep.protocol import EPOCH, FAILED, OK, SUMMARY, VARIANT_FAILED, Report, members_of
 
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 SPACE_FILE = "space.json"
-OK, FAILED = "ok", "failed"
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
 
 F64, I64, STR, BOOL = pa.float64(), pa.int64(), pa.string(), pa.bool_()
@@ -46,33 +49,6 @@ F64_LIST = pa.list_(pa.float64())
 
 IDENTITY_COLUMNS = (("sweep", STR), ("trial_index", I64), ("trial_key", STR), ("status", STR), ("error", STR))
 HEADLINE_CONFIG = ("task", "dataset", "attention", "pe", "seed")
-# per task: (headline metrics, shown right after the headline config), (the other metrics)
-TASK_METRICS: dict[str, tuple[tuple[tuple[str, pa.DataType], ...], tuple[tuple[str, pa.DataType], ...]]] = {
-    "train": (
-        (("test_acc", F64), ("final_val_acc", F64)),
-        (("precision", F64), ("recall", F64), ("f1", F64), ("log_likelihood", F64),
-         ("test_acc_draw_mean", F64), ("test_acc_draw_std", F64), ("test_acc_draw_min", F64),
-         ("test_acc_draw_ensemble", F64), ("test_acc_softmax_swap", F64), ("attn_tv_to_softmax", F64),
-         ("attn_tv_per_layer", F64_LIST), ("aic", F64), ("bic", F64), ("params", I64), ("flops", I64),
-         ("flops_unsupported", STR), ("train_s_per_epoch", F64), ("images_per_s", F64),
-         ("infer_ms_per_sample", F64), ("peak_mem_mb", F64), ("peak_mem_kind", STR), ("n_train", I64),
-         ("n_test", I64)),
-    ),
-    "bench": (
-        (("tokens", I64), ("train_step_ms", F64)),
-        (("forward_ms", F64), ("backward_ms", F64), ("forward_backward_ms", F64), ("infer_ms", F64),
-         ("infer_ms_per_sample", F64), ("images_per_s", F64), ("flops", I64), ("flops_unsupported", STR),
-         ("params", I64), ("peak_mem_mb", F64), ("peak_mem_kind", STR), ("train_step_ms_min", F64),
-         ("train_step_ms_max", F64), ("timing_repeats", I64), ("timing_interleaved", BOOL),
-         ("process_warm", BOOL)),
-    ),
-    "kernel_mse": (
-        (("mse_mc", F64), ("mse_closed", F64)),
-        (("kernel_true", F64), ("mse_mc_se", F64), ("bias_mc", F64), ("var_mc", F64), ("bias_closed", F64),
-         ("var_closed", F64), ("limit_mse", F64), ("mse_bound", F64), ("x_dot_y", F64), ("sum_norm_sq", F64),
-         ("diff_norm_sq", F64)),
-    ),
-}
 ENVIRONMENT_COLUMNS = (("device_name", STR), ("torch_version", STR), ("ray_version", STR),
                        ("rpevit_version", STR), ("git_commit", STR), ("python_version", STR))
 PLACEMENT_COLUMNS = (("node_id", STR), ("hostname", STR), ("pid", I64), ("ray_gpu_ids", STR),
@@ -80,12 +56,8 @@ PLACEMENT_COLUMNS = (("node_id", STR), ("hostname", STR), ("pid", I64), ("ray_gp
 BOOKKEEPING_COLUMNS = (("epochs_done", I64), ("resumed_from_epoch", I64), ("attempts", I64),
                        ("started_at", TIMESTAMP), ("finished_at", TIMESTAMP), ("tune_trial_id", STR),
                        ("error_traceback", STR))
-EPOCHS_SCHEMA = pa.schema([
-    ("sweep", STR), ("trial_key", STR), ("epoch", I64), ("train_loss", F64), ("train_acc", F64),
-    ("val_loss", F64), ("val_acc", F64), ("lr", F64), ("epoch_s", F64), ("attn_tv_to_softmax", F64),
-    ("attn_tv_per_layer", F64_LIST),
-])
-_ARROW_OF_HINT = {int: I64, float: F64, str: STR, bool: BOOL}
+EPOCH_IDENTITY_COLUMNS = (("sweep", STR), ("trial_key", STR), ("epoch", I64))
+_ARROW_OF_HINT = {int: I64, float: F64, str: STR, bool: BOOL, list[float]: F64_LIST}
 
 
 def config_columns() -> list[tuple[str, pa.DataType]]:
@@ -93,9 +65,20 @@ def config_columns() -> list[tuple[str, pa.DataType]]:
     return [(name, _ARROW_OF_HINT[hint]) for name, hint in field_types().items()]
 
 
+def task_metrics(task: str) -> TaskMetrics:
+    """The metrics `task` declares at registration (rpevit.registry.register_task); none if unknown."""
+    registry.load_all()
+    return registry.METRICS.get(task, TaskMetrics())
+
+
+def _arrow(columns: dict[str, type]) -> list[tuple[str, pa.DataType]]:
+    return [(name, _ARROW_OF_HINT[hint]) for name, hint in columns.items()]
+
+
 def trials_schema(task: str) -> pa.Schema:
     """The fixed schema of a trials.parquet of `task` (unknown tasks: no task metrics)."""
-    headline, rest = TASK_METRICS.get(task, ((), ()))
+    metrics = task_metrics(task)
+    headline, rest = _arrow(metrics.headline), _arrow(metrics.other)
     config = dict(config_columns())
     columns = [*IDENTITY_COLUMNS, *((n, config[n]) for n in HEADLINE_CONFIG), *headline,
                *((n, t) for n, t in config.items() if n not in HEADLINE_CONFIG), *rest,
@@ -103,6 +86,11 @@ def trials_schema(task: str) -> pa.Schema:
     seen: set[str] = set()
     unique = [(n, t) for n, t in columns if not (n in seen or seen.add(n))]
     return pa.schema(unique)
+
+
+def epochs_schema(task: str) -> pa.Schema:
+    """The fixed schema of an epochs.parquet of `task`: trial and epoch, then the task's epoch metrics."""
+    return pa.schema([*EPOCH_IDENTITY_COLUMNS, *_arrow(task_metrics(task).epoch)])
 
 
 def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -242,20 +230,21 @@ class ParquetResults(Callback):
 
     # ---- Tune hooks (driver thread) ----
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
-        kind, row = result.get("row_kind"), result.get("row")
-        if kind == "epoch":
-            key = result["trial_key"]
+        report = Report.from_tune(result)
+        if report is None:
+            return
+        key, row = report.trial_key, report.row
+        if report.kind == EPOCH:
             self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, "trial_key": key, **row}
             self._dirty_epochs = True
             if time.monotonic() - self._last_flush > EPOCH_FLUSH_S:
                 self.flush()
-        elif kind == "summary":
-            key = result["trial_key"]
+        elif report.kind == SUMMARY:
             self.trial_rows[key] = {"sweep": self.sweep, **row, "trial_key": key, "status": OK,
                                     "error": "", "error_traceback": "", "tune_trial_id": trial.trial_id}
             self.flush()
-        elif kind == "failed":  # one variant of a multi-variant (interleaved timing) trial
-            self.record_failure(result["trial_key"], result["error"], result["traceback"], trial.trial_id, 1)
+        elif report.kind == VARIANT_FAILED:  # one variant of a multi-variant (interleaved timing) trial
+            self.record_failure(key, report.error, report.traceback, trial.trial_id, 1)
             self.flush()
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
@@ -263,7 +252,7 @@ class ParquetResults(Callback):
         traceback = re.sub(r"\x1b\[[0-9;]*m", "", _error_text(trial))  # no terminal colours
         lines = [ln for ln in traceback.strip().splitlines() if ln.strip()]
         for member in members_of(trial):
-            key = member["trial_key"]
+            key = member.trial_key
             if key not in self.trial_rows or self.trial_rows[key].get("tune_trial_id") != trial.trial_id:
                 self.record_failure(key, lines[-1] if lines else "unknown error (no error file)", traceback,
                                     trial.trial_id, max(1, traceback.count("Failure # ")))  # one entry per try
@@ -291,18 +280,11 @@ class ParquetResults(Callback):
         if self.epoch_rows or self.task == "train":  # train sweeps always have an epochs file
             rows = sorted(self.epoch_rows.values(),
                           key=lambda r: (self.order.get(r["trial_key"], math.inf), int(r["epoch"])))
-            write_table_atomic(to_table(rows, EPOCHS_SCHEMA), self.out_dir / EPOCHS_FILE)
+            write_table_atomic(to_table(rows, epochs_schema(self.task)), self.out_dir / EPOCHS_FILE)
         self._dirty_epochs = False
         self._last_flush = time.monotonic()
         if self.on_change is not None:
             self.on_change()
-
-
-def members_of(trial) -> list[dict[str, Any]]:
-    """The sweep trials one Tune trial runs: config["t"]["members"] (runner.tune_trials; none for a
-    warm-up trial); a config with a bare "trial_key" is one trial."""
-    config = trial.config["t"]
-    return config["members"] if "members" in config else [config]
 
 
 def _error_text(trial) -> str:

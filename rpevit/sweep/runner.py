@@ -39,12 +39,13 @@ import ray
 from ray import tune
 from ray.tune import Callback
 
+from rpevit.checkpoint import CHECKPOINT_NAME
 from rpevit.data import FOLDERLESS_DATASETS, resolve_data_dir
 from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.lock import sweep_dir, sweep_lock
-from rpevit.sweep.results import (EPOCHS_FILE, FAILED, OK, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials,
-                                  members_of, select_keys)
+from rpevit.sweep.protocol import FAILED, OK, SPEC_KEY, TUNE_METRIC, Member, TrialSpec, members_of
+from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials, select_keys
 from rpevit.sweep.space import Resources, Space, SpaceError, check_name
 from rpevit.sweep.trainable import StartBarrier, run_trial
 
@@ -121,9 +122,37 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         return _run_locked(space, opts, out_dir)
 
 
+@dataclass
+class SweepPlan:
+    """What this run of a sweep will do, decided before Ray starts: the trials it runs and on what."""
+    configs: list[dict[str, Any]]  # every trial's config as it runs (prepare_trials), in space order
+    pending: list[int]  # indices into configs of the trials without a row yet
+    resources: Resources  # the space's resources with the command line's overrides
+
+
 def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> SweepOutcome:
+    """The steps of a sweep, top-down: plan (resume bookkeeping, resources), record the space,
+    start or join Ray, check the trial fits, run the Tuner, print the summary."""
+    plan = plan_sweep(space, opts, out_dir)
+    write_space_file(out_dir, space)
+    res = plan.resources
+    print(f"sweep {space.name!r}: {len(space.trials)} trials, {len(space.trials) - len(plan.pending)} already "
+          f"done, {len(plan.pending)} to run; {res.cpus_per_trial:g} CPU + {res.gpus_per_trial:g} GPU per trial; "
+          f"results in {out_dir}")
+    if not plan.pending:
+        return summarize(out_dir, space, wall_s=0.0)
+    with _ray(opts, res.gpus_per_trial) as started_ray:
+        _check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=started_ray and not _address(opts))
+        slots, t0 = run_tuner(space, plan, opts, out_dir)
+        wall = time.time() - t0
+    return summarize(out_dir, space, wall_s=wall, slots=slots, started_after=t0)
+
+
+def plan_sweep(space: Space, opts: SweepOptions, out_dir: Path) -> SweepPlan:
+    """Resume bookkeeping: refuse to overwrite a started sweep without --resume; trials with a row of
+    the current space are done (failed ones too, unless retry_failed); the rest are pending."""
     everything = load_trials(out_dir)
-    started = not everything.empty or any((out_dir / "trials").glob("*/checkpoint.pt"))
+    started = not everything.empty or any((out_dir / "trials").glob(f"*/{CHECKPOINT_NAME}"))
     if started and not opts.resume:
         raise SpaceError(f"{out_dir} already holds results of sweep {space.name!r}; pass --resume to "
                          f"continue it, or choose another --name / --results-dir")
@@ -137,85 +166,92 @@ def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> SweepOutcome
     if not previous.empty:
         keep = [OK] if opts.retry_failed else [OK, FAILED]
         finished = set(previous.loc[previous["status"].isin(keep), "trial_key"])
-    configs = prepare_trials(space, opts)
-    pending = [i for i, key in enumerate(space.keys) if key not in finished]
     given = {"cpus_per_trial": opts.cpus_per_trial, "gpus_per_trial": opts.gpus_per_trial,
              "max_concurrent": opts.max_concurrent}
     res = Resources.from_dict({**vars(space.resources), **{k: v for k, v in given.items() if v is not None}},
                               source=f"{space.source} + command line")
-    cpus, gpus, max_concurrent = res.cpus_per_trial, res.gpus_per_trial, res.max_concurrent
-    tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"  # atomic: analysis reads it to filter rows
+    return SweepPlan(configs=prepare_trials(space, opts),
+                     pending=[i for i, key in enumerate(space.keys) if key not in finished], resources=res)
+
+
+def write_space_file(out_dir: Path, space: Space) -> None:
+    """space.json (atomically): the trial keys analysis uses to tell current rows from stale ones."""
+    tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps({"name": space.name, "source": space.source, "trial_keys": space.keys}, indent=1))
     os.replace(tmp, out_dir / SPACE_FILE)
-    print(f"sweep {space.name!r}: {len(space.trials)} trials, {len(space.trials) - len(pending)} already "
-          f"done, {len(pending)} to run; {cpus:g} CPU + {gpus:g} GPU per trial; results in {out_dir}")
-    if not pending:
-        return summarize(out_dir, space, wall_s=0.0)
 
-    with _ray(opts, gpus) as started_ray:
-        _check_fits(cpus, gpus, fixed_cluster=started_ray and not _address(opts))
-        reserved = _node_cpus(gpus) if space.exclusive else cpus
-        if space.exclusive:
-            print(f"{space.task} trials time: each reserves a whole node ({reserved:g} CPU{', ' if gpus else ''}"
-                  f"{f'{gpus:g} GPU' if gpus else ''}) and runs with {max(1, int(cpus))} thread(s); timing: repeats "
-                  f"{space.timing.repeats}, interleave {space.timing.interleave}, warm-up {space.timing.warmup}",
-                  flush=True)
-        items = tune_trials(space, configs, pending, checkpoint_root=out_dir / "trials", cpus=cpus, gpus=gpus,
-                            reserved_cpus=reserved)
-        bundle = {"CPU": reserved, **({"GPU": gpus} if gpus > 0 else {})}
-        slots = _slots(bundle, max_concurrent, len(items))
-        # With no more trials than slots no worker would run a second trial, and Tune would only hand
-        # a trial whose own worker is still starting to another trial's finished one (defeating SPREAD).
-        reuse = opts.reuse and len(items) > slots
-        barrier, warmups = _warmup_trials(slots if reuse else 0)
-        trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory([bundle], strategy="SPREAD"))
-        writer = ParquetResults(out_dir, space.name, {space.keys[i]: configs[i] for i in pending},
-                                {k: i for i, k in enumerate(space.keys)}, task=space.task)
-        progress = Progress(len(items), opts.progress_every_s)
-        tuner = tune.Tuner(
-            trainable,
-            param_space={"t": tune.grid_search(warmups + items)},
-            tune_config=tune.TuneConfig(
-                max_concurrent_trials=max_concurrent or None, reuse_actors=reuse,
-                trial_name_creator=lambda t: t.config["t"]["name"],
-                trial_dirname_creator=lambda t: t.config["t"]["name"]),
-            run_config=tune.RunConfig(
-                name=time.strftime("run-%Y%m%d-%H%M%S"), storage_path=str(out_dir / "ray"),
-                failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-                callbacks=[writer, progress], log_to_file=True, verbose=0),
-        )
-        t0 = time.time()
-        try:
-            with _environ({NO_TUNE_LOGGERS_ENV: "1"}), _quiet(TUNE_ANALYSIS_LOGGER):  # Parquet is the result
-                tuner.fit()
-        finally:
-            if barrier is not None:
-                ray.kill(barrier)
-        wall = time.time() - t0
-        writer.flush()
-    return summarize(out_dir, space, wall_s=wall, slots=slots, started_after=t0)
+
+def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) -> tuple[int, float]:
+    """Build the Tune trials of the pending trials and run them on the started Ray, with the
+    Parquet writer and progress printer as callbacks; returns (how many ran at once, the Unix
+    time Tuner.fit() started)."""
+    cpus, gpus, max_concurrent = (plan.resources.cpus_per_trial, plan.resources.gpus_per_trial,
+                                  plan.resources.max_concurrent)
+    reserved = _node_cpus(gpus) if space.exclusive else cpus
+    if space.exclusive:
+        print(f"{space.task} trials time: each reserves a whole node ({reserved:g} CPU{', ' if gpus else ''}"
+              f"{f'{gpus:g} GPU' if gpus else ''}) and runs with {max(1, int(cpus))} thread(s); timing: repeats "
+              f"{space.timing.repeats}, interleave {space.timing.interleave}, warm-up {space.timing.warmup}",
+              flush=True)
+    items = tune_trials(space, plan.configs, plan.pending, checkpoint_root=out_dir / "trials", cpus=cpus, gpus=gpus,
+                        reserved_cpus=reserved)
+    bundle = {"CPU": reserved, **({"GPU": gpus} if gpus > 0 else {})}
+    slots = _slots(bundle, max_concurrent, len(items))
+    # With no more trials than slots no worker would run a second trial, and Tune would only hand
+    # a trial whose own worker is still starting to another trial's finished one (defeating SPREAD).
+    reuse = opts.reuse and len(items) > slots
+    barrier, warmups = _warmup_trials(slots if reuse else 0)
+    trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory([bundle], strategy="SPREAD"))
+    writer = ParquetResults(out_dir, space.name, {space.keys[i]: plan.configs[i] for i in plan.pending},
+                            {k: i for i, k in enumerate(space.keys)}, task=space.task)
+    progress = Progress(len(items), opts.progress_every_s)
+    tuner = tune.Tuner(
+        trainable,
+        param_space={SPEC_KEY: tune.grid_search([spec.to_dict() for spec in warmups + items])},
+        tune_config=tune.TuneConfig(
+            max_concurrent_trials=max_concurrent or None, reuse_actors=reuse,
+            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name),
+        run_config=tune.RunConfig(
+            name=time.strftime("run-%Y%m%d-%H%M%S"), storage_path=str(out_dir / "ray"),
+            failure_config=tune.FailureConfig(max_failures=opts.max_failures),
+            callbacks=[writer, progress], log_to_file=True, verbose=0),
+    )
+    fit_started = time.time()
+    try:
+        with _environ({NO_TUNE_LOGGERS_ENV: "1"}), _quiet(TUNE_ANALYSIS_LOGGER):  # Parquet is the result
+            tuner.fit()
+    finally:
+        if barrier is not None:
+            ray.kill(barrier)
+    writer.flush()
+    return slots, fit_started
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path,
-                cpus: float, gpus: float, reserved_cpus: float) -> list[dict[str, Any]]:
+                cpus: float, gpus: float, reserved_cpus: float) -> list[TrialSpec]:
     """The Tune trials (grid points) for the pending trials: one each, except that an interleaved
     timing space runs all its pending variants in one Tune trial (rounds inside one worker)."""
-    members = [{"trial_key": space.keys[i], "label": space.label(i), "cfg": configs[i]} for i in pending]
-    timing = vars(space.timing) if space.exclusive else None
-    groups = [members] if timing and space.timing.interleave else [[m] for m in members]
-    return [{"name": g[0]["trial_key"] if len(g) == 1 else f"interleaved-{len(g)}-{g[0]['trial_key']}",
-             "members": g, "checkpoint_root": str(checkpoint_root), "cpus_per_trial": cpus,
-             "gpus_per_trial": gpus, "reserved_cpus": reserved_cpus, "timing": timing} for g in groups]
+    members = [Member(space.keys[i], space.label(i), configs[i]) for i in pending]
+    timing = space.timing if space.exclusive else None
+    groups = [members] if timing and timing.interleave else [[m] for m in members]
+    return [TrialSpec(name=g[0].trial_key if len(g) == 1 else f"interleaved-{len(g)}-{g[0].trial_key}",
+                      members=tuple(g), checkpoint_root=str(checkpoint_root), cpus_per_trial=cpus,
+                      gpus_per_trial=gpus, reserved_cpus=reserved_cpus, timing=timing) for g in groups]
 
 
-def _warmup_trials(slots: int) -> tuple[Any, list[dict[str, Any]]]:
+def _trial_name(trial: Any) -> str:
+    """Tune's trial name and folder: the sweep trial's key (see tune_trials)."""
+    return TrialSpec.from_tune_config(trial.config).name
+
+
+def _warmup_trials(slots: int) -> tuple[Any, list[TrialSpec]]:
     """(barrier actor, warm-up Tune trials): one per slot, run first, each holding its worker until
     every slot has one (trainable.wait_for_workers says why); none for a single slot."""
     if slots < 2:
         return None, []
     name = f"rpevit-start-barrier-{secrets.token_hex(6)}"
     barrier = StartBarrier.options(name=name).remote(slots)
-    return barrier, [{"name": f"warmup-{i}", "members": [], "barrier": name} for i in range(slots)]
+    return barrier, [TrialSpec(name=f"warmup-{i}", barrier=name) for i in range(slots)]
 
 
 def _node_cpus(gpus: float) -> float:
@@ -384,9 +420,9 @@ class Progress(Callback):
         self.last = 0.0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        acc = result.get("val_acc")
+        acc = result.get(TUNE_METRIC)
         if isinstance(acc, float) and math.isfinite(acc) and acc > self.best[0]:
-            self.best = (acc, result.get("label") or members_of(trial)[0].get("label", ""))
+            self.best = (acc, result.get("label") or members_of(trial)[0].label)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.show(trials, force=True)

@@ -327,7 +327,7 @@ def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
     for key in values:
         if key not in _FIELDS:
             raise SpaceError(f"{source}: {where} key {key!r} is not a TrialConfig field; "
-                             f"allowed: {', '.join(_FIELDS)}")
+                             f"allowed: {', '.join(_FIELDS)} (each described by: python sweep.py --fields)")
 
 
 def _mapping(value: Any, where: str, source: str) -> dict[str, Any]:

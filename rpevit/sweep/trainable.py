@@ -45,6 +45,7 @@ from rpevit import checkpoint, data, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
+from rpevit.sweep.protocol import EPOCH, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
 from rpevit.tasks.bench import combine_repeats
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
@@ -53,21 +54,17 @@ _process: dict[str, Any] = {"gpu": None, "timed_runs": 0}  # what this worker pr
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """Tune entry point. config["t"] (built by the runner): {"name", "members": [{"trial_key",
-    "label", "cfg": TrialConfig dict}, ...], "checkpoint_root", "cpus_per_trial" (the torch
-    threads), "gpus_per_trial", "reserved_cpus", "timing": None or {"repeats", "interleave",
-    "warmup"}}. Only an interleaved timing trial has more than one member; a warm-up trial has
-    none and a "barrier" (wait_for_workers)."""
-    spec = config["t"]
-    if spec.get("barrier"):
-        wait_for_workers(spec["barrier"])
+    """Tune entry point: the config holds one protocol.TrialSpec (built by runner.tune_trials)."""
+    spec = TrialSpec.from_tune_config(config)
+    if spec.barrier:
+        wait_for_workers(spec.barrier)
         return
     registry.load_all()
     data.cache_arrays()
-    if spec.get("timing"):
+    if spec.timing is not None:
         run_timed(spec)
     else:
-        run_single(spec, spec["members"][0])
+        run_single(spec, spec.members[0])
 
 
 @ray.remote(num_cpus=0)
@@ -103,11 +100,11 @@ def wait_for_workers(name: str, timeout_s: float = WARMUP_TIMEOUT_S) -> None:
         pass
 
 
-def run_single(spec: dict[str, Any], member: dict[str, Any]) -> None:
+def run_single(spec: TrialSpec, member: Member) -> None:
     """One trial: re-report checkpointed epochs, run the task, report its summary row."""
-    key = member["trial_key"]
-    cfg = TrialConfig.from_dict(member["cfg"], source=f"trial {key}")
-    ckpt_dir = Path(spec["checkpoint_root"]) / key
+    key = member.trial_key
+    cfg = TrialConfig.from_dict(member.cfg, source=f"trial {key}")
+    ckpt_dir = Path(spec.checkpoint_root) / key
     history = checkpointed_history(ckpt_dir, cfg)
     for row in history:  # epochs finished before a kill / retry
         report_epoch(key, row)
@@ -120,7 +117,7 @@ def run_single(spec: dict[str, Any], member: dict[str, Any]) -> None:
                             "started_at": started_at, "finished_at": time.time()})
 
 
-def run_timed(spec: dict[str, Any]) -> None:
+def run_timed(spec: TrialSpec) -> None:
     """Timing trials: an untimed warm-up run first in a fresh worker, then `repeats` timed runs per
     variant (in rounds over the variants when interleaved); each row is the median of its runs.
 
@@ -128,10 +125,10 @@ def run_timed(spec: dict[str, Any]) -> None:
     later rounds, so one out-of-memory N does not cost the other variants their rows; a single
     timing trial raises as any trial does (Tune records it, and retries it per FailureConfig).
     """
-    timing, members = spec["timing"], spec["members"]
-    configs = {m["trial_key"]: TrialConfig.from_dict(m["cfg"], source=f"trial {m['trial_key']}") for m in members}
-    schedule = timing_schedule(list(configs), timing["repeats"], timing["interleave"],
-                               warmup=timing["warmup"] and _process["timed_runs"] == 0)
+    timing, members = spec.timing, {m.trial_key: m for m in spec.members}
+    configs = {key: TrialConfig.from_dict(m.cfg, source=f"trial {key}") for key, m in members.items()}
+    schedule = timing_schedule(list(configs), timing.repeats, timing.interleave,
+                               warmup=timing.warmup and _process["timed_runs"] == 0)
     last_run = {key: i for i, (key, _) in enumerate(schedule)}
     runs: dict[str, list[dict]] = {key: [] for key in configs}
     started: dict[str, float] = {}
@@ -140,12 +137,12 @@ def run_timed(spec: dict[str, Any]) -> None:
     for i, (key, repeat) in enumerate(schedule):
         if key in failed:
             continue
-        cfg, member = configs[key], next(m for m in members if m["trial_key"] == key)
+        cfg, member = configs[key], members[key]
         started.setdefault(key, time.time())
         warm.setdefault(key, _process["timed_runs"] > 0 or repeat == UNTIMED)
         try:
-            with trial_scope(cfg, spec) as placement, trial_log(Path(spec["checkpoint_root"]) / key) as log:
-                what = "untimed warm-up run" if repeat == UNTIMED else f"timed run {repeat + 1}/{timing['repeats']}"
+            with trial_scope(cfg, spec) as placement, trial_log(Path(spec.checkpoint_root) / key) as log:
+                what = "untimed warm-up run" if repeat == UNTIMED else f"timed run {repeat + 1}/{timing.repeats}"
                 log(f"{describe(key, placement)}: {what}")
                 row = registry.TASKS[cfg.task](cfg, log=log if repeat != UNTIMED else None)
         except Exception as err:  # noqa: BLE001 - recorded per variant, the group goes on
@@ -160,7 +157,7 @@ def run_timed(spec: dict[str, Any]) -> None:
         runs[key].append(row)
         if i == last_run[key]:
             report_summary(member, {**combine_repeats(runs[key]), **placement, "process_warm": warm[key],
-                                    "timing_interleaved": bool(timing["interleave"]), "started_at": started[key],
+                                    "timing_interleaved": timing.interleave, "started_at": started[key],
                                     "finished_at": time.time()})
 
 
@@ -177,21 +174,18 @@ def timing_schedule(keys: list[str], repeats: int, interleave: bool, warmup: boo
 
 # ---------------------------------------------------------------- reporting to the driver
 def report_epoch(key: str, row: dict) -> None:
-    tune.report({"row_kind": "epoch", "trial_key": key, "row": dict(row),
-                 "epoch": row["epoch"], "val_acc": row.get("val_acc", float("nan"))})
+    tune.report(Report(EPOCH, key, dict(row)).to_tune())
 
 
-def report_summary(member: dict[str, Any], row: dict) -> None:
-    key = member["trial_key"]
-    tune.report({"row_kind": "summary", "trial_key": key, "label": member["label"],
-                 "row": {**row, "trial_key": key}, "val_acc": row.get("final_val_acc", float("nan"))})
+def report_summary(member: Member, row: dict) -> None:
+    tune.report(Report(SUMMARY, member.trial_key, {**row, "trial_key": member.trial_key}, member.label).to_tune())
 
 
-def report_failure(member: dict[str, Any], err: BaseException) -> None:
+def report_failure(member: Member, err: BaseException) -> None:
     """A failed member of a multi-variant trial; the driver records it like a failed Tune trial."""
     text = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-    tune.report({"row_kind": "failed", "trial_key": member["trial_key"], "label": member["label"],
-                 "error": f"{type(err).__name__}: {err}", "traceback": text})
+    tune.report(Report(VARIANT_FAILED, member.trial_key, label=member.label, error=f"{type(err).__name__}: {err}",
+                       traceback=text).to_tune())
 
 
 def describe(key: str, placement: dict[str, Any]) -> str:
@@ -215,11 +209,11 @@ def trial_log(ckpt_dir: Path) -> Iterator[Callable[[str], None]]:
 
 # ---------------------------------------------------------------- process state between trials
 @contextmanager
-def trial_scope(cfg: TrialConfig, spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def trial_scope(cfg: TrialConfig, spec: TrialSpec) -> Iterator[dict[str, Any]]:
     """The process state one run starts from, whatever ran before it in this worker; yields the
     placement row (where it ran). Afterwards the run's garbage and cached GPU memory are freed."""
-    placement = place_on_devices(spec["cpus_per_trial"], spec["gpus_per_trial"])
-    placement["reserved_cpus"] = float(spec.get("reserved_cpus") or spec["cpus_per_trial"])
+    placement = place_on_devices(spec.cpus_per_trial, spec.gpus_per_trial)
+    placement["reserved_cpus"] = float(spec.reserved_cpus or spec.cpus_per_trial)
     seed_everything(cfg.seed)
     reset_peak_memory()
     try:

@@ -22,13 +22,22 @@ from rpevit.config import TrialConfig
 from rpevit.data import DATASET_SPECS
 from rpevit.flops import count_flops
 from rpevit.models import build_model
-from rpevit.registry import register_task
+from rpevit.registry import TaskMetrics, register_task
 from rpevit.tasks.train import autocast_context, make_optimizer, resolve_device
 
 
-@register_task("bench")
-def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
-        on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
+METRICS = TaskMetrics(
+    headline={"tokens": int, "train_step_ms": float},
+    other={"forward_ms": float, "backward_ms": float, "forward_backward_ms": float, "infer_ms": float,
+           "infer_ms_per_sample": float, "images_per_s": float, "flops": int, "flops_unsupported": str,
+           "params": int, "peak_mem_mb": float, "peak_mem_kind": str, "train_step_ms_min": float,
+           "train_step_ms_max": float, "timing_repeats": int, "timing_interleaved": bool, "process_warm": bool},
+)
+
+
+@register_task("bench", METRICS)
+def time_variant(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
+                 on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
     """Time one variant; `checkpoint_dir`/`on_epoch` are accepted for the common task signature."""
     device = resolve_device(cfg.device)
     spec = DATASET_SPECS[cfg.dataset]

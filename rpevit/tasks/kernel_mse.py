@@ -46,7 +46,7 @@ from rpevit.attention.features import (haar_orthogonal, iid_gaussian, orthogonal
                                        positive_random_features, trig_random_features)
 from rpevit.attention.rademacher import iid_rademacher, next_power_of_two, orthogonal_rademacher
 from rpevit.config import TrialConfig
-from rpevit.registry import register_task
+from rpevit.registry import TaskMetrics, register_task
 
 PROJECTIONS: dict[str, Callable[..., Tensor]] = {
     "gaussian": iid_gaussian,
@@ -219,9 +219,17 @@ def monte_carlo_error(estimates: Tensor, kernel: float) -> dict[str, float]:
             "bias_mc": (estimates.mean() - kernel).item(), "var_mc": estimates.var(unbiased=False).item()}
 
 
-@register_task("kernel_mse")
-def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
-        on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
+METRICS = TaskMetrics(
+    headline={"mse_mc": float, "mse_closed": float},
+    other={"kernel_true": float, "mse_mc_se": float, "bias_mc": float, "var_mc": float, "bias_closed": float,
+           "var_closed": float, "limit_mse": float, "mse_bound": float, "x_dot_y": float, "sum_norm_sq": float,
+           "diff_norm_sq": float},
+)
+
+
+@register_task("kernel_mse", METRICS)
+def kernel_mse_point(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
+                     on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
     """One (projection, estimator, m, norm, angle) point; `checkpoint_dir`/`on_epoch` unused (seconds)."""
     g = torch.Generator().manual_seed(cfg.seed)
     x, y = pair_at_angle(cfg.kmse_dim, cfg.kmse_norm, cfg.kmse_angle, generator=g)

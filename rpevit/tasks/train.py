@@ -17,15 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpevit import checkpoint, metrics
-from rpevit.config import TrialConfig
 from rpevit.attention.kernelized import set_training_length
+from rpevit.config import TrialConfig
 from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
 from rpevit.evaluation import FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, softmax_swap_accuracy
 from rpevit.flops import count_flops
 from rpevit.models import build_model
-from rpevit.registry import register_task
+from rpevit.registry import TaskMetrics, register_task
 
-CHECKPOINT_NAME = "checkpoint.pt"
 WARMUP_MAX_FRACTION = 0.1  # warm-up never takes more than 10% of the training steps
 EpochCallback = Callable[[dict, "Path | None"], None]
 
@@ -108,10 +107,23 @@ def save_checkpoint(path: Path, payload: dict) -> None:
     checkpoint.save(path, payload)
 
 
-@register_task("train")
-def run(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
-        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
-        extend_epochs: bool = False) -> dict:
+METRICS = TaskMetrics(
+    headline={"test_acc": float, "final_val_acc": float},
+    other={"precision": float, "recall": float, "f1": float, "log_likelihood": float,
+           "test_acc_draw_mean": float, "test_acc_draw_std": float, "test_acc_draw_min": float,
+           "test_acc_draw_ensemble": float, "test_acc_softmax_swap": float, "attn_tv_to_softmax": float,
+           "attn_tv_per_layer": list[float], "aic": float, "bic": float, "params": int, "flops": int,
+           "flops_unsupported": str, "train_s_per_epoch": float, "images_per_s": float,
+           "infer_ms_per_sample": float, "peak_mem_mb": float, "peak_mem_kind": str, "n_train": int, "n_test": int},
+    epoch={"train_loss": float, "train_acc": float, "val_loss": float, "val_acc": float, "lr": float,
+           "epoch_s": float, "attn_tv_to_softmax": float, "attn_tv_per_layer": list[float]},
+)
+
+
+@register_task("train", METRICS)
+def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
+                       on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
+                       extend_epochs: bool = False) -> dict:
     """Train and evaluate; returns the summary row (config + metrics + environment).
 
     A checkpoint in checkpoint_dir is checked against cfg before anything else (rpevit.checkpoint);

@@ -1,4 +1,4 @@
-"""Single-trial CLI, no Ray: `python -m rpevit.train --dataset digits --attention softmax --pe ape`.
+"""Single-trial CLI, no Ray: `python -m rpevit.cli --dataset digits --attention softmax --pe ape`.
 
 Every TrialConfig field is a flag (underscores as dashes), listed by section in --help with its
 help text, default and allowed values (rpevit.config.field_help). Prints one progress line per
@@ -19,7 +19,7 @@ from rpevit.data import DataError
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrialConfig field, grouped by section, each with its help, default and allowed values."""
-    parser = argparse.ArgumentParser(prog="python -m rpevit.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rpevit.cli", description=__doc__.splitlines()[0])
     types = field_types()
     groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for f in fields(TrialConfig):

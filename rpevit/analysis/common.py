@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from rpevit.sweep.results import OK, TRIALS_FILE
+from rpevit.sweep.protocol import OK
+from rpevit.sweep.results import TRIALS_FILE
 
 try:  # the sweep package's own filter, when it has one (same rule: trial_key listed in space.json)
     from rpevit.sweep.results import current_rows as _sweep_current_rows

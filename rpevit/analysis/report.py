@@ -1,0 +1,76 @@
+"""One report.md with every table and figure that applies to RESULTS_DIR.
+
+    python analysis/report.py RESULTS_DIR
+
+Runs the sections of gap_closure.py (draw-aware verdict and tables), efficiency.py and kernel_mse.py
+whose trials are present (each writes its PNGs into RESULTS_DIR), includes the rotation-invariant
+concentration study if analysis/rotinv_concentration.py wrote its output into RESULTS_DIR or a folder
+below it, and states where the rows were produced (device, torch / ray / python versions, git commit,
+from the rows).
+Only rows listed in each folder's space.json are used; the Trials table counts those set aside.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from rpevit.analysis import efficiency, gap_closure, kernel_mse
+from rpevit.analysis.common import (SPACE_FILE, cli, current_rows, environment_table, markdown_table, read_trials,
+                                    space_keys, trial_files, write_markdown)
+from rpevit.sweep.protocol import FAILED, OK
+
+ROTINV_FILE = "rotinv_concentration.md"
+
+
+def status_table(results_dir: Path) -> str:
+    """Per sweep folder: tasks, ok / failed rows of the current space, and the rows set aside as stale
+    (trial_key not in the folder's space.json), so a reader sees what every section left out."""
+    rows = []
+    for path in trial_files(results_dir):
+        frame = pd.read_parquet(path)
+        current, stale = current_rows(frame, path.parent)
+        counts = current["status"].value_counts()
+        tasks = ", ".join(sorted(frame["task"].dropna().astype(str).unique())) if "task" in frame else "?"
+        aside = stale if space_keys(path.parent) is not None else f"no {SPACE_FILE}: all kept"
+        rows.append([path.parent.name, tasks, int(counts.get(OK, 0)), int(counts.get(FAILED, 0)), aside])
+    return markdown_table(["folder", "task", OK, FAILED, f"set aside (not in {SPACE_FILE})"], rows)
+
+
+def rotinv_section(results_dir: Path) -> str | None:
+    """rotinv_concentration.md found under results_dir, headings demoted, image links made relative."""
+    found = sorted(results_dir.rglob(ROTINV_FILE))
+    if not found:
+        return None
+    parts = ["## Rotation-invariant RPE: concentration of the random mode", ""]
+    for path in found:
+        rel = path.parent.relative_to(results_dir)
+        text = re.sub(r"^(#+) ", r"#\1\1 ", path.read_text(), flags=re.M).replace("#### ", "### ", 1)
+        png = path.with_suffix(".png")
+        parts += [f"_from {rel / ROTINV_FILE}_", "", text.strip(), ""]
+        if png.exists():
+            parts += [f"![rotinv concentration]({(rel / png.name).as_posix()})", ""]
+    return "\n".join(parts)
+
+
+def build_report(results_dir: Path) -> str:
+    sections = [gap_closure.build(results_dir), efficiency.build(results_dir), kernel_mse.build(results_dir),
+                rotinv_section(results_dir)]
+    trials = read_trials(results_dir)
+    head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),
+            "", "## Environment the successful rows were produced on", "", trials.note(), "",
+            environment_table(trials.frame), ""]
+    body = [s for s in sections if s]
+    if not body:
+        body = ["_no section applies: no successful train, bench or kernel_mse trials and no rotinv study_"]
+    return "\n".join(head + body)
+
+
+def main() -> None:
+    results_dir = cli(__doc__.splitlines()[0])
+    write_markdown(results_dir / "report.md", build_report(results_dir))
+
+
+if __name__ == "__main__":
+    main()

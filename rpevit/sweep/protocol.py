@@ -1,0 +1,101 @@
+"""The two messages of a sweep, typed: what the runner hands a trial, and what a trial reports back.
+
+Driver (runner.py, results.py) and worker (trainable.py) run in different processes and talk
+through Tune: the runner puts one `TrialSpec` per Tune trial into Tune's config under `SPEC_KEY`,
+and the trial sends `Report`s through `tune.report`, which the driver's ParquetResults callback
+reads back. Tune carries plain dicts (its experiment state, dashboard and retries copy them), so
+each record converts to a dict at the boundary and is rebuilt on the other side; nothing else in
+the package spells those keys.
+
+    runner.tune_trials -> TrialSpec.to_dict() -> Tune -> TrialSpec.from_tune_config() -> trainable
+    trainable -> Report(...).to_tune() -> tune.report -> Report.from_tune() -> ParquetResults
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Optional
+
+from rpevit.sweep.space import Timing
+
+SPEC_KEY = "trial"  # the one key of a Tune trial's config
+TUNE_METRIC = "val_acc"  # the number each report also carries flat, for Tune's progress and dashboard
+
+Status = Literal["ok", "failed"]
+OK: Status = "ok"  # the `status` column of trials.parquet
+FAILED: Status = "failed"
+
+RowKind = Literal["epoch", "summary", "failed"]
+EPOCH: RowKind = "epoch"  # one epoch row of a running trial (epochs.parquet)
+SUMMARY: RowKind = "summary"  # the trial's result row (trials.parquet, status ok)
+VARIANT_FAILED: RowKind = "failed"  # one member of an interleaved timing trial raised; the others go on
+
+
+@dataclass(frozen=True)
+class Member:
+    """One sweep trial: its key in the space, a readable label and its full TrialConfig dict."""
+
+    trial_key: str
+    label: str
+    cfg: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """What one Tune trial runs (built by runner.tune_trials).
+
+    `members` holds one sweep trial, except in an interleaved timing trial (every pending variant,
+    timed in rounds in one worker) and in a warm-up trial (none: it only holds its worker until
+    every slot has one, see trainable.wait_for_workers, and names the `barrier` actor).
+    """
+
+    name: str
+    members: tuple[Member, ...] = ()
+    checkpoint_root: str = ""  # trial checkpoints live in <checkpoint_root>/<trial_key>/
+    cpus_per_trial: float = 1.0  # the trial's torch threads
+    gpus_per_trial: float = 0.0
+    reserved_cpus: float = 0.0  # CPUs the trial holds (a whole node for timing tasks)
+    timing: Optional[Timing] = None  # set for timing tasks only
+    barrier: str = ""  # warm-up trials only: the StartBarrier actor's name
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain dict Tune carries: one grid point of the `SPEC_KEY` search space."""
+        return asdict(self)
+
+    @classmethod
+    def from_tune_config(cls, config: dict[str, Any]) -> "TrialSpec":
+        """Rebuild from a Tune trial's config ({SPEC_KEY: to_dict()})."""
+        values = dict(config[SPEC_KEY])
+        values["members"] = tuple(Member(**m) for m in values.get("members", ()))
+        if values.get("timing") is not None:
+            values["timing"] = Timing(**values["timing"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class Report:
+    """One message from a trial to the driver: an epoch row, the summary row, or a failed variant."""
+
+    kind: RowKind
+    trial_key: str
+    row: dict[str, Any] = field(default_factory=dict)
+    label: str = ""
+    error: str = ""  # VARIANT_FAILED: "ExceptionType: message"
+    traceback: str = ""
+
+    def to_tune(self) -> dict[str, Any]:
+        """The result dict for tune.report; `TUNE_METRIC` is repeated flat for Tune's progress."""
+        metric = self.row.get("final_val_acc" if self.kind == SUMMARY else TUNE_METRIC, float("nan"))
+        return {**asdict(self), TUNE_METRIC: metric}
+
+    @classmethod
+    def from_tune(cls, result: dict[str, Any]) -> Optional["Report"]:
+        """The report inside a Tune result; None for results Tune makes itself (no `kind`)."""
+        if result.get("kind") not in (EPOCH, SUMMARY, VARIANT_FAILED):
+            return None
+        return cls(**{name: result[name] for name in ("kind", "trial_key", "row", "label", "error", "traceback")
+                      if name in result})
+
+
+def members_of(trial: Any) -> tuple[Member, ...]:
+    """The sweep trials one Tune trial runs (none for a warm-up trial)."""
+    return TrialSpec.from_tune_config(trial.config).members
