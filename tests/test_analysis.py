@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from rpevit import metrics
-from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, report
+from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, report, string_study
 from rpevit.config import TrialConfig
 from rpevit.sweep.protocol import SUMMARY, Report
 from rpevit.sweep.results import TRIALS_FILE, ParquetResults
@@ -333,6 +333,64 @@ def test_cost_ratios_divide_bench_times_by_softmax_ape_and_rope_and_skip_contend
     text = efficiency.build(parent)
     assert "train x rope" in text and "18.7x on CIFAR-10" in text
     assert "Token scaling" not in text  # one model size: a cost bench, no slope to fit
+    alone = efficiency.bench_cost_table(common.load_trials(parent, "bench")).set_index("pe")
+    assert alone.loc["cayley_string", "train x rope"] == pytest.approx(1.5)  # 90 ms / 60 ms per step
+    assert alone.loc["cayley_string", "train_ms_per_image"] == pytest.approx(9.0)
+    assert alone.loc["ape", "infer x softmax+ape"] == pytest.approx(1.0)
+    assert "cost per variant, bench trials alone (cost)" in text
+
+
+def test_encoding_options_that_define_variants_label_them_apart():
+    frame = pd.DataFrame({"pe": ["rope", "sparse_cayley_string", "sparse_cayley_string", "sparse_cayley_string"],
+                          "string_sparsity": [0.1, 0.05, 0.1, 0.1], "cayley_solver": ["auto", "auto", "auto", "sparse"],
+                          "attention": "softmax"})
+    labels = list(common.pe_labels(frame))
+    assert labels[0] == "rope" and len(set(labels[1:])) == 3
+    assert labels[1] == "sparse_cayley_string (string_sparsity=0.05, cayley_solver=auto)"
+    same_f = frame[frame["string_sparsity"] == 0.05].reset_index(drop=True)
+    assert list(common.pe_labels(same_f)) == ["sparse_cayley_string"]  # nothing varies: the plain name
+
+
+STRING_ACC = {  # (pe, f, solver): test accuracy of seeds 0..2
+    ("rope", 0.1, "auto"): [0.90, 0.91, 0.92],
+    ("cayley_string", 0.1, "auto"): [0.93, 0.94, 0.95],
+    ("sparse_cayley_string", 0.05, "auto"): [0.90, 0.90, 0.91],
+    ("sparse_cayley_string", 0.5, "auto"): [0.92, 0.92, 0.93],
+    ("sparse_cayley_string", 0.1, "auto"): [0.91, 0.91, 0.92],
+    ("sparse_cayley_string", 0.1, "sparse"): [0.91, 0.92, 0.92],
+}
+
+
+def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp_path):
+    rows, bench = [], []
+    for (pe, f, solver), accs in STRING_ACC.items():
+        options = {"pe": pe, "string_sparsity": f, "cayley_solver": solver, "dataset": "digits"}
+        rows += [{**config_row(**options, seed=seed), "test_acc": acc} for seed, acc in enumerate(accs)]
+        step = {"rope": 30.0, "cayley_string": 36.0}.get(pe, 33.0) * (1.5 if solver == "sparse" else 1.0)
+        bench.append({**config_row(task="bench", image_size=8, patch_size=2, bench_batch=10, **options),
+                      "tokens": 16, "train_step_ms": step, "infer_ms_per_sample": step / 100})
+    bench.append({**config_row(task="bench", pe="ape", dataset="digits", image_size=8, patch_size=2, bench_batch=10),
+                  "tokens": 16, "train_step_ms": 20.0, "infer_ms_per_sample": 0.2})  # not a STRING: ignored
+    parent = tmp_path / "results"
+    write_sweep(parent / "string", "string", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    frame = common.load_trials(parent)
+    table = string_study.with_costs(string_study.string_rows(frame[frame["task"] == "train"]),
+                                    string_study.bench_ratios(frame[frame["task"] == "bench"]))
+    ranked = string_study.variant_table(table)
+    best = ranked.iloc[0]
+    assert best["variant"] == "cayley_string" and best["acc"] == pytest.approx(0.94)
+    assert best["diff"][0] == pytest.approx(0.03) and best["diff"][1] > 0  # interval excludes 0
+    assert best["train x rope"] == pytest.approx(1.2) and best["infer x rope"] == pytest.approx(1.2)
+    solver_row = ranked[ranked["variant"].str.contains("cayley_solver=sparse")].iloc[0]
+    assert solver_row["train x rope"] == pytest.approx(33 * 1.5 / 30)
+    fs = string_study.f_table(table).set_index(["f", "solver"])
+    assert fs.loc[(0.5, "auto"), "acc"] == pytest.approx(np.mean([0.92, 0.92, 0.93]))
+    text = string_study.build(parent)
+    assert "The most accurate is cayley_string" in text and "1.2x rope's training-step time" in text
+    assert "best at f = 0.5" in text and "The sparse solver at f = 0.1" in text
+    assert (parent / "string_study_f.png").stat().st_size > 1000
+    assert "## The STRING study" in report.build_report(parent)
 
 
 def test_kernel_mse_report_numbers(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -29,6 +30,10 @@ ENVIRONMENT_COLUMNS = ("device_name", "torch_version", "ray_version", "git_commi
 SPACE_FILE = "space.json"
 VARIANT = ("dataset", "attention", "pe", "qk_norm", "redraw")  # what one row of a per-variant table is
 RANDOM_FEATURE_ATTENTIONS = ("favor", "relu")  # relu only with relu_projection: random
+# options that make distinct variants of one encoding (the STRING study's f sweep and solver row)
+PE_OPTIONS = {"sparse_cayley_string": ("string_sparsity", "cayley_solver"),
+              "reflection_string": ("reflection_block", "reflection_count"),
+              "rotinv": ("rotinv_mode", "rotinv_basis", "rotinv_degree")}
 
 
 def trial_files(results_dir: Path) -> list[Path]:
@@ -127,10 +132,26 @@ def redraw_label(random_features: bool, interval: float, until: float) -> str:
     return f"{label} until {until:g}" if until is not None and math.isfinite(until) else label
 
 
+def pe_labels(frame: pd.DataFrame) -> pd.Series:
+    """`pe`, with the PE_OPTIONS of that encoding that take more than one value among its rows of the
+    frame: 'sparse_cayley_string (string_sparsity=0.05, cayley_solver=auto)', so that the f sweep
+    and the solver row are separate variants, not averaged together."""
+    labels = frame["pe"].astype(str).copy()
+    for pe, options in PE_OPTIONS.items():
+        rows = frame["pe"] == pe
+        varying = [o for o in options if o in frame.columns and frame.loc[rows, o].nunique(dropna=False) > 1]
+        if rows.any() and varying:
+            labels[rows] = [f"{pe} ({', '.join(f'{o}={fmt(v)}' for o, v in zip(varying, values))})"
+                            for values in frame.loc[rows, varying].itertuples(index=False)]
+    return labels
+
+
 def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
-    """A copy with the VARIANT columns filled in: qk_norm ('none' when absent), redraw (a label),
-    and relu without random features named 'relu-identity' (it is a different, deterministic backend)."""
+    """A copy with the VARIANT columns filled in: pe with its variant-defining options (pe_labels),
+    qk_norm ('none' when absent), redraw (a label), and relu without random features named
+    'relu-identity' (it is a different, deterministic backend)."""
     out = frame.copy()
+    out["pe"] = pe_labels(out)
     random = has_random_features(out)
     out["qk_norm"] = column(out, "qk_norm", "none").fillna("none").astype(str)
     interval = pd.to_numeric(column(out, "redraw_interval", 0), errors="coerce")
@@ -207,8 +228,12 @@ def pyplot():
 
 
 def save_figure(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    """Saved with everything drawn in it, legends placed outside the axes included (bbox "tight"):
+    tight_layout cannot make room for a long outside legend, and warns so; the crop does it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
+        fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     pyplot().close(fig)
     return path
 

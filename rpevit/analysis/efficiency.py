@@ -111,6 +111,33 @@ def cost_ratios(costs: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+BENCH_COST_COLUMNS = ("train_step_ms", "train_ms_per_image", "infer_ms_per_sample", "flops", "params", "peak_mem_mb")
+
+
+def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
+    """Per cost-bench sweep (one model size: bench_mnist_cpu.yaml, ...) and variant: median training-step
+    time, its time per image, inference ms per sample, FLOPs, params, peak memory, and the step and
+    inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none)."""
+    cost = bench[~bench.index.isin(scaling_rows(bench).index)]
+    if cost.empty:
+        return pd.DataFrame()
+    b = with_variant(cost)
+    b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
+    keys = ["sweep", *VARIANT]
+    values = [c for c in BENCH_COST_COLUMNS if c in b.columns]
+    table = b.groupby(keys, dropna=False)[values].median().reset_index()
+    table["batch"] = b.groupby(keys, dropna=False)["bench_batch"].first().to_numpy()
+    table["N"] = b.groupby(keys, dropna=False)["tokens"].first().to_numpy()
+    for label, attention, pe in REFERENCES:
+        for kind, col in (("train", "train_step_ms"), ("infer", "infer_ms_per_sample")):
+            table[f"{kind} x {label}"] = np.nan
+            for _, g in table.groupby("sweep"):
+                ref = g[(g["attention"] == attention) & (g["pe"] == pe) & (g["qk_norm"] == "none")]
+                if len(ref) == 1:
+                    table.loc[g.index, f"{kind} x {label}"] = g[col] / ref[col].iloc[0]
+    return table
+
+
 def timing_note(labels: set[str]) -> str:
     """What the `timing` values of a table mean, for those it shows."""
     meaning = {
@@ -226,6 +253,21 @@ def build(results_dir: Path) -> str | None:
         if plot_pareto(costs, results_dir / "efficiency_pareto.png") is not None:
             parts += ["Accuracy against cost; ringed points form the Pareto front (no variant is both at least as "
                       "accurate and at most as costly).", "", "![accuracy vs cost](efficiency_pareto.png)", ""]
+    alone = bench_cost_table(bench) if not bench.empty else pd.DataFrame()
+    if not alone.empty:
+        for (sweep, dataset), g in alone.groupby(["sweep", "dataset"]):
+            show = ["attention", "pe", "qk_norm", "redraw", "N", "batch", *BENCH_COST_COLUMNS,
+                    *(c for c in g.columns if " x " in c and g[c].notna().any())]
+            parts += [f"### {dataset}: cost per variant, bench trials alone ({sweep})", "",
+                      markdown_table(show, g[show].itertuples(index=False)), ""]
+        parts += ["Medians of interleaved timed runs of each variant, each bench trial with the machine to itself, "
+                  "at the study's model and batch, with the threads its trials train with (`torch_threads` in the "
+                  "rows). `x softmax+ape` / `x rope`: training-step and inference time divided by those of the "
+                  f"same sweep's softmax+ape and softmax+rope. {NOTEBOOK_REFERENCE}", ""]
+        if (column(bench, "peak_mem_kind", "") == "process_max_rss").any():
+            parts += ["`peak_mem_mb` on CPU is the worker process's maximum resident memory (`peak_mem_kind` "
+                      "process_max_rss), reset before each run but floored by what the process already holds: "
+                      "differences below that floor do not show.", ""]
     scaling = scaling_rows(bench)
     if not scaling.empty:
         slopes = scaling_slopes(scaling)
@@ -267,7 +309,7 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
             ax.set_xlabel(f"{label} (log)")
             ax.set_ylabel("test accuracy %")
             ax.set_title(f"{dataset}")
-        row_axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+        row_axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=1 + (len(g) - 1) // 24)
     return save_figure(fig, path)
 
 

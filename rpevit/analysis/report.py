@@ -2,7 +2,7 @@
 
     python analysis/report.py RESULTS_DIR
 
-Runs the sections of gap_closure.py (draw-aware verdict and tables), efficiency.py and kernel_mse.py
+Runs the sections of gap_closure.py (draw-aware verdict and tables), string_study.py, efficiency.py and kernel_mse.py
 whose trials are present (each writes its PNGs into RESULTS_DIR), includes the rotation-invariant
 concentration study if analysis/rotinv_concentration.py wrote its output into RESULTS_DIR or a folder
 below it, and states where the rows were produced (device, torch / ray / python versions, git commit,
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpevit.analysis import efficiency, gap_closure, kernel_mse
+from rpevit.analysis import efficiency, gap_closure, kernel_mse, string_study
 from rpevit.analysis.common import (SPACE_FILE, cli, current_rows, environment_table, markdown_table, read_trials,
                                     space_keys, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
@@ -55,8 +55,8 @@ def rotinv_section(results_dir: Path) -> str | None:
 
 
 def build_report(results_dir: Path) -> str:
-    sections = [gap_closure.build(results_dir), efficiency.build(results_dir), kernel_mse.build(results_dir),
-                rotinv_section(results_dir)]
+    sections = [gap_closure.build(results_dir), string_study.build(results_dir), efficiency.build(results_dir),
+                kernel_mse.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),
             "", "## Environment the successful rows were produced on", "", trials.note(), "",

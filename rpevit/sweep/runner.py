@@ -468,7 +468,11 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
     missing = len(set(space.keys) - set(table["trial_key"]))
     failed = table[table["status"] == FAILED]
     outcome = SweepOutcome(0 if (len(failed) == 0 and missing == 0) else 1, wall_s, slots=slots)
-    if wall_s > 0 and "started_at" in table.columns:
+    interleaved = space.exclusive and space.timing.interleave
+    if wall_s > 0 and interleaved:  # members share one worker: their start-end spans overlap by design
+        print(f"wall time {wall_s:.1f} s (interleaved timing: the variants ran in rounds in one worker, so there "
+              f"is no per-trial overhead figure)")
+    elif wall_s > 0 and "started_at" in table.columns:
         ran = table[(table["status"] == OK) & (_unix(table["started_at"]) >= started_after)]
         outcome.trial_s = float(_seconds(ran["finished_at"] - ran["started_at"]).sum())
         outcome.trials_ran = len(ran)
@@ -477,8 +481,9 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
         print(f"wall time {wall_s:.1f} s; sum of in-trial times {outcome.trial_s:.1f} s over {len(ran)} trials; "
               f"{slots} at a time: {outcome.overhead_s_per_trial:.2f} s per trial outside the trials "
               f"((wall x {slots} - in-trial) / trials; {outcome.startup_s:.1f} s of it before the first trial started)")
+    files = [str(out_dir / name) for name in (TRIALS_FILE, EPOCHS_FILE) if (out_dir / name).exists()]
     print(f"\n{int((table['status'] == OK).sum())} ok, {len(failed)} failed, {missing} not run; "
-          f"results: {out_dir / TRIALS_FILE}, {out_dir / EPOCHS_FILE}")
+          f"results: {', '.join(files)}")
     if missing:
         print(f"continue with: python sweep.py --space {space.source} --name {space.name} --resume")
     if len(failed):
