@@ -308,6 +308,27 @@ def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times
     assert alone.loc["softmax", "timing"] == efficiency.ONE_AT_A_TIME and alone.loc["softmax", "train_s_per_epoch"] == 2
 
 
+def test_bench_rows_match_train_variants_on_the_options_their_classes_take(tmp_path):
+    """An option no class of the variant takes (rotinv_basis for softmax+ape) must not keep a bench row
+    from matching; one it takes (rotinv_basis for rotinv) must."""
+    rows, bench = [], []
+    for pe in ("ape", "rotinv"):
+        rows.append({**config_row(pe=pe, dataset="digits", rotinv_basis="monomial"), "test_acc": 0.9,
+                     "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "n_train": 1000})
+        bench.append({**config_row(task="bench", pe=pe, dataset="digits", rotinv_basis="bernstein", image_size=8,
+                                   patch_size=2, bench_batch=10), "tokens": 16, "train_step_ms": 50.0,
+                      "infer_ms_per_sample": 0.05})
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
+    timing = dict(zip(costs["pe"], costs["timing"]))
+    assert timing["ape"] == efficiency.BENCH_TIMING and timing["rotinv"] != efficiency.BENCH_TIMING
+    assert "rotinv_basis" in efficiency.model_fields("softmax", "rotinv")
+    assert "rotinv_basis" not in efficiency.model_fields("softmax", "ape+rope")
+    assert "num_features" in efficiency.model_fields("favor", "ape")
+
+
 def test_cost_ratios_divide_bench_times_by_softmax_ape_and_rope_and_skip_contended_ones(tmp_path):
     rows, bench = [], []
     for attention, pe, ms in (("softmax", "ape", 5.0), ("softmax", "rope", 6.0), ("softmax", "cayley_string", 9.0),
@@ -391,6 +412,12 @@ def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp
     assert "best at f = 0.5" in text and "The sparse solver at f = 0.1" in text
     assert (parent / "string_study_f.png").stat().st_size > 1000
     assert "## The STRING study" in report.build_report(parent)
+    # rope and one other STRING, no sparse rows (the converged MNIST study alone): no f table, no plot
+    few = tmp_path / "few"
+    write_sweep(few / "string", "string", [r for r in rows if r["pe"] in ("rope", "cayley_string")])
+    text = string_study.build(few)
+    assert "The most accurate is cayley_string" in text and "against f" not in text
+    assert not (few / "string_study_f.png").exists()
 
 
 def test_kernel_mse_report_numbers(tmp_path):

@@ -16,6 +16,7 @@ Writes efficiency.md, efficiency_pareto.png and token_scaling.png into RESULTS_D
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -24,14 +25,18 @@ import pandas as pd
 from rpevit.analysis.common import (VARIANT, column, fmt, markdown_table, pyplot, read_trials, save_figure, script_main,
                                     with_variant)
 
+from rpevit import registry
 from rpevit.data import DATASET_SPECS
+from rpevit.models.factory import init_parameters
 
 TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
 COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc")
-# config fields that change what one image costs: a bench row stands for a train variant when all agree
-MODEL_FIELDS = ("image_size", "patch_size", "dim", "depth", "heads", "mlp_ratio", "num_features", "feature_type",
-                "relu_projection", "luo_path", "string_sparsity", "cayley_solver", "reflection_block",
-                "reflection_count", "rotinv_mode", "rotinv_degree", "rotinv_basis", "rotinv_draws", "amp")
+# config fields that change what one image costs: a bench row stands for a train variant when all the
+# ones that apply to it agree (shape fields always; an option only if the variant's classes take it)
+SHAPE_FIELDS = ("image_size", "patch_size", "dim", "depth", "heads", "mlp_ratio", "amp")
+MODEL_FIELDS = (*SHAPE_FIELDS, "num_features", "feature_type", "relu_projection", "luo_path", "string_sparsity",
+                "cayley_solver", "reflection_block", "reflection_count", "rotinv_mode", "rotinv_degree",
+                "rotinv_basis", "rotinv_draws")
 BENCH_TIMING = "bench (alone)"
 CONTENDED = "train, contended (trials ran side by side)"
 ONE_AT_A_TIME = "train (one trial at a time)"
@@ -42,7 +47,8 @@ SCALING_TIMES = ("forward_ms", "train_step_ms", "infer_ms")
 # (label, attention, pe) of the rows each variant's times are divided by, per dataset
 REFERENCES = (("softmax+ape", "softmax", "ape"), ("rope", "softmax", "rope"))
 RATIO_TIMES = (("train", "train_s_per_epoch"), ("infer", "infer_ms_per_sample"))
-NOTEBOOK_REFERENCE = ("For comparison, the reference notebook this project started from (plain PyTorch on a laptop CPU) "
+NOTEBOOK_REFERENCE = ("For comparison, the reference notebook this project started from (plain PyTorch on a laptop "
+                      "CPU) "
                       "measured Cayley-STRING at 5.5x RoPE's time per epoch on MNIST and 18.7x on CIFAR-10, and "
                       "sparse Cayley-STRING at f = 1 up to 221x.")
 LARGE_N_POINTS = 3
@@ -187,9 +193,24 @@ def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:
     return b.groupby(keys, dropna=False)[values].median().reset_index()
 
 
+@functools.lru_cache(maxsize=None)
+def model_fields(attention: str, pe: str) -> tuple[str, ...]:
+    """The MODEL_FIELDS that change the cost of (attention, pe): the shape, and the options that the
+    backend's and the encodings' classes declare (rpevit.models.factory.init_parameters), so that a
+    rotinv option recorded differently in two sweeps does not keep softmax+ape rows apart."""
+    registry.load_all()
+    classes = [registry.ATTENTIONS.get(attention.removesuffix("-identity"))]
+    classes += [registry.POSITION_ENCODINGS.get(name) for name in pe.split(" (")[0].split("+")]
+    declared = {name for cls in classes if cls is not None for name in init_parameters(cls)}
+    return tuple(f for f in MODEL_FIELDS if f in SHAPE_FIELDS or f in declared)
+
+
 def matching_bench(measured: pd.DataFrame, variant: pd.Series, shape: pd.Series) -> pd.Series | None:
-    """The bench row of a train variant's model: same VARIANT and MODEL_FIELDS (the variant's rows
-    must all have one model: a variant averaged over several sizes has no single bench row)."""
+    """The bench row of a train variant's model: same VARIANT and the model fields that apply to it
+    (the variant's rows must all have one model: a variant averaged over several sizes has no
+    single bench row)."""
+    relevant = model_fields(variant["attention"], variant["pe"])
+    shape = shape[[name for name in shape.index if name in relevant]]
     if any(len(values) != 1 for values in shape):
         return None
     mask = np.ones(len(measured), dtype=bool)

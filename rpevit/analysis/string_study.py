@@ -27,7 +27,7 @@ import pandas as pd
 
 from rpevit.analysis.common import (bootstrap, fmt, interval, markdown_table, mean_interval, pyplot, read_trials,
                                     save_figure, script_main, with_variant)
-from rpevit.analysis.efficiency import MODEL_FIELDS, with_resolved_shape
+from rpevit.analysis.efficiency import MODEL_FIELDS, SHAPE_FIELDS, model_fields, with_resolved_shape
 
 REFERENCE = "rope"
 STRING_PES = ("rope", "circulant_string", "cayley_string", "reflection_string", "sparse_cayley_string", "rotinv")
@@ -51,28 +51,37 @@ def difference_interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float, flo
 
 
 def bench_ratios(bench: pd.DataFrame) -> pd.DataFrame:
-    """Median training-step / inference times of softmax bench rows, keyed by dataset, pe and the
-    model fields, divided by rope's of the same dataset and model shape."""
+    """Median training-step / inference times of softmax bench rows per dataset, pe and model fields,
+    divided by those of rope's row of the same dataset and shape (SHAPE_FIELDS)."""
     if bench.empty:
         return pd.DataFrame()
     b = with_resolved_shape(bench[(bench["attention"] == "softmax") & bench["pe"].isin(STRING_PES)])
     b = b[b.get("qk_norm", pd.Series("none", index=b.index)).fillna("none") == "none"]
     keys = ["dataset", "pe", *(c for c in MODEL_FIELDS if c in b.columns)]
     times = b.groupby(keys, dropna=False)[["train_step_ms", "infer_ms_per_sample"]].median().reset_index()
-    shape = ["dataset", *(c for c in ("image_size", "patch_size", "dim", "depth", "heads") if c in times.columns)]
+    shape = ["dataset", *(c for c in SHAPE_FIELDS if c in times.columns)]
     refs = times.loc[times["pe"] == REFERENCE, [*shape, "train_step_ms", "infer_ms_per_sample"]]
-    joined = times.merge(refs, on=shape, how="left", suffixes=("", "_rope"))
+    joined = times.merge(refs.drop_duplicates(shape), on=shape, how="left", suffixes=("", "_rope"))
     joined["train x rope"] = joined["train_step_ms"] / joined["train_step_ms_rope"]
     joined["infer x rope"] = joined["infer_ms_per_sample"] / joined["infer_ms_per_sample_rope"]
     return joined[[*keys, "train x rope", "infer x rope"]]
 
 
 def with_costs(rows: pd.DataFrame, ratios: pd.DataFrame) -> pd.DataFrame:
-    """rows with the bench ratios of their model (NaN where no bench row matches)."""
+    """rows with the bench ratios of their model: same dataset and pe, and equal in the model fields
+    that apply to the encoding (efficiency.model_fields); NaN where no bench row matches."""
+    out = rows.assign(**{"train x rope": math.nan, "infer x rope": math.nan})
     if ratios.empty:
-        return rows.assign(**{"train x rope": math.nan, "infer x rope": math.nan})
-    keys = [c for c in ratios.columns if c not in ("train x rope", "infer x rope") and c in rows.columns]
-    return rows.merge(ratios, on=keys, how="left")
+        return out
+    for i, row in out.iterrows():
+        mask = (ratios["dataset"] == row["dataset"]) & (ratios["pe"] == row["pe"])
+        for name in model_fields("softmax", row["pe"]):
+            if name in ratios.columns and name in out.columns:
+                mask &= ratios[name] == row[name]
+        if mask.any():
+            found = ratios.loc[mask].iloc[0]
+            out.loc[i, ["train x rope", "infer x rope"]] = [found["train x rope"], found["infer x rope"]]
+    return out
 
 
 def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -96,7 +105,7 @@ def f_table(rows: pd.DataFrame) -> pd.DataFrame:
         acc = g["test_acc"].to_numpy(float)
         out.append({"f": f, "solver": solver, "seeds": len(acc), "acc": acc.mean(),
                     "acc_text": mean_interval(acc, scale=100, digits=4), "values": acc})
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=["f", "solver", "seeds", "acc", "acc_text", "values"])
 
 
 def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
@@ -114,13 +123,13 @@ def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
         if math.isfinite(best["train x rope"]):
             lines.append(f"It costs {fmt(best['train x rope'], 3)}x rope's training-step time and "
                          f"{fmt(best['infer x rope'], 3)}x its inference time (bench, alone).")
-    dense = fs[fs["solver"] != "sparse"].sort_values("f") if not fs.empty else fs
+    dense = fs[fs["solver"] != "sparse"].sort_values("f")
     if len(dense) > 1:
         top = dense.loc[dense["acc"].idxmax()]
         lines.append(f"Across f = {', '.join(fmt(f, 3) for f in dense['f'])}, accuracy spans "
                      f"{fmt(100 * dense['acc'].min(), 4)}-{fmt(100 * dense['acc'].max(), 4)}% (best at f = "
                      f"{fmt(top['f'], 3)}).")
-    for _, row in (fs[fs["solver"] == "sparse"].iterrows() if not fs.empty else ()):
+    for _, row in fs[fs["solver"] == "sparse"].iterrows():
         twin = dense[dense["f"] == row["f"]]
         if len(twin):
             d, dlo, dhi = difference_interval(row["values"], twin["values"].iloc[0])
