@@ -302,7 +302,7 @@ def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times
     assert (costs.loc["softmax", "infer_ms_per_sample"], costs.loc["softmax", "peak_mem_mb"]) == (0.05, 300.0)
     assert costs.loc["favor", "timing"] == efficiency.CONTENDED and costs.loc["favor", "train_s_per_epoch"] == 2.0
     text = efficiency.build(parent)
-    assert f"| 5 | 0.05 | 300 |" in text and efficiency.CONTENDED in text and "not comparable" in text
+    assert "| 5 | 0.05 | 300 |" in text and efficiency.CONTENDED in text and "not comparable" in text
     # without the bench row: softmax's seeds ran one after the other, favor's side by side
     alone = efficiency.variant_costs(common.load_trials(parent / "main", "train")).set_index("attention")
     assert alone.loc["softmax", "timing"] == efficiency.ONE_AT_A_TIME and alone.loc["softmax", "train_s_per_epoch"] == 2

@@ -4,7 +4,6 @@ sweep names that are one folder name."""
 from __future__ import annotations
 
 import math
-import sys
 import time
 from pathlib import Path
 

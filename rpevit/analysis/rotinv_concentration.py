@@ -104,7 +104,7 @@ def main() -> None:
 
     q = f"{100 * (1 - args.delta):g}%"
     lines = [
-        f"# rotinv random mode: deviation from p against m draws",
+        "# rotinv random mode: deviation from p against m draws",
         "",
         f"grid {args.grid}x{args.grid} (coordinates in [-1/2, 1/2]^2, t = |c_i - c_j|^2 in [0, 2]), "
         f"p(t) = {' + '.join(f'{c:g} t^{k}' for k, c in enumerate(a))}, p in [{exact.min():.3g}, {exact.max():.3g}], "
