@@ -108,8 +108,9 @@ def test_bootstrap_interval_covers_the_mean_and_is_undefined_for_one_seed():
 
 
 def test_effect_of_an_encoding_from_its_G_interval():
-    assert gap_closure.effect(0.4, 0.2, 0.6) == "closes"
-    assert gap_closure.effect(0.9, 0.5, 1.2) == gap_closure.effect(1.3, 1.1, 1.5) == "fully closes"
+    assert gap_closure.effect(0.4, 0.2, 0.6) == "partly closes"
+    assert gap_closure.effect(0.9, 0.5, 1.2) == gap_closure.effect(1.3, 0.3, 9.8) == "closes"
+    assert gap_closure.effect(1.3, 1.1, 1.5) == gap_closure.effect(1.0, 1.0, 1.2) == "fully closes"
     assert gap_closure.effect(-0.5, -0.8, -0.1) == "widens"
     assert gap_closure.effect(0.1, -0.2, 0.4) == "no clear effect"
     assert gap_closure.effect(0.1, math.nan, math.nan) == "no interval (one seed)"
@@ -205,8 +206,8 @@ def test_draw_aware_gap_closure_by_hand(tmp_path):
     result = assessed(out)
     train = closure(result, gap_closure.TRAIN_DRAW, "favor", "rope", redraw=REDRAW)
     draw = closure(result, gap_closure.DRAW_MEAN, "favor", "rope", redraw=REDRAW)
-    assert train.G == pytest.approx(0.05 / 0.11) and train.effect == "closes"
-    assert draw.G == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "closes"
+    assert train.G == pytest.approx(0.05 / 0.11) and train.effect == "partly closes"
+    assert draw.G == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "partly closes"
     luo = closure(result, gap_closure.TRAIN_DRAW, "favor", "luo_rpe", redraw=REDRAW)
     assert luo.G == pytest.approx(-0.10 / 0.11) and luo.effect == "widens"
     l2 = result[gap_closure.DRAW_MEAN][("digits", "favor", "l2", REDRAW)]
@@ -228,8 +229,8 @@ def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
     assert verdict.startswith("### digits: verdict (3 seeds per variant, 3 epochs)")
     favor = next(line for line in verdict.split("\n- ") if line.startswith(f"**favor, qk_norm none, redraw {REDRAW}**"))
     assert "gap softmax+ape − favor+ape = 11 points [" in favor
-    assert "closes it: rope (G 0.455 [" in favor and "widens it: luo_rpe" in favor
-    assert "closes it: rope (G 0.5 [" in favor and "training draw and draw mean agree" in favor
+    assert "partly closes it (G interval between 0 and 1): rope (G 0.455 [" in favor and "widens it: luo_rpe" in favor
+    assert "partly closes it (G interval between 0 and 1): rope (G 0.5 [" in favor and "training draw and draw mean agree" in favor
     relu = next(line for line in verdict.split("\n- ") if line.startswith("**relu-identity"))
     assert "no gap to close at this schedule: gap softmax+ape − relu-identity+ape = 0 points [" in relu
     assert "rope" not in relu  # G is not computed, so no encoding is said to close or widen it

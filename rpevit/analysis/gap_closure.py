@@ -54,7 +54,14 @@ ACCURACY_COLUMNS = {"test_acc": "test acc (training draw)", "test_acc_draw_mean"
                     "test_acc_draw_ensemble": "draw ensemble", "test_acc_softmax_swap": "softmax swap"}
 FIDELITY, PER_LAYER = "attn_tv_to_softmax", "attn_tv_per_layer"
 GAP_OUTCOME = {"resolved": "a gap", "zero": "no gap to close", "ahead": "b+ape ahead", "missing": "not measured"}
-EFFECT_ORDER = ("fully closes", "closes", "widens", "no clear effect", "no interval (one seed)")
+# Effect of an encoding, read off its G interval, in the order the verdict lists them, with the phrase it uses.
+EFFECT_PHRASE = {"fully closes": "fully closes it (G interval at or above 1)",
+                 "closes": "closes it (G interval above 0 and reaching 1)",
+                 "partly closes": "partly closes it (G interval between 0 and 1)",
+                 "widens": "widens it",
+                 "no clear effect": "no clear effect (G interval includes 0)",
+                 "no interval (one seed)": "no interval (one seed)"}
+EFFECT_ORDER = tuple(EFFECT_PHRASE)
 
 Variant = tuple[str, str, str, str, str]  # VARIANT values
 Config = tuple[str, str, str, str]  # (dataset, backend, qk_norm, redraw): one Performer configuration
@@ -150,11 +157,14 @@ def measure_gap(acc: Accuracies, config: Config) -> Gap:
 
 
 def effect(G: float, lo: float, hi: float) -> str:
-    """closes (interval above 0), fully closes (and reaches 1), widens (below 0), or no clear effect."""
+    """From the G interval: fully closes (all of it >= 1), closes (above 0, reaching 1), partly closes (inside
+    (0, 1)), widens (below 0), or no clear effect (includes 0). Only the interval decides, never G alone."""
     if not math.isfinite(lo):
         return "no interval (one seed)"
+    if lo >= 1:
+        return "fully closes"
     if lo > 0:
-        return "fully closes" if hi >= 1 else "closes"
+        return "closes" if hi >= 1 else "partly closes"
     return "widens" if hi < 0 else "no clear effect"
 
 
@@ -215,7 +225,7 @@ def effect_list(assessment: Assessment, backend: str) -> str:
         return f"no gap to close: {backend}+ape is ahead of softmax+ape, {gap.text(backend)}"
     groups = {e: [f"{pe} (G {interval(c.G, c.lo, c.hi)})" for pe, c in assessment.closures.items() if c.effect == e]
               for e in EFFECT_ORDER}
-    said = [f"{e if e.startswith('no ') else e + ' it'}: {', '.join(pes)}" for e, pes in groups.items() if pes]
+    said = [f"{EFFECT_PHRASE[e]}: {', '.join(pes)}" for e, pes in groups.items() if pes]
     return f"{gap.text(backend)}; " + ("; ".join(said) if said else "no encoding other than ape measured")
 
 
