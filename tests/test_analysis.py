@@ -441,6 +441,19 @@ def test_kernel_mse_report_numbers(tmp_path):
     assert png_ok(out / "kernel_mse_vs_m_0.png")
 
 
+def test_thread_hours_count_each_tune_trial_once():
+    t0 = pd.Timestamp("2026-11-22 08:00", tz="UTC")
+    at = lambda minutes: t0 + pd.Timedelta(minutes=minutes)  # noqa: E731
+    frame = pd.DataFrame({  # two members timed in one worker (overlapping spans), and a 2-thread trial
+        "tune_trial_id": ["a", "a", "b"], "torch_threads": [1, 1, 2],
+        "started_at": [at(0), at(1), at(0)], "finished_at": [at(30), at(60), at(90)]})
+    assert report.thread_hours(frame) == pytest.approx(1.0 + 3.0)
+    older = frame.assign(started_at=report.unix_seconds(frame["started_at"]),  # float seconds, no trial ids
+                         finished_at=report.unix_seconds(frame["finished_at"])).drop(columns="tune_trial_id")
+    assert report.thread_hours(older) == pytest.approx(0.5 + 59 / 60 + 3.0)
+    assert math.isnan(report.thread_hours(frame.drop(columns="started_at")))
+
+
 def test_report_gathers_every_section(tmp_path):
     parent = tmp_path / "results"
     write_sweep(parent / "main", "main", train_rows())
@@ -456,6 +469,7 @@ def test_report_gathers_every_section(tmp_path):
                     "## Environment"):
         assert heading in text
     assert ENV["git_commit"] in text and ENV["torch_version"] in text
+    assert "| thread-hours in trials | resumed after a stop |" in text
     assert "| 4 | 0.25 |" in text and "_from rotinv/rotinv_concentration.md_" in text
     assert pd.read_parquet(parent / "main" / TRIALS_FILE)["status"].eq("ok").all()
     for png in ("gap_closure.png", "efficiency_pareto.png", "token_scaling.png", "kernel_mse_vs_m_0.png"):

@@ -11,22 +11,41 @@ Only rows listed in each folder's space.json are used; the Trials table counts t
 """
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
 import pandas as pd
 
 from rpevit.analysis import efficiency, gap_closure, kernel_mse, string_study
-from rpevit.analysis.common import (SPACE_FILE, cli, current_rows, environment_table, markdown_table, read_trials,
-                                    space_keys, trial_files, write_markdown)
+from rpevit.analysis.common import (SPACE_FILE, cli, column, current_rows, environment_table, fmt, markdown_table,
+                                    read_trials, space_keys, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
+from rpevit.sweep.results import unix_seconds
 
 ROTINV_FILE = "rotinv_concentration.md"
+THREAD_HOURS_NOTE = ("Thread-hours: per Tune trial, last finish − first start times its torch threads, over the "
+                     "rows of the current space; a trial resumed after a stop counts from its resume.")
+
+
+def thread_hours(frame: pd.DataFrame) -> float:
+    """Thread-hours spent inside the rows' trials: per Tune trial (members timed together in one worker share
+    one), last finish - first start, times its torch threads. A resumed trial counts from its resume, so
+    time lost to a stop is not in it. NaN where the rows carry no start/finish times."""
+    if frame.empty or not {"started_at", "finished_at"} <= set(frame.columns):
+        return math.nan
+    spans = pd.DataFrame({"start": unix_seconds(frame["started_at"]), "end": unix_seconds(frame["finished_at"]),
+                          "threads": pd.to_numeric(column(frame, "torch_threads", 1), errors="coerce").fillna(1)})
+    trial = column(frame, "tune_trial_id", "").fillna("").astype(str)
+    spans["trial"] = trial.where(trial != "", pd.Series(frame.index.astype(str), index=frame.index))
+    per_trial = spans.groupby("trial").agg(start=("start", "min"), end=("end", "max"), threads=("threads", "max"))
+    return float(((per_trial["end"] - per_trial["start"]) * per_trial["threads"]).sum() / 3600)
 
 
 def status_table(results_dir: Path) -> str:
-    """Per sweep folder: tasks, ok / failed rows of the current space, and the rows set aside as stale
-    (trial_key not in the folder's space.json), so a reader sees what every section left out."""
+    """Per sweep folder: tasks, ok / failed rows of the current space, the rows set aside as stale
+    (trial_key not in the folder's space.json), so a reader sees what every section left out, the
+    thread-hours its trials took and how many were resumed after a stop."""
     rows = []
     for path in trial_files(results_dir):
         frame = pd.read_parquet(path)
@@ -34,8 +53,11 @@ def status_table(results_dir: Path) -> str:
         counts = current["status"].value_counts()
         tasks = ", ".join(sorted(frame["task"].dropna().astype(str).unique())) if "task" in frame else "?"
         aside = stale if space_keys(path.parent) is not None else f"no {SPACE_FILE}: all kept"
-        rows.append([path.parent.name, tasks, int(counts.get(OK, 0)), int(counts.get(FAILED, 0)), aside])
-    return markdown_table(["folder", "task", OK, FAILED, f"set aside (not in {SPACE_FILE})"], rows)
+        resumed = int((pd.to_numeric(column(current, "resumed_from_epoch", 0), errors="coerce") > 0).sum())
+        rows.append([path.parent.name, tasks, int(counts.get(OK, 0)), int(counts.get(FAILED, 0)), aside,
+                     fmt(thread_hours(current)), resumed])
+    return markdown_table(["folder", "task", OK, FAILED, f"set aside (not in {SPACE_FILE})",
+                           "thread-hours in trials", "resumed after a stop"], rows)
 
 
 def rotinv_section(results_dir: Path) -> str | None:
@@ -59,7 +81,7 @@ def build_report(results_dir: Path) -> str:
                 kernel_mse.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),
-            "", "## Environment the successful rows were produced on", "", trials.note(), "",
+            "", THREAD_HOURS_NOTE, "", "## Environment the successful rows were produced on", "", trials.note(), "",
             environment_table(trials.frame), ""]
     body = [s for s in sections if s]
     if not body:

@@ -173,6 +173,18 @@ def load_trials(out_dir: Path) -> pd.DataFrame:
     return pd.read_parquet(out_dir / TRIALS_FILE) if (out_dir / TRIALS_FILE).exists() else pd.DataFrame()
 
 
+def unix_seconds(times: pd.Series) -> pd.Series:
+    """Unix seconds of a `started_at` / `finished_at` column: timestamps (now) or float seconds (older files)."""
+    if hasattr(times, "dt"):
+        return (times - pd.Timestamp(0, unit="s", tz="UTC")).dt.total_seconds()
+    return times.astype(float)
+
+
+def trial_seconds(frame: pd.DataFrame) -> pd.Series:
+    """finished_at - started_at of each row, in seconds (a resumed trial counts from its resume)."""
+    return unix_seconds(frame["finished_at"]) - unix_seconds(frame["started_at"])
+
+
 def current_keys(results_dir: str | os.PathLike) -> list[str] | None:
     """Trial keys of the sweep's current space, from `space.json` (None: no space.json there)."""
     folder = Path(results_dir)

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import pandas as pd
 import ray
 from ray import tune
 from ray.tune import Callback
@@ -45,7 +44,8 @@ from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.protocol import FAILED, OK, SPEC_KEY, TUNE_METRIC, Member, TrialSpec, members_of
-from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials, select_keys
+from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials, select_keys,
+                                  trial_seconds, unix_seconds)
 from rpevit.sweep.space import Resources, Space, SpaceError, check_name
 from rpevit.sweep.trainable import StartBarrier, run_trial
 
@@ -473,11 +473,11 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
         print(f"wall time {wall_s:.1f} s (interleaved timing: the variants ran in rounds in one worker, so there "
               f"is no per-trial overhead figure)")
     elif wall_s > 0 and "started_at" in table.columns:
-        ran = table[(table["status"] == OK) & (_unix(table["started_at"]) >= started_after)]
-        outcome.trial_s = float(_seconds(ran["finished_at"] - ran["started_at"]).sum())
+        ran = table[(table["status"] == OK) & (unix_seconds(table["started_at"]) >= started_after)]
+        outcome.trial_s = float(trial_seconds(ran).sum())
         outcome.trials_ran = len(ran)
         if len(ran):
-            outcome.startup_s = float(_unix(ran["started_at"]).min() - started_after)
+            outcome.startup_s = float(unix_seconds(ran["started_at"]).min() - started_after)
         print(f"wall time {wall_s:.1f} s; sum of in-trial times {outcome.trial_s:.1f} s over {len(ran)} trials; "
               f"{slots} at a time: {outcome.overhead_s_per_trial:.2f} s per trial outside the trials "
               f"((wall x {slots} - in-trial) / trials; {outcome.startup_s:.1f} s of it before the first trial started)")
@@ -493,13 +493,3 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
     return outcome
 
 
-def _unix(times: pd.Series) -> pd.Series:
-    """Unix seconds of a timestamp column (now) or of float seconds (older files)."""
-    if hasattr(times, "dt"):
-        return (times - pd.Timestamp(0, unit="s", tz="UTC")).dt.total_seconds()
-    return times.astype(float)
-
-
-def _seconds(delta: pd.Series) -> pd.Series:
-    """Durations in seconds, whether the columns were timestamps (now) or float seconds (older files)."""
-    return delta.dt.total_seconds() if hasattr(delta, "dt") else delta
