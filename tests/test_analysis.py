@@ -253,6 +253,20 @@ def test_old_parquet_without_draw_columns_still_reports(tmp_path):
     assert "| softmax | ape | none | off | 3 | 2.1 |" in efficiency.build(out)
 
 
+def test_per_layer_fidelity_read_from_rows_written_as_text(tmp_path):
+    """Rows from before the typed schema hold attn_tv_per_layer as printed text: it still averages."""
+    out = tmp_path / "text"
+    out.mkdir()
+    rows = [{**r, "status": "ok", "task": "train", "trial_key": f"k{i}"} for i, r in enumerate(draw_rows())]
+    frame = pd.DataFrame(rows)
+    frame["attn_tv_per_layer"] = ["[0. 0.]" if a == "softmax" else "[0.2, 0.4]" for a in frame["attention"]]
+    frame.to_parquet(out / TRIALS_FILE)
+    text = gap_closure.build(out)
+    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] | 0.2, 0.4 |" in text
+    assert "| softmax | ape | none | off | 3 | 0 [0, 0] | 0, 0 |" in text
+    assert gap_closure.float_list("[0.1, x]") is None and gap_closure.float_list("[]") is None
+
+
 def test_stale_rows_are_set_aside_and_counted(tmp_path):
     current = train_rows()
     stale = [{**r, "seed": 7, "test_acc": 0.1} for r in current if r["pe"] == "rope"][:3]

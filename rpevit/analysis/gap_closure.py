@@ -288,9 +288,22 @@ def accuracy_table(seeds: pd.DataFrame) -> str:
     return markdown_table([*VARIANT[1:], "seeds", *(f"{label} %" for label in ACCURACY_COLUMNS.values())], rows)
 
 
+def float_list(value: object) -> np.ndarray | None:
+    """A per-layer list as floats, or None. Rows written before results had a typed schema
+    (`rpevit.sweep.results`) hold the list as its printed text, '[0.5, 0.4]' or numpy's '[0. 0.]'."""
+    if isinstance(value, str):
+        try:
+            value = [float(x) for x in value.strip().removeprefix("[").removesuffix("]").replace(",", " ").split()]
+        except ValueError:
+            return None
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value):
+        return np.asarray(value, dtype=float)
+    return None
+
+
 def per_layer_text(values: pd.Series) -> str:
     """Per-layer TV averaged over the variant's rows, e.g. '0.12, 0.3'; — when no row has it."""
-    arrays = [np.asarray(v, dtype=float) for v in values if isinstance(v, (list, tuple, np.ndarray)) and len(v)]
+    arrays = [a for a in map(float_list, values) if a is not None]
     if not arrays:
         return "—"
     if len({len(a) for a in arrays}) > 1:
