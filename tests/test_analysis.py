@@ -239,6 +239,13 @@ def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
     assert "the two disagree on the gap: a gap on the training draw, no gap to close on the draw mean" in l2
 
 
+def test_disagreement_names_the_backend_that_is_ahead():
+    ahead = gap_closure.Assessment(gap_closure.Gap(point=-0.002, lo=-0.003, hi=-0.001, state="ahead"), {})
+    gap = gap_closure.Assessment(gap_closure.Gap(point=0.004, lo=0.003, hi=0.006, state="resolved"), {})
+    assert gap_closure.disagreement(ahead, gap, "favor") == (
+        "the two disagree on the gap: favor+ape ahead of softmax+ape on the training draw, a gap on the draw mean")
+
+
 def test_old_parquet_without_draw_columns_still_reports(tmp_path):
     out = tmp_path / "old"
     out.mkdir()

@@ -53,7 +53,8 @@ ACCURACY_COLUMNS = {"test_acc": "test acc (training draw)", "test_acc_draw_mean"
                     "test_acc_draw_std": "draw std (mean over seeds)", "test_acc_draw_min": "draw min",
                     "test_acc_draw_ensemble": "draw ensemble", "test_acc_softmax_swap": "softmax swap"}
 FIDELITY, PER_LAYER = "attn_tv_to_softmax", "attn_tv_per_layer"
-GAP_OUTCOME = {"resolved": "a gap", "zero": "no gap to close", "ahead": "b+ape ahead", "missing": "not measured"}
+GAP_OUTCOME = {"resolved": "a gap", "zero": "no gap to close", "ahead": "{backend}+ape ahead of softmax+ape",
+               "missing": "not measured"}
 # Effect of an encoding, read off its G interval, in the order the verdict lists them, with the phrase it uses.
 EFFECT_PHRASE = {"fully closes": "fully closes it (G interval at or above 1)",
                  "closes": "closes it (G interval above 0 and reaching 1)",
@@ -229,22 +230,23 @@ def effect_list(assessment: Assessment, backend: str) -> str:
     return f"{gap.text(backend)}; " + ("; ".join(said) if said else "no encoding other than ape measured")
 
 
-def outcome(assessment: Assessment, pe: str | None = None) -> str:
+def outcome(assessment: Assessment, backend: str, pe: str | None = None) -> str:
     """Short label of the gap (pe None) or of one encoding's effect, for spotting disagreements."""
     state = assessment.gap.state
     if pe is None or state != "resolved":
-        return GAP_OUTCOME[state]
+        return GAP_OUTCOME[state].format(backend=backend)
     return assessment.closures[pe].effect
 
 
-def disagreement(train: Assessment, draw: Assessment) -> str:
+def disagreement(train: Assessment, draw: Assessment, backend: str) -> str:
     """Where the training-draw and draw-mean verdicts differ, in words."""
     if draw.gap.state == "missing":
         return "draw mean not measured: nothing to compare"
-    if outcome(train) != outcome(draw):
-        return f"the two disagree on the gap: {outcome(train)} on the training draw, {outcome(draw)} on the draw mean"
-    differ = [f"{pe} ({outcome(train, pe)} vs {outcome(draw, pe)})" for pe in train.closures
-              if outcome(train, pe) != outcome(draw, pe)]
+    gap_train, gap_draw = outcome(train, backend), outcome(draw, backend)
+    if gap_train != gap_draw:
+        return f"the two disagree on the gap: {gap_train} on the training draw, {gap_draw} on the draw mean"
+    differ = [f"{pe} ({outcome(train, backend, pe)} vs {outcome(draw, backend, pe)})" for pe in train.closures
+              if outcome(train, backend, pe) != outcome(draw, backend, pe)]
     if differ:
         return "the two disagree (training draw vs draw mean) on: " + ", ".join(differ)
     return "training draw and draw mean agree"
@@ -275,7 +277,7 @@ def verdict(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame, assessed: di
         lines += [f"- **{backend}, qk_norm {qk_norm}, redraw {redraw}** (baseline {train.gap.baseline})",
                   f"  - {SOURCES[TRAIN_DRAW]}: {effect_list(train, backend)}.",
                   f"  - {SOURCES[DRAW_MEAN]}: {effect_list(draw, backend)}.",
-                  f"  - {disagreement(train, draw)}."]
+                  f"  - {disagreement(train, draw, backend)}."]
     return "\n".join(lines + [""])
 
 
