@@ -439,6 +439,7 @@ def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp
     assert "best at f = 0.5" in text and "The sparse solver at f = 0.1" in text
     assert (parent / "string_study_f.png").stat().st_size > 1000
     assert "## The STRING study" in report.build_report(parent)
+    assert "| softmax | rope | none | off | 3 |" in efficiency.build(parent)  # seeds, each counted once
     # rope and one other STRING, no sparse rows (the converged MNIST study alone): no f table, no plot
     few = tmp_path / "few"
     write_sweep(few / "string", "string", [r for r in rows if r["pe"] in ("rope", "cayley_string")])

@@ -79,7 +79,7 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     cols = [c for c in COST_COLUMNS if c in frame.columns]
     groups = frame.groupby(list(VARIANT))
     table = groups[cols].mean()
-    table["seeds"] = groups.size()
+    table["seeds"] = groups["seed"].nunique()  # a seed trained in two sweeps (MNIST rope) counts once
     if "n_train" in frame.columns:  # images per epoch: turns a bench step time into seconds per epoch
         table["n_train"] = groups["n_train"].mean()
     table["timing"] = groups["overlapped"].agg(lambda o: UNKNOWN_TIMES if o.isna().any() else
