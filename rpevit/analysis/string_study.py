@@ -47,7 +47,7 @@ def string_rows(train: pd.DataFrame) -> pd.DataFrame:
 
 def one_row_per_seed(rows: pd.DataFrame) -> pd.DataFrame:
     """A seed trained in two sweeps (MNIST rope: the converged study and the STRING study) counts
-    once, with its accuracies averaged, as gap_closure.per_seed does: two rows of one seed are not
+    once, with its test accuracy averaged, as gap_closure.per_seed does: two rows of one seed are not
     two samples, and counting both would narrow the intervals."""
     keys = ["dataset", "variant", "seed"]
     out = rows.drop_duplicates(keys).reset_index(drop=True)
