@@ -148,6 +148,18 @@ def test_gap_closure_by_hand(tmp_path):
     assert png_ok(out / "gap_closure.png")
 
 
+def test_gap_closure_bar_beyond_the_axis_names_its_interval_end():
+    """A tiny gap gives G intervals that run to 20 or more; the axis stops at G_AXIS_LIMIT and the end is written."""
+    plt = common.pyplot()
+    fig, ax = plt.subplots()
+    ax.set_ylim(-gap_closure.G_AXIS_LIMIT, gap_closure.G_AXIS_LIMIT)
+    drawn = gap_closure.draw_bar(ax, 0.0, 0.2, gap_closure.Closure(G=3.2, lo=1.4, hi=23.4), "C0", None, "luo_rpe")
+    gap_closure.draw_bar(ax, 1.0, 0.2, gap_closure.Closure(G=-0.4, lo=-0.9, hi=1.1), "C1", None, None)
+    texts = [t.get_text() for t in ax.texts]
+    plt.close(fig)
+    assert drawn and texts == ["23.4"]
+
+
 def test_gap_closure_with_one_seed_says_no_interval(tmp_path):
     rows = [r for r in train_rows() if r["seed"] == 0]
     out = write_sweep(tmp_path / "one", "one", rows)

@@ -375,14 +375,20 @@ def build(results_dir: Path) -> str | None:
 
 
 # ---------------------------------------------------------------- figure
+G_AXIS_LIMIT = 5.0
+
+
 def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) -> Path:
     """Bars of G per configuration and pe, one panel per dataset: training draw solid, draw mean hatched;
-    undefined G drawn as an 'n/a' label."""
+    undefined G drawn as an 'n/a' label. The axis stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does not
+    flatten every other bar; an interval end beyond it is written at the edge."""
     plt = pyplot()
     datasets = sorted({c[0] for c in assessed[TRAIN_DRAW]})
-    fig, axes = plt.subplots(1, len(datasets), figsize=(6.5 * len(datasets), 4.5), squeeze=False)
+    widest = max(sum(c[0] == d for c in assessed[TRAIN_DRAW]) for d in datasets)
+    fig, axes = plt.subplots(1, len(datasets), figsize=(max(6.5, 1.8 * widest) * len(datasets), 5), squeeze=False)
     for ax, dataset in zip(axes[0], datasets):
         configs = [c for c in assessed[TRAIN_DRAW] if c[0] == dataset]
+        ax.set_ylim(-G_AXIS_LIMIT, G_AXIS_LIMIT)
         pes = sorted({pe for c in configs for pe in assessed[TRAIN_DRAW][c].closures})
         width = 0.8 / max(1, 2 * len(pes))
         labelled: set[str] = set()
@@ -398,11 +404,11 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
                         labelled.add(label)
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_xticks(range(len(configs)), [f"{b}\nqk {q}\nredraw {r}" for _, b, q, r in configs], fontsize=7)
+        ax.set_xticks(range(len(configs)), [f"{b}\nqk {q}\nredraw {r.replace(' until', chr(10) + 'until')}" for _, b, q, r in configs], fontsize=7)
         ax.set_ylabel("gap closure G (1 = softmax+ape reached)")
         ax.set_title(f"{dataset}: G per Performer configuration and pe (95% CI)")
         if labelled:
-            ax.legend(fontsize=7)
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save_figure(fig, path)
 
 
@@ -414,6 +420,11 @@ def draw_bar(ax, xpos: float, width: float, closure: Closure, color: str, hatch:
     err = [[closure.G - closure.lo], [closure.hi - closure.G]] if math.isfinite(closure.lo) else None
     ax.bar(xpos, closure.G, width, yerr=err, capsize=2, color=color, hatch=hatch,
            alpha=0.6 if hatch else 1.0, label=label)
+    for end in (closure.lo, closure.hi):
+        if math.isfinite(end) and abs(end) > G_AXIS_LIMIT:
+            ax.annotate(f"{end:.3g}", (xpos, math.copysign(G_AXIS_LIMIT, end)), xytext=(2, 0), textcoords="offset points",
+                        ha="left", fontsize=6,
+                        va="top" if end > 0 else "bottom", rotation=90, annotation_clip=False)
     return True
 
 
