@@ -342,6 +342,17 @@ def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times
     assert alone.loc["softmax", "timing"] == efficiency.ONE_AT_A_TIME and alone.loc["softmax", "train_s_per_epoch"] == 2
 
 
+def test_pareto_accuracy_of_a_random_feature_model_is_its_draw_mean(tmp_path):
+    """One draw is a lottery: the accuracy-vs-cost plot places favor at its mean over fresh draws."""
+    rows = [{**r, "test_acc_draw_mean": r["test_acc"] - 0.3} if r["attention"] == "favor" else r for r in train_rows()]
+    write_sweep(tmp_path / "main", "main", rows)
+    costs = efficiency.variant_costs(common.load_trials(tmp_path, "train"))
+    for _, r in costs.iterrows():
+        expected = r["test_acc"] - 0.3 if r["attention"] == "favor" else r["test_acc"]
+        assert r[efficiency.JUDGED_ACC] == pytest.approx(expected)
+    assert (costs["attention"] == "favor").any() and (costs["attention"] == "softmax").any()
+
+
 def test_bench_rows_match_train_variants_on_the_options_their_classes_take(tmp_path):
     """An option no class of the variant takes (rotinv_basis for softmax+ape) must not keep a bench row
     from matching; one it takes (rotinv_basis for rotinv) must."""
