@@ -111,7 +111,8 @@ class TrialConfig:
     # attention options
     num_features: int = _field(64, "attention", "m, random features of FAVOR+ / ReLU", gt=0)
     redraw_interval: int = _field(0, "attention", "training steps between random-feature redraws",
-                                  ge=0, note="0 = never")
+                                  ge=0, note="0 = never: one draw for the whole run, which the model can fit; "
+                                  "see docs/random_features.md")
     # the draw is frozen for the last stretch so the final weights are adapted to the draw they
     # are evaluated with (docs/random_features.md)
     redraw_until: float = _field(0.8, "attention", "fraction of training steps after which the draw is frozen",

@@ -11,7 +11,7 @@ from rpevit.attention.kernelized import KernelizedAttention, set_training_length
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_attention, build_model
 from rpevit.pe.base import PositionEncoding
-from rpevit.tasks.train import WARMUP_MAX_FRACTION, make_optimizer, warmup_steps_for
+from rpevit.tasks.train import WARMUP_MAX_FRACTION, make_optimizer, one_draw_note, warmup_steps_for
 
 registry.load_all()
 
@@ -112,6 +112,16 @@ def test_redraw_until_freezes_the_draw():
     never = build_attention(cfg(attention="favor", redraw_interval=10, redraw_until=0.0), layer=0)
     set_training_length(torch.nn.ModuleList([never]), 100)
     assert count_redraws(never, 100) == 0
+
+
+@pytest.mark.parametrize("attention,relu_projection,redraw,warned", [
+    ("favor", "random", 0, True), ("relu", "random", 0, True), ("favor", "random", 100, False),
+    ("relu", "identity", 0, False), ("softmax", "random", 0, False)])
+def test_training_on_one_random_feature_draw_is_announced(attention, relu_projection, redraw, warned):
+    config = cfg(attention=attention, pe="rope", relu_projection=relu_projection, redraw_interval=redraw)
+    note = one_draw_note(build_model(config, 1, 10), config)
+    assert (note is not None) == warned
+    assert note is None or "test_acc_draw_mean" in note
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5])

@@ -20,7 +20,8 @@ from rpevit import checkpoint, metrics
 from rpevit.attention.kernelized import set_training_length
 from rpevit.config import TrialConfig
 from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
-from rpevit.evaluation import FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, softmax_swap_accuracy
+from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, random_feature_layers,
+                               softmax_swap_accuracy)
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
@@ -121,6 +122,17 @@ METRICS = TaskMetrics(
 
 
 @register_task("train", METRICS)
+def one_draw_note(model: nn.Module, cfg: TrialConfig) -> str | None:
+    """A warning for a random-feature model trained on one draw (redraw_interval 0): such a model can learn
+    its own random kernel (MNIST: favor+ape 98.7 % on its draw, 29 % over fresh draws), so it must be judged
+    by test_acc_draw_mean, not test_acc. None for other runs."""
+    if cfg.redraw_interval != 0 or not random_feature_layers(model):
+        return None
+    return ("note: redraw_interval 0 trains on one random-feature draw; the model can learn its own kernel, so "
+            "judge it by test_acc_draw_mean (docs/random_features.md; the studies use --redraw-interval 100 "
+            "with --redraw-until 0.8)")
+
+
 def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
                        extend_epochs: bool = False) -> dict:
@@ -142,6 +154,8 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
     total_steps = max(1, cfg.epochs * steps_per_epoch)
     warmup_steps = warmup_steps_for(cfg, steps_per_epoch, total_steps)
     set_training_length(model, total_steps)  # redraw_until counts in training steps
+    if note := one_draw_note(model, cfg):
+        log(note)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
     generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
     augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
