@@ -504,6 +504,34 @@ def test_thread_hours_count_each_tune_trial_once():
     assert math.isnan(report.thread_hours(frame.drop(columns="started_at")))
 
 
+def test_rows_of_an_older_writer_with_float_times_are_read_beside_timestamped_rows(tmp_path):
+    """The MNIST study's pinned commit wrote started_at as float seconds, later sweeps as timestamps; read
+    together they form one object column, which every time-based column must still understand."""
+    parent = tmp_path / "results"
+    rows = train_rows()
+    new = write_sweep(parent / "new", "new", [r for r in rows if r["attention"] != "favor"])
+    old = write_sweep(parent / "old", "old", [r for r in rows if r["attention"] == "favor"])
+    t0 = pd.Timestamp("2026-11-22 08:00", tz="UTC")
+    for folder, begin in ((new, 0), (old, 75)):  # each: one trial after another, 10 minutes apart, 9 long
+        frame = pd.read_parquet(folder / TRIALS_FILE)
+        assert pd.api.types.is_datetime64_any_dtype(frame["started_at"])
+        start = pd.Series([t0 + pd.Timedelta(minutes=begin + 10 * i) for i in range(len(frame))],
+                          dtype=frame["started_at"].dtype)
+        times = {"started_at": start, "finished_at": start + pd.Timedelta(minutes=9)}
+        if folder == old:
+            times = {c: report.unix_seconds(v) for c, v in times.items()}
+        frame.assign(**times).to_parquet(folder / TRIALS_FILE)
+    both = common.load_trials(parent, "train")
+    assert both["started_at"].dtype == object
+    assert report.unix_seconds(both["started_at"]).notna().all()
+    mixed = pd.Series([pd.Timestamp(5, unit="s", tz="UTC"), 7.5, None, pd.NaT], dtype=object)
+    assert report.unix_seconds(mixed).tolist()[:2] == [5.0, 7.5] and report.unix_seconds(mixed)[2:].isna().all()
+    costs = efficiency.variant_costs(both).set_index(["attention", "pe"])
+    assert costs.loc[("softmax", "ape"), "timing"] == efficiency.ONE_AT_A_TIME
+    assert costs.loc[("favor", "ape"), "timing"] == efficiency.CONTENDED  # old's first trial overlaps new's last
+    assert "## Efficiency" in efficiency.build(parent)
+
+
 def test_report_gathers_every_section(tmp_path):
     parent = tmp_path / "results"
     write_sweep(parent / "main", "main", train_rows())

@@ -28,6 +28,7 @@ from rpevit.analysis.common import (VARIANT, column, fmt, markdown_table, pyplot
 from rpevit import registry
 from rpevit.data import DATASET_SPECS
 from rpevit.models.factory import init_parameters
+from rpevit.sweep.results import unix_seconds
 
 TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
 COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc", "test_acc_draw_mean")
@@ -185,7 +186,7 @@ def overlapped(frame: pd.DataFrame) -> pd.Series:
         return out
     host = column(frame, "hostname", "").fillna("")
     for _, g in frame[frame["started_at"].notna() & frame["finished_at"].notna()].groupby(host):
-        start, end = g["started_at"].to_numpy(), g["finished_at"].to_numpy()
+        start, end = unix_seconds(g["started_at"]).to_numpy(), unix_seconds(g["finished_at"]).to_numpy()
         both = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
         out[g.index] = (both.sum(axis=1) > 1).tolist()  # each row overlaps itself
     return out

@@ -174,9 +174,13 @@ def load_trials(out_dir: Path) -> pd.DataFrame:
 
 
 def unix_seconds(times: pd.Series) -> pd.Series:
-    """Unix seconds of a `started_at` / `finished_at` column: timestamps (now) or float seconds (older files)."""
-    if hasattr(times, "dt"):
+    """Unix seconds of a `started_at` / `finished_at` column: timestamps (now), float seconds (older files), or
+    both mixed in one object column (rows of several sweeps, written by different versions, read together)."""
+    if pd.api.types.is_datetime64_any_dtype(times):
         return (times - pd.Timestamp(0, unit="s", tz="UTC")).dt.total_seconds()
+    if times.dtype == object:
+        return times.map(lambda t: math.nan if pd.isna(t) else t.timestamp() if isinstance(t, pd.Timestamp)
+                         else float(t)).astype(float)
     return times.astype(float)
 
 
