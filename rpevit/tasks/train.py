@@ -121,7 +121,6 @@ METRICS = TaskMetrics(
 )
 
 
-@register_task("train", METRICS)
 def one_draw_note(model: nn.Module, cfg: TrialConfig) -> str | None:
     """A warning for a random-feature model trained on one draw (redraw_interval 0): such a model can learn
     its own random kernel (MNIST: favor+ape 98.7 % on its draw, 29 % over fresh draws), so it must be judged
@@ -133,6 +132,7 @@ def one_draw_note(model: nn.Module, cfg: TrialConfig) -> str | None:
             "with --redraw-until 0.8)")
 
 
+@register_task("train", METRICS)
 def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
                        extend_epochs: bool = False) -> dict:
