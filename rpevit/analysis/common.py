@@ -124,6 +124,14 @@ def has_random_features(frame: pd.DataFrame) -> pd.Series:
     return frame["attention"].isin(RANDOM_FEATURE_ATTENTIONS) & ~relu_identity
 
 
+def judged_accuracy(frame: pd.DataFrame) -> pd.Series:
+    """The accuracy a row is judged by: its mean over fresh draws where the attention draws random
+    features (one draw is a lottery: docs/random_features.md), its exact test_acc otherwise. A
+    random-feature row without a draw mean stays NaN rather than falling back to its one draw."""
+    draw_mean = pd.to_numeric(column(frame, "test_acc_draw_mean"), errors="coerce")
+    return draw_mean.where(has_random_features(frame), pd.to_numeric(frame["test_acc"], errors="coerce"))
+
+
 def redraw_label(random_features: bool, interval: float, until: float) -> str:
     """'off' (no redraws, or nothing to redraw), else 'every N' and ' until F' when the row says F."""
     if not random_features or not (isinstance(interval, (int, float, np.number)) and interval > 0):

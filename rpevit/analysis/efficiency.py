@@ -6,8 +6,8 @@ From `train` trials, per dataset and (attention, pe): train s/epoch, inference m
 memory, FLOPs per image, parameters, AIC, BIC and test accuracy (means over seeds), and an
 accuracy-vs-cost plot with the Pareto front marked (no other variant is at least as accurate AND
 at most as costly; a random-feature model's accuracy there is its mean over fresh draws). Times and
-memory come from `bench` rows of the same model where there are any (a bench trial has its node to itself: train s/epoch = its training-step time per image x the
-train rows' images per epoch); otherwise from the train rows, and the `timing` column says when
+memory come from `bench` rows of the same model where there are any (a bench trial has its node to
+itself: train s/epoch = its training-step time per image x the train rows' images per epoch); otherwise from the train rows, and the `timing` column says when
 those trials ran side by side with others (contended: their times are not comparable).
 From `bench` trials (if any): time against N on log-log axes per (attention, pe), with the fitted
 slope of log time on log N over all N and over the three largest N (small N is dominated by
@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (VARIANT, column, fmt, markdown_table, pyplot, read_trials, save_figure, script_main,
-                                    with_variant)
+from rpevit.analysis.common import (VARIANT, column, fmt, judged_accuracy, markdown_table, pyplot, read_trials,
+                                    save_figure, script_main, with_variant)
 
 from rpevit import registry
 from rpevit.data import DATASET_SPECS
@@ -31,10 +31,8 @@ from rpevit.models.factory import init_parameters
 from rpevit.sweep.results import unix_seconds
 
 TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
-COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc", "test_acc_draw_mean")
-# the accuracy a variant is judged by: the mean over fresh draws for random-feature models (one draw is a
-# lottery, see docs/random_features.md), the exact test accuracy otherwise
-JUDGED_ACC = "judged_acc"
+JUDGED_ACC = "judged_acc"  # common.judged_accuracy: the draw mean for random-feature models, else test_acc
+COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc", "test_acc_draw_mean", JUDGED_ACC)
 PARETO_Y_SPAN = 5.0  # accuracy points shown below the best; variants further down sit at the edge as ▼
 LOG_AXIS_MIN_RATIO = 10.0  # a cost spanning less than this factor is drawn on a linear axis (readable ticks)
 # config fields that change what one image costs: a bench row stands for a train variant when all the
@@ -61,11 +59,12 @@ LARGE_N_POINTS = 3
 
 
 def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
-    """Boolean mask of the points no other point dominates (cost <= and acc >=, one strictly)."""
-    keep = np.ones(len(cost), dtype=bool)
+    """Boolean mask of the points no other point dominates (cost <= and acc >=, one strictly); a point
+    without a cost or an accuracy (NaN) is never on the front."""
+    keep = np.isfinite(cost) & np.isfinite(acc)
     for i in range(len(cost)):
         dominated = (cost <= cost[i]) & (acc >= acc[i]) & ((cost < cost[i]) | (acc > acc[i]))
-        keep[i] = not dominated.any()
+        keep[i] = keep[i] and not dominated.any()
     return keep
 
 
@@ -82,6 +81,7 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     `bench` rows of the variant's model where there are any; `timing` says where they came from."""
     frame = with_resolved_shape(with_variant(frame))
     frame["overlapped"] = overlapped(frame)
+    frame[JUDGED_ACC] = judged_accuracy(frame)
     cols = [c for c in COST_COLUMNS if c in frame.columns]
     groups = frame.groupby(list(VARIANT))
     table = groups[cols].mean()
@@ -100,8 +100,6 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
                 table.loc[i, "train_s_per_epoch"] = found["train_ms_per_image"] * row.get("n_train", np.nan) / 1e3
                 table.loc[i, ["infer_ms_per_sample", "peak_mem_mb"]] = found[["infer_ms_per_sample", "peak_mem_mb"]]
                 table.loc[i, "timing"] = BENCH_TIMING
-    draw_mean = table["test_acc_draw_mean"] if "test_acc_draw_mean" in table.columns else np.nan
-    table[JUDGED_ACC] = pd.Series(draw_mean, index=table.index).fillna(table["test_acc"])
     return table
 
 

@@ -37,9 +37,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (VARIANT, bootstrap, column, fmt, has_random_features, interval, markdown_table,
-                                    mean_interval, pyplot, read_trials, save_figure,
-                                    script_main, with_variant)
+from rpevit.analysis.common import (VARIANT, bootstrap, column, fmt, interval, judged_accuracy, markdown_table,
+                                    mean_interval, pyplot, read_trials, save_figure, script_main, with_variant)
 
 BASELINE_ATTENTION, BASELINE_PE = "softmax", "ape"
 MIN_GAP = 0.005  # 0.5 points of accuracy: below it a single-seed gap is not distinguishable from noise
@@ -77,7 +76,7 @@ def per_seed(frame: pd.DataFrame) -> pd.DataFrame:
     metrics = [*ACCURACY_COLUMNS, FIDELITY]
     for name in metrics:
         frame[name] = pd.to_numeric(column(frame, name), errors="coerce")
-    frame[DRAW_MEAN] = frame["test_acc_draw_mean"].where(has_random_features(frame), frame["test_acc"])
+    frame[DRAW_MEAN] = judged_accuracy(frame)
     return frame.groupby([*VARIANT, "seed"])[[*metrics, DRAW_MEAN]].mean().reset_index()
 
 
@@ -404,7 +403,8 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
                         labelled.add(label)
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(1, color="k", lw=0.8, ls="--")
-        ax.set_xticks(range(len(configs)), [f"{b}\nqk {q}\nredraw {r.replace(' until', chr(10) + 'until')}" for _, b, q, r in configs], fontsize=7)
+        ticks = [f"{b}\nqk {q}\nredraw {r}".replace(" until", "\nuntil") for _, b, q, r in configs]
+        ax.set_xticks(range(len(configs)), ticks, fontsize=7)
         ax.set_ylabel("gap closure G (1 = softmax+ape reached)")
         ax.set_title(f"{dataset}: G per Performer configuration and pe (95% CI)")
         if labelled:
@@ -422,9 +422,9 @@ def draw_bar(ax, xpos: float, width: float, closure: Closure, color: str, hatch:
            alpha=0.6 if hatch else 1.0, label=label)
     for end in (closure.lo, closure.hi):
         if math.isfinite(end) and abs(end) > G_AXIS_LIMIT:
-            ax.annotate(f"{end:.3g}", (xpos, math.copysign(G_AXIS_LIMIT, end)), xytext=(2, 0), textcoords="offset points",
-                        ha="left", fontsize=6,
-                        va="top" if end > 0 else "bottom", rotation=90, annotation_clip=False)
+            ax.annotate(f"{end:.3g}", (xpos, math.copysign(G_AXIS_LIMIT, end)), xytext=(2, 0),
+                        textcoords="offset points", ha="left", va="top" if end > 0 else "bottom", fontsize=6,
+                        rotation=90, annotation_clip=False)
     return True
 
 
