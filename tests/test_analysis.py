@@ -464,6 +464,7 @@ def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp
     text = string_study.build(parent)
     assert "The most accurate is cayley_string" in text and "1.2x rope's training-step time" in text
     assert "best at f = 0.5" in text and "The sparse solver at f = 0.1" in text
+    assert "| reference notebook, epoch x rope |" in text  # digits: the notebook has no figure, so "—"
     assert (parent / "string_study_f.png").stat().st_size > 1000
     assert "## The STRING study" in report.build_report(parent)
     assert "| softmax | rope | none | off | 3 |" in efficiency.build(parent)  # seeds, each counted once
@@ -473,6 +474,14 @@ def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp
     text = string_study.build(few)
     assert "The most accurate is cayley_string" in text and "against f" not in text
     assert not (few / "string_study_f.png").exists()
+
+
+def test_string_study_names_the_reference_notebooks_ratio_only_where_it_measured_one():
+    ratio = string_study.notebook_ratio
+    assert ratio("mnist", "cayley_string", None) == "5.5" and ratio("cifar10", "cayley_string", None) == "18.7"
+    assert ratio("mnist", "sparse_cayley_string", 1.0) == ratio("cifar10", "sparse_cayley_string", 1.0) == "up to 221"
+    assert ratio("cifar10", "sparse_cayley_string", 0.1) == "—"  # the notebook gave f = 1 only
+    assert ratio("digits", "cayley_string", None) == "—" and ratio("mnist", "rope", None) == "—"
 
 
 def test_kernel_mse_report_numbers(tmp_path):

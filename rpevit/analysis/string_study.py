@@ -11,6 +11,9 @@ sparse_cayley_string at each f and solver, rotinv), per dataset:
   its interval (the seeds of the two variants resampled independently);
 - cost relative to rope: training-step and inference time divided by rope's, from `bench` trials
   of the same model (each with the machine to itself; efficiency.bench_cost_table), where present;
+- beside them, the per-epoch cost ratios to RoPE that the reference notebook this project started
+  from measured (plain PyTorch on a laptop CPU; NOTEBOOK_X_ROPE), the figures the issue asked to
+  be compared with;
 - accuracy against f for the dense-solver rows, and the sparse-solver row beside the dense row of
   the same f (the two paths compute the same P: their accuracies should agree within seed noise);
 - a verdict in words generated from those numbers.
@@ -32,6 +35,23 @@ from rpevit.analysis.efficiency import MODEL_FIELDS, SHAPE_FIELDS, model_fields,
 REFERENCE = "rope"
 STRING_PES = ("rope", "circulant_string", "cayley_string", "reflection_string", "sparse_cayley_string", "rotinv")
 SPARSE = "sparse_cayley_string"
+
+# Per-epoch training time relative to RoPE measured by the reference notebook (plain PyTorch on a
+# laptop CPU), keyed by (dataset or None for any dataset, pe, string_sparsity or None for any f).
+# Its sparse f = 1 figure is a maximum over its runs, with no dataset given: "up to 221".
+NOTEBOOK_X_ROPE: dict[tuple[str | None, str, float | None], str] = {
+    ("mnist", "cayley_string", None): "5.5",
+    ("cifar10", "cayley_string", None): "18.7",
+    (None, SPARSE, 1.0): "up to 221",
+}
+
+
+def notebook_ratio(dataset: str, pe: str, f: float | None) -> str:
+    """The reference notebook's epoch-time ratio to RoPE for this variant, or "—" where it has none."""
+    for (d, name, sparsity), text in NOTEBOOK_X_ROPE.items():
+        if d in (None, dataset) and name == pe and (sparsity is None or f == sparsity):
+            return text
+    return "—"
 
 
 def string_rows(train: pd.DataFrame) -> pd.DataFrame:
@@ -102,9 +122,12 @@ def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
     for variant, g in rows.groupby("variant", sort=False):
         acc = g["test_acc"].to_numpy(float)
         diff = difference_interval(acc, ref) if len(ref) else (math.nan, math.nan, math.nan)
-        out.append({"variant": variant, "pe": g["pe"].iloc[0], "seeds": len(acc), "acc": acc.mean(),
+        first = g.iloc[0]
+        f = first["string_sparsity"] if first["pe"] == SPARSE else None
+        out.append({"variant": variant, "pe": first["pe"], "seeds": len(acc), "acc": acc.mean(),
                     "acc_text": mean_interval(acc, scale=100, digits=4), "diff": diff,
-                    "train x rope": g["train x rope"].median(), "infer x rope": g["infer x rope"].median()})
+                    "train x rope": g["train x rope"].median(), "infer x rope": g["infer x rope"].median(),
+                    "notebook x rope": notebook_ratio(first["dataset"], first["pe"], f)})
     return pd.DataFrame(out).sort_values("acc", ascending=False).reset_index(drop=True)
 
 
@@ -189,16 +212,18 @@ def build(results_dir: Path) -> str | None:
         table, fs = variant_table(g), f_table(g)
         per_dataset[dataset] = fs
         shown = [[r["variant"], r["seeds"], r["acc_text"], interval(*r["diff"], digits=3, scale=100),
-                  r["train x rope"], r["infer x rope"]] for _, r in table.iterrows()]
+                  r["train x rope"], r["infer x rope"], r["notebook x rope"]] for _, r in table.iterrows()]
         parts += [verdict(dataset, table, fs), "", f"### {dataset}: accuracy and cost relative to rope", "",
                   markdown_table(["variant", "seeds", "test acc % [95%]", "vs rope, points [95%]",
-                                  "train step x rope", "inference x rope"], shown), ""]
+                                  "train step x rope", "inference x rope", "reference notebook, epoch x rope"],
+                                 shown), ""]
         if not fs.empty:
             parts += [f"### {dataset}: sparse-S Cayley-STRING against f", "",
                       markdown_table(["f", "solver", "seeds", "test acc % [95%]"],
                                      fs[["f", "solver", "seeds", "acc_text"]].itertuples(index=False)), ""]
     parts += ["Cost columns: bench trials of the same model, each with the machine to itself (— where none was "
-              "run). Intervals: 95% bootstrap over seeds; differences resample the two variants' seeds "
+              "run). The reference notebook's ratios are its per-epoch times relative to RoPE (plain PyTorch on a "
+              "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% bootstrap over seeds; differences resample the two variants' seeds "
               "independently.", ""]
     if plot_f(per_dataset, results_dir / "string_study_f.png") is not None:
         parts += ["![accuracy against f](string_study_f.png)", ""]
