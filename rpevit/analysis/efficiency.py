@@ -7,8 +7,9 @@ memory, FLOPs per image, parameters, AIC, BIC and test accuracy (means over seed
 accuracy-vs-cost plot with the Pareto front marked (no other variant is at least as accurate AND
 at most as costly; a random-feature model's accuracy there is its mean over fresh draws). Times and
 memory come from `bench` rows of the same model where there are any (a bench trial has its node to
-itself: train s/epoch = its training-step time per image x the train rows' images per epoch); otherwise from the train rows, and the `timing` column says when
-those trials ran side by side with others (contended: their times are not comparable).
+itself: train s/epoch = its training-step time per image x the train rows' images per epoch);
+otherwise from the train rows, and the `timing` column says when those trials ran side by side with
+others (contended: their times are not comparable).
 From `bench` trials (if any): time against N on log-log axes per (attention, pe), with the fitted
 slope of log time on log N over all N and over the three largest N (small N is dominated by
 fixed overheads, so the large-N slope is the one to compare with 1 (linear) and 2 (quadratic)).

@@ -223,8 +223,8 @@ def build(results_dir: Path) -> str | None:
                                      fs[["f", "solver", "seeds", "acc_text"]].itertuples(index=False)), ""]
     parts += ["Cost columns: bench trials of the same model, each with the machine to itself (— where none was "
               "run). The reference notebook's ratios are its per-epoch times relative to RoPE (plain PyTorch on a "
-              "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% bootstrap over seeds; differences resample the two variants' seeds "
-              "independently.", ""]
+              "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% bootstrap over "
+              "seeds; differences resample the two variants' seeds independently.", ""]
     if plot_f(per_dataset, results_dir / "string_study_f.png") is not None:
         parts += ["![accuracy against f](string_study_f.png)", ""]
     return "\n".join(parts)
