@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start Ray's dashboard on 127.0.0.1 (local Ray only)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field in every trial (repeatable; --fields lists them)")
+    p.add_argument("--only", dest="only", action="append", default=[], metavar="FIELD=VALUE",
+                   help="run only the trials whose config has this value (repeatable: all must hold), e.g. "
+                        "--only dataset=cifar10 for one half of all12.yaml; trial keys stay the whole space's")
     return p
 
 
@@ -102,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(f"--max-trials has value {args.max_trials}; allowed: an integer >= 1")
         if args.name is not None:
             check_name(args.name, "--name")
-        space = load_space(args.space, overrides=parse_overrides(args.overrides), max_trials=args.max_trials)
+        space = load_space(args.space, overrides=parse_overrides(args.overrides), max_trials=args.max_trials,
+                           only=parse_overrides(args.only, flag="--only"))
         if args.name:
             space.name = args.name
         check_options(args, space)

@@ -1,13 +1,16 @@
 """Aggregate training throughput of K trials packed on one GPU vs one trial alone on it.
 
     .venv/bin/python benchmarks/gpu_packing.py --data-dir ../shared/data --pack 4
+    .venv/bin/python benchmarks/gpu_packing.py --data-dir ../shared/data --dataset cifar10 --pack 4 \
+        -- --dim 192 --depth 9 --heads 12 --drop-path 0.1 --label-smoothing 0.1 --augment crop_flip \
+        --weight-decay 0.05 --warmup-epochs 0.1   # all12.yaml's CIFAR-10 model and recipe, 1 epoch
     .venv/bin/python benchmarks/gpu_packing.py --data-dir ../shared/data --device cpu --train-subset 1000 \
         --threads 1 -- --dim 16 --depth 1          # a CPU dry run of the same code path
     .venv/bin/python benchmarks/gpu_packing.py --show-row single.json   # s/epoch, images/s of one row
 
 Why: a tiny ViT leaves most of a GPU idle (launch-bound steps), so a sweep packs trials at
 `gpus_per_trial: 0.25`. Whether that pays is this ratio. Each trial is one
-`python -m rpevit.cli --dataset mnist --epochs 1 --amp bf16` process (seed i for trial i); the
+`python -m rpevit.cli --dataset {mnist,cifar10} --epochs 1 --amp bf16` process (seed i for trial i); the
 packed ones are started together and, on CUDA, capped at 1/K of the GPU memory each, as a sweep's
 fractional trials are (rpevit.sweep.trainable.place_on_devices). Two aggregates are printed:
 
@@ -62,7 +65,7 @@ def last_json_row(text: str) -> dict:
 
 
 def train_args(args: argparse.Namespace, seed: int) -> list[str]:
-    flags = ["--quiet", "--dataset", "mnist", "--data-dir", str(args.data_dir), "--epochs", str(args.epochs),
+    flags = ["--quiet", "--dataset", args.dataset, "--data-dir", str(args.data_dir), "--epochs", str(args.epochs),
              "--device", args.device, "--amp", args.amp, "--seed", str(seed)]
     if args.train_subset:
         flags += ["--train-subset", str(args.train_subset)]
@@ -111,7 +114,7 @@ def aggregate(trials: list[Trial]) -> dict:
 
 def show_row(path: Path) -> None:
     row = last_json_row(path.read_text())
-    print(f"MNIST 1 trial: {row['train_s_per_epoch']:.2f} s/epoch, {row['images_per_s']:.0f} images/s "
+    print(f"{row.get('dataset', '?')} 1 trial: {row['train_s_per_epoch']:.2f} s/epoch, {row['images_per_s']:.0f} images/s "
           f"(n_train {row['n_train']}, {row['epochs_done']} epoch(s), test_acc {row['test_acc']:.4f}, "
           f"peak {row['peak_mem_mb']:.0f} MiB {row['peak_mem_kind']}, {row['device_name']})")
 
@@ -125,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--show-row", type=Path, help="only print s/epoch and images/s of this JSON output")
     parser.add_argument("--data-dir", type=Path, default=os.environ.get("RPEVIT_DATA"),
-                        help="folder holding mnist.npz (default: $RPEVIT_DATA)")
+                        help="folder holding <dataset>.npz (default: $RPEVIT_DATA)")
+    parser.add_argument("--dataset", choices=("mnist", "cifar10"), default="mnist",
+                        help="every trial's dataset (default mnist); model flags go after `--`")
     parser.add_argument("--pack", type=int, default=4, help="trials sharing the GPU (default 4)")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--amp", choices=("bf16", "none", "auto"), default="bf16")
@@ -139,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.show_row:
         show_row(args.show_row)
         return 0
-    if args.data_dir is None or not (Path(args.data_dir) / "mnist.npz").is_file():
-        parser.error(f"--data-dir {args.data_dir} holds no mnist.npz (pass --data-dir or set $RPEVIT_DATA)")
+    if args.data_dir is None or not (Path(args.data_dir) / f"{args.dataset}.npz").is_file():
+        parser.error(f"--data-dir {args.data_dir} holds no {args.dataset}.npz (pass --data-dir or set $RPEVIT_DATA)")
     if args.pack < 2:
         parser.error(f"--pack {args.pack}; allowed: >= 2 (compared with 1 trial alone)")
     args.data_dir = Path(args.data_dir).resolve()
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ratio':>12} {ratio_train:>22.2f} {ratio_wall:>21.2f}   ({args.pack}-per-GPU / 1-per-GPU, "
           f"{single['device_name']})")
     if args.out:
-        result = {"device": args.device, "pack": args.pack, "threads": args.threads, "epochs": args.epochs,
+        result = {"device": args.device, "dataset": args.dataset, "pack": args.pack, "threads": args.threads, "epochs": args.epochs,
                   "train_subset": args.train_subset, "extra_flags": extra, "single": single, "packed": packed,
                   "ratio_train_phase": ratio_train, "ratio_end_to_end": ratio_wall}
         args.out.write_text(json.dumps(result, indent=1))

@@ -135,6 +135,36 @@ def test_unknown_set_field_and_bad_set_syntax(tmp_path):
         parse_overrides(["lr"])
 
 
+def test_only_keeps_the_matching_part_of_a_space_under_the_whole_spaces_keys(tmp_path):
+    path = write(tmp_path, """
+grid:
+  - {dataset: [digits], dim: [16], attention: [softmax, favor]}
+  - {dataset: [mnist], dim: [32], attention: [softmax, favor]}
+seeds: [0, 1]
+""")
+    whole = load_space(path)
+    part = load_space(path, only=parse_overrides(["dataset=mnist", "attention=favor"], flag="--only"))
+    assert [(t["dataset"], t["attention"]) for t in part.trials] == [("mnist", "favor")] * 2
+    assert {t["seed"] for t in part.trials} == {0, 1} and part.duplicates_dropped == 0
+    assert set(part.keys) < set(whole.keys)  # a part resumes into the whole sweep and back
+    assert load_space(path, only={"dim": 16.0}).keys == load_space(path, only={"dataset": "digits"}).keys
+    with pytest.raises(SpaceError, match=r"--only dataset=cifar10 matches no trial; .*dataset: digits, mnist"):
+        load_space(path, only={"dataset": "cifar10"})
+    with pytest.raises(SpaceError, match="--only key 'datset' is not a TrialConfig field"):
+        load_space(path, only={"datset": "mnist"})
+    with pytest.raises(SpaceError, match="--only has value 'dataset'; allowed: field=value"):
+        parse_overrides(["dataset"], flag="--only")
+
+
+def test_only_on_the_command_line_runs_one_half_of_all12(capsys):
+    assert sweep.main(["--space", str(ROOT / "search_spaces" / "all12.yaml"), "--only", "dataset=cifar10",
+                       "--set", "epochs=2", "--set", "warmup_epochs=0.2", "--dry-run"]) == 0
+    assert "36 trials in sweep 'all12'" in capsys.readouterr().out
+    assert sweep.main(["--space", str(ROOT / "search_spaces" / "all12.yaml"), "--only", "pe=alibi",
+                       "--dry-run"]) == 2
+    assert "--only pe=alibi matches no trial" in capsys.readouterr().err
+
+
 def test_fields_lists_every_config_field_with_its_help(capsys):
     assert sweep.main(["--fields"]) == 0
     lines = capsys.readouterr().out.splitlines()

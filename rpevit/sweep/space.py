@@ -196,21 +196,22 @@ def parse_value(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """`--set field=value` pairs -> {field: value}; fields are checked with the trial configs."""
+def parse_overrides(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
+    """`--set field=value` (or `--only field=value`) pairs -> {field: value}; fields are checked
+    with the trial configs."""
     out: dict[str, Any] = {}
     for item in items or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise SpaceError(f"--set has value {item!r}; allowed: field=value")
+            raise SpaceError(f"{flag} has value {item!r}; allowed: field=value")
         try:
             parsed = parse_value(value)
         except yaml.YAMLError as err:
             reason = " ".join(str(err).split())[:200]
-            raise SpaceError(f"--set {name.strip()} has value {value!r}, which is not valid YAML ({reason}); "
+            raise SpaceError(f"{flag} {name.strip()} has value {value!r}, which is not valid YAML ({reason}); "
                              f"allowed: one YAML scalar, e.g. 3, 1.0e-3, rope") from err
         if parsed is None or isinstance(parsed, (list, dict)):
-            raise SpaceError(f"--set {name.strip()} has value {value!r} (read as {parsed!r}); allowed: one "
+            raise SpaceError(f"{flag} {name.strip()} has value {value!r} (read as {parsed!r}); allowed: one "
                              f"YAML scalar, e.g. 3, 1.0e-3, rope")
         out[name.strip()] = parsed
     return out
@@ -234,7 +235,7 @@ def count_trials(grids: list[dict[str, list]], num_samples: int, seeds: list[int
 
 
 def load_space(path: str | Path, overrides: dict[str, Any] | None = None,
-               max_trials: int = DEFAULT_MAX_TRIALS) -> Space:
+               max_trials: int = DEFAULT_MAX_TRIALS, only: dict[str, Any] | None = None) -> Space:
     """Read, expand and validate a YAML space file."""
     path = Path(path)
     try:
@@ -244,12 +245,17 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None,
     except yaml.YAMLError as err:
         raise SpaceError(f"{path}: not valid YAML ({err})") from err
     return expand_space(spec, source=str(path), default_name=path.stem, overrides=overrides,
-                        max_trials=max_trials)
+                        max_trials=max_trials, only=only)
 
 
 def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep",
-                 overrides: dict[str, Any] | None = None, max_trials: int = DEFAULT_MAX_TRIALS) -> Space:
-    """The explicit trial list of a parsed space (see the module docstring for the format)."""
+                 overrides: dict[str, Any] | None = None, max_trials: int = DEFAULT_MAX_TRIALS,
+                 only: dict[str, Any] | None = None) -> Space:
+    """The explicit trial list of a parsed space (see the module docstring for the format).
+
+    `only` ({field: value}, `sweep.py --only`) keeps the trials whose final config has every one
+    of those values, e.g. the CIFAR-10 half of all12.yaml; their keys stay those of the whole space,
+    so a part and the whole resume into one another."""
     if not isinstance(spec, dict):
         raise SpaceError(f"{source}: the file holds {type(spec).__name__}; allowed: a mapping with "
                          f"keys {', '.join(TOP_LEVEL_KEYS)}")
@@ -277,6 +283,8 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     timing = Timing.from_dict(spec.get("timing", {}), source, task)
     overrides = dict(overrides or {})
     _check_fields(overrides, "--set", source)
+    only = dict(only or {})
+    _check_fields(only, "--only", source)
     total = count_trials(grids, num_samples, seeds, include)
     if total > max_trials:
         sizes = " + ".join("x".join(str(len(v)) for v in g.values()) or "1" for g in grids)
@@ -301,7 +309,8 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     if not trials:
         raise SpaceError(f"{source}: the space expands to no trials; allowed: at least one")
 
-    configs, keys, seen = [], [], set()
+    configs, keys, seen, left_out = [], [], set(), 0
+    occurring: dict[str, set[str]] = {k: set() for k in only}  # for the message if `only` keeps none
     for i, values in enumerate(trials):
         values = {**values, **overrides}
         try:
@@ -309,13 +318,23 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
         except ConfigError:  # again, for the message: naming the trial costs time, so only on error
             cfg = build_config(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
         full = {name: getattr(cfg, name) for name in _FIELDS}
+        for k in only:
+            occurring[k].add(str(full[k]))
+        if any(full[k] != v for k, v in only.items()):
+            left_out += 1
+            continue
         key = trial_key(full)
         if key not in seen:
             seen.add(key)
             configs.append(full)
             keys.append(key)
-    return Space(name=name, task=task, source=source, trials=configs, keys=keys,
-                 resources=resources, duplicates_dropped=len(trials) - len(configs), timing=timing)
+    if not configs:  # only `only` can empty the list here: the space itself was checked above
+        asked = " ".join(f"{k}={v}" for k, v in only.items())
+        found = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in occurring.items())
+        raise SpaceError(f"{source}: --only {asked} matches no trial; allowed: values that occur in the space "
+                         f"({found})")
+    return Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
+                 duplicates_dropped=len(trials) - left_out - len(configs), timing=timing)
 
 
 # ---- pieces ----
