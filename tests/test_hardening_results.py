@@ -108,6 +108,41 @@ def test_every_task_row_fits_its_schema_without_extra_columns(train_rows) -> Non
     assert not {k for e in epochs for k in e} - set(epochs_schema("train").names)
 
 
+def test_a_part_run_with_only_keeps_the_other_parts_rows_current(tmp_path, train_rows, monkeypatch,
+                                                                 capsys) -> None:
+    """`sweep.py --only pe=ape`, then `--only pe=rope`, then the whole space, into one folder: no
+    run sets the others' rows aside, space.json always lists the whole space, done is done."""
+    row, _ = train_rows
+    spec = {"name": "parts", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}}
+    whole = expand_space(spec, source="parts.yaml")
+    ape = expand_space(spec, source="parts.yaml", only={"pe": "ape"})
+    rope = expand_space(spec, source="parts.yaml", only={"pe": "rope"})
+    assert ape.keys == whole.keys[:1] and rope.keys == whole.keys[1:] and ape.current_keys == whole.keys
+
+    class Launched(Exception):
+        pass
+
+    def no_ray(*_args, **_kwargs):
+        raise Launched  # stop where Ray would start: what counts as done is decided by then
+
+    monkeypatch.setattr(runner, "_ray", no_ray)
+    with pytest.raises(Launched):
+        run_sweep(ape, SweepOptions(results_dir=tmp_path))
+    writer = ParquetResults(tmp_path / "parts", "parts", dict(zip(ape.keys, ape.trials)), {ape.keys[0]: 0},
+                            task="train")  # the ape part's trial finished
+    writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"),
+                           Report(SUMMARY, ape.keys[0], {**row, "trial_key": ape.keys[0]}).to_tune())
+    capsys.readouterr()
+    for part, says in ((rope, "1 trials, 0 already done, 1 to run"), (whole, "2 trials, 1 already done, 1 to run")):
+        with pytest.raises(Launched):
+            run_sweep(part, SweepOptions(results_dir=tmp_path, resume=True))
+        out = capsys.readouterr().out
+        assert says in out and "set aside" not in out, out
+        assert json.loads((tmp_path / "parts" / "space.json").read_text())["trial_keys"] == whole.keys
+        kept, aside = current_rows(pd.read_parquet(tmp_path / "parts" / TRIALS_FILE), tmp_path / "parts")
+        assert list(kept["trial_key"]) == ape.keys and aside == 0
+
+
 def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_rows, monkeypatch, capsys) -> None:
     row, _ = train_rows
     old, writer = sweep_of(tmp_path, "edited", ["ape", "rope"])  # the space as it was: epochs 1

@@ -147,6 +147,7 @@ seeds: [0, 1]
     assert [(t["dataset"], t["attention"]) for t in part.trials] == [("mnist", "favor")] * 2
     assert {t["seed"] for t in part.trials} == {0, 1} and part.duplicates_dropped == 0
     assert set(part.keys) < set(whole.keys)  # a part resumes into the whole sweep and back
+    assert part.current_keys == whole.keys == whole.current_keys and whole.whole_keys is None
     assert load_space(path, only={"dim": 16.0}).keys == load_space(path, only={"dataset": "digits"}).keys
     with pytest.raises(SpaceError, match=r"--only dataset=cifar10 matches no trial; .*dataset: digits, mnist"):
         load_space(path, only={"dataset": "cifar10"})

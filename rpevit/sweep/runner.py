@@ -158,7 +158,7 @@ def plan_sweep(space: Space, opts: SweepOptions, out_dir: Path) -> SweepPlan:
                          f"continue it, or choose another --name / --results-dir")
     if opts.resume and not started:
         print(f"nothing to resume, starting: {out_dir} holds no results of sweep {space.name!r} yet", flush=True)
-    previous, set_aside = select_keys(everything, space.keys)
+    previous, set_aside = select_keys(everything, space.current_keys)
     if set_aside:
         print(f"set aside {set_aside} row(s) of trials that are not in the current space (its YAML changed "
               f"since they ran): kept in {TRIALS_FILE}, not counted as done, not in the summary", flush=True)
@@ -177,7 +177,7 @@ def plan_sweep(space: Space, opts: SweepOptions, out_dir: Path) -> SweepPlan:
 def write_space_file(out_dir: Path, space: Space) -> None:
     """space.json (atomically): the trial keys analysis uses to tell current rows from stale ones."""
     tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"name": space.name, "source": space.source, "trial_keys": space.keys}, indent=1))
+    tmp.write_text(json.dumps({"name": space.name, "source": space.source, "trial_keys": space.current_keys}, indent=1))
     os.replace(tmp, out_dir / SPACE_FILE)
 
 

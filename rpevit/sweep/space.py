@@ -134,6 +134,13 @@ class Space:
     resources: Resources = field(default_factory=Resources)
     duplicates_dropped: int = 0
     timing: Timing = field(default_factory=Timing)
+    whole_keys: list[str] | None = None  # with `--only`: the keys of the whole space, which stay current
+
+    @property
+    def current_keys(self) -> list[str]:
+        """The keys whose rows count as this space's (space.json): with `--only`, those of the whole
+        space, so running one part into a folder never sets the other parts' rows aside."""
+        return self.keys if self.whole_keys is None else self.whole_keys
 
     @property
     def exclusive(self) -> bool:
@@ -254,8 +261,9 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     """The explicit trial list of a parsed space (see the module docstring for the format).
 
     `only` ({field: value}, `sweep.py --only`) keeps the trials whose final config has every one
-    of those values, e.g. the CIFAR-10 half of all12.yaml; their keys stay those of the whole space,
-    so a part and the whole resume into one another."""
+    of those values, e.g. the CIFAR-10 half of all12.yaml. Their keys are the ones the whole space
+    gives them, and `whole_keys` keeps the whole space's, so a part and the whole resume into one
+    another."""
     if not isinstance(spec, dict):
         raise SpaceError(f"{source}: the file holds {type(spec).__name__}; allowed: a mapping with "
                          f"keys {', '.join(TOP_LEVEL_KEYS)}")
@@ -309,7 +317,7 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     if not trials:
         raise SpaceError(f"{source}: the space expands to no trials; allowed: at least one")
 
-    configs, keys, seen, left_out = [], [], set(), 0
+    configs, keys, whole_keys, seen = [], [], [], set()
     occurring: dict[str, set[str]] = {k: set() for k in only}  # for the message if `only` keeps none
     for i, values in enumerate(trials):
         values = {**values, **overrides}
@@ -318,23 +326,25 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
         except ConfigError:  # again, for the message: naming the trial costs time, so only on error
             cfg = build_config(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
         full = {name: getattr(cfg, name) for name in _FIELDS}
+        key = trial_key(full)
+        if key in seen:
+            continue
+        seen.add(key)
+        whole_keys.append(key)
         for k in only:
             occurring[k].add(str(full[k]))
         if any(full[k] != v for k, v in only.items()):
-            left_out += 1
             continue
-        key = trial_key(full)
-        if key not in seen:
-            seen.add(key)
-            configs.append(full)
-            keys.append(key)
+        configs.append(full)
+        keys.append(key)
     if not configs:  # only `only` can empty the list here: the space itself was checked above
         asked = " ".join(f"{k}={v}" for k, v in only.items())
         found = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in occurring.items())
         raise SpaceError(f"{source}: --only {asked} matches no trial; allowed: values that occur in the space "
                          f"({found})")
     return Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
-                 duplicates_dropped=len(trials) - left_out - len(configs), timing=timing)
+                 duplicates_dropped=len(trials) - len(whole_keys), timing=timing,
+                 whole_keys=whole_keys if only else None)
 
 
 # ---- pieces ----
