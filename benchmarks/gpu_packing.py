@@ -114,7 +114,8 @@ def aggregate(trials: list[Trial]) -> dict:
 
 def show_row(path: Path) -> None:
     row = last_json_row(path.read_text())
-    print(f"{row.get('dataset', '?')} 1 trial: {row['train_s_per_epoch']:.2f} s/epoch, {row['images_per_s']:.0f} images/s "
+    print(f"{row.get('dataset', '?')} 1 trial: {row['train_s_per_epoch']:.2f} s/epoch, "
+          f"{row['images_per_s']:.0f} images/s "
           f"(n_train {row['n_train']}, {row['epochs_done']} epoch(s), test_acc {row['test_acc']:.4f}, "
           f"peak {row['peak_mem_mb']:.0f} MiB {row['peak_mem_kind']}, {row['device_name']})")
 
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ratio':>12} {ratio_train:>22.2f} {ratio_wall:>21.2f}   ({args.pack}-per-GPU / 1-per-GPU, "
           f"{single['device_name']})")
     if args.out:
-        result = {"device": args.device, "dataset": args.dataset, "pack": args.pack, "threads": args.threads, "epochs": args.epochs,
+        result = {"device": args.device, "dataset": args.dataset, "pack": args.pack, "threads": args.threads,
+                  "epochs": args.epochs,
                   "train_subset": args.train_subset, "extra_flags": extra, "single": single, "packed": packed,
                   "ratio_train_phase": ratio_train, "ratio_end_to_end": ratio_wall}
         args.out.write_text(json.dumps(result, indent=1))

@@ -50,6 +50,19 @@ def fail(writer: ParquetResults, key: str, tmp: Path) -> None:
     writer.on_trial_error(0, [], trial)
 
 
+class Launched(Exception):
+    """Raised where Ray would start (see `stop_before_ray`)."""
+
+
+@pytest.fixture
+def stop_before_ray(monkeypatch) -> None:
+    """run_sweep raises Launched where Ray would start: what counts as done is decided by then."""
+    def no_ray(*_args, **_kwargs):
+        raise Launched
+
+    monkeypatch.setattr(runner, "_ray", no_ray)
+
+
 def sweep_of(tmp: Path, name: str, pes: list[str]):
     space = expand_space({"name": name, "fixed": TINY, "grid": {"pe": pes}}, source=f"{name}.yaml")
     writer = ParquetResults(tmp / name, name, dict(zip(space.keys, space.trials)),
@@ -108,7 +121,7 @@ def test_every_task_row_fits_its_schema_without_extra_columns(train_rows) -> Non
     assert not {k for e in epochs for k in e} - set(epochs_schema("train").names)
 
 
-def test_a_part_run_with_only_keeps_the_other_parts_rows_current(tmp_path, train_rows, monkeypatch,
+def test_a_part_run_with_only_keeps_the_other_parts_rows_current(tmp_path, train_rows, stop_before_ray,
                                                                  capsys) -> None:
     """`sweep.py --only pe=ape`, then `--only pe=rope`, then the whole space, into one folder: no
     run sets the others' rows aside, space.json always lists the whole space, done is done."""
@@ -119,13 +132,6 @@ def test_a_part_run_with_only_keeps_the_other_parts_rows_current(tmp_path, train
     rope = expand_space(spec, source="parts.yaml", only={"pe": "rope"})
     assert ape.keys == whole.keys[:1] and rope.keys == whole.keys[1:] and ape.current_keys == whole.keys
 
-    class Launched(Exception):
-        pass
-
-    def no_ray(*_args, **_kwargs):
-        raise Launched  # stop where Ray would start: what counts as done is decided by then
-
-    monkeypatch.setattr(runner, "_ray", no_ray)
     with pytest.raises(Launched):
         run_sweep(ape, SweepOptions(results_dir=tmp_path))
     writer = ParquetResults(tmp_path / "parts", "parts", dict(zip(ape.keys, ape.trials)), {ape.keys[0]: 0},
@@ -143,7 +149,8 @@ def test_a_part_run_with_only_keeps_the_other_parts_rows_current(tmp_path, train
         assert list(kept["trial_key"]) == ape.keys and aside == 0
 
 
-def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_rows, monkeypatch, capsys) -> None:
+def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_rows, stop_before_ray,
+                                                              capsys) -> None:
     row, _ = train_rows
     old, writer = sweep_of(tmp_path, "edited", ["ape", "rope"])  # the space as it was: epochs 1
     for i, key in enumerate(old.keys):
@@ -153,13 +160,6 @@ def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_ro
     new = expand_space({"name": "edited", "fixed": {**TINY, "epochs": 2}, "grid": {"pe": ["ape", "rope"]}},
                        source="edited.yaml")  # `epochs` edited: new trial keys
 
-    class Launched(Exception):
-        pass
-
-    def no_ray(*_args, **_kwargs):
-        raise Launched  # stop where Ray would start: what counts as done is decided by then
-
-    monkeypatch.setattr(runner, "_ray", no_ray)
     with pytest.raises(Launched):
         run_sweep(new, SweepOptions(results_dir=tmp_path, resume=True))
     out = capsys.readouterr().out
