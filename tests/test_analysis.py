@@ -17,9 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from scipy import stats as sps
 
 from rpevit import metrics
-from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, report, string_study
+from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, report, stats, string_study
 from rpevit.config import TrialConfig
 from rpevit.sweep.protocol import SUMMARY, Report
 from rpevit.sweep.results import TRIALS_FILE, ParquetResults
@@ -99,21 +100,27 @@ def png_ok(path: Path) -> bool:
 
 
 # ---------------------------------------------------------------- helpers
-def test_bootstrap_interval_covers_the_mean_and_is_undefined_for_one_seed():
-    point, lo, hi = common.bootstrap([np.array([0.8, 0.9, 1.0, 0.85])], np.mean)
-    assert point == pytest.approx(0.8875) and 0.8 <= lo < point < hi <= 1.0
-    assert common.bootstrap([np.array([0.7, 0.7])], np.mean)[1:] == (0.7, 0.7)
-    one = common.bootstrap([np.array([0.5])], np.mean)
-    assert one[0] == 0.5 and math.isnan(one[1]) and math.isnan(one[2])
+def judged(point: float, lo: float, hi: float, p_adjusted: float = 0.01, p: float = 0.001,
+           n: tuple = (3, 3, 3)) -> stats.Judged:
+    interval = stats.Interval(point, lo, hi, n, level=0.99, p=p)
+    return stats.Judged(interval, interval, p_adjusted, k=3)
 
 
-def test_effect_of_an_encoding_from_its_G_interval():
-    assert gap_closure.effect(0.4, 0.2, 0.6) == "partly closes"
-    assert gap_closure.effect(0.9, 0.5, 1.2) == gap_closure.effect(1.3, 0.3, 9.8) == "closes"
-    assert gap_closure.effect(1.3, 1.1, 1.5) == gap_closure.effect(1.0, 1.0, 1.2) == "fully closes"
-    assert gap_closure.effect(-0.5, -0.8, -0.1) == "widens"
-    assert gap_closure.effect(0.1, -0.2, 0.4) == "no clear effect"
-    assert gap_closure.effect(0.1, math.nan, math.nan) == "no interval (one seed)"
+def test_effect_of_an_encoding_from_its_holm_verdict():
+    resolved = gap_closure.Gap(state="resolved")
+    up, down = stats.Interval(0.01), stats.Interval(-0.01)  # the gain at the same level: its sign
+    effect = gap_closure.effect
+    assert effect(resolved, judged(0.4, 0.2, 0.6), up) == "partly closes"
+    assert effect(resolved, judged(0.9, 0.5, 1.2), up) == effect(resolved, judged(1.3, 0.3, 9.8), up) == "closes"
+    assert effect(resolved, judged(1.3, 1.1, 1.5), up) == "more than closes"
+    assert effect(resolved, judged(-0.5, -0.8, -0.1), down) == "widens"
+    # Holm does not reject: no effect, whatever the point says; the seed counts are named
+    unresolved = judged(0.4, 0.2, 0.6, p_adjusted=0.2, n=(3, 5, 3))
+    assert effect(resolved, unresolved, up) == "not resolved with 3, 5 and 3 seeds"
+    assert effect(resolved, judged(0.1, math.nan, math.nan, p=math.nan), up) == "no interval (one seed)"
+    # a resolved gain without a resolved gap (or with an unbounded G) raises or lowers b+ape: no G claim
+    assert effect(gap_closure.Gap(state="not resolved"), judged(0.4, 0.2, 0.6), up) == "raises"
+    assert effect(resolved, judged(3.0, -math.inf, math.inf), down) == "lowers"
 
 
 def test_pareto_front_and_loglog_slope():
@@ -138,27 +145,65 @@ def test_gap_closure_by_hand(tmp_path):
     out = write_sweep(tmp_path / "main", "main", train_rows())
     result = assessed(out)
     favor = closure(result, gap_closure.TRAIN_DRAW, "favor", "rope")
-    assert favor.G == pytest.approx(0.05 / 0.11)
-    assert favor.lo < favor.G < favor.hi
+    acc = {key: np.array(v) for key, v in ACCURACIES.items()}
+    assert favor.G.point == pytest.approx(0.05 / 0.11)
+    expected = stats.closure_ratio(acc[("favor", "rope")], acc[("favor", "ape")], acc[("softmax", "ape")])
+    assert (favor.G.lo, favor.G.hi) == pytest.approx((expected.lo, expected.hi))
+    assert favor.G.lo < favor.G.point < favor.G.hi
+    # family: the gap (p ~ 2e-4) and rope's G (Welch p of the gain ~ 4e-3), no softmax+rope: k = 2, both resolved
+    assert result[gap_closure.TRAIN_DRAW][("digits", "favor", "none", "off")].k == 2
+    assert favor.effect == "partly closes" and favor.G_holm.interval.level == pytest.approx(0.95)
     relu = result[gap_closure.TRAIN_DRAW][("digits", "relu", "none", "off")]
-    assert math.isnan(relu.closures["rope"].G) and relu.gap.state == "zero"
+    assert math.isnan(relu.closures["rope"].G.point) and relu.gap.state == "not resolved"
+    assert relu.gap.point == 0.0  # the same three accuracies: exactly no gap, not rounding noise
     text = gap_closure.build(out)
-    assert "0.455 [" in text  # G to 3 significant figures, with its interval
-    assert "| digits | relu | none | off | rope | softmax+ape (qk_norm none) | — |" in text and "G undefined" in text
-    assert "91 [" in text  # softmax+ape accuracy 91%
+    assert "| 0.455 [0.27, 0.635] (n=3,3,3) |" in text  # G to 3 significant figures, its interval and n
+    assert "| digits | relu | none | off | rope | softmax+ape (qk_norm none) | 0 [" in text
+    assert "— (gap not resolved)" in text and "raises b+ape (k=2)" in text
+    assert "91 [88.52, 93.48] (n=3)" in text  # softmax+ape accuracy 91%: mean +- t(2) x 0.01 / sqrt(3)
     assert png_ok(out / "gap_closure.png")
 
 
+def test_same_encoding_gap_with_unequal_seed_counts_by_hand(tmp_path):
+    """softmax+rope with 5 seeds beside favor+rope with 3: the same-encoding gap is Welch's, judged by
+    Holm in the family of the gap, rope's G and this gap (k = 3)."""
+    soft_rope = [0.93, 0.95, 0.94, 0.92, 0.96]
+    rows = [r for r in train_rows() if r["attention"] != "relu"]
+    rows += [{**config_row(attention="softmax", pe="rope", seed=seed, dataset="digits"), "test_acc": acc}
+             for seed, acc in enumerate(soft_rope)]
+    out = write_sweep(tmp_path / "five", "five", rows)
+    assessment = assessed(out)[gap_closure.TRAIN_DRAW][("digits", "favor", "none", "off")]
+    rope = assessment.closures["rope"]
+    favor_rope = ACCURACIES[("favor", "rope")]
+    # s^2/n: 0.00025 / 5 and 0.0001 / 3; df = (5e-5 + 3.33e-5)^2 / ((5e-5)^2 / 4 + (3.33e-5)^2 / 2) = 5.88
+    se2 = 0.00025 / 5 + 0.0001 / 3
+    df = se2**2 / ((0.00025 / 5) ** 2 / 4 + (0.0001 / 3) ** 2 / 2)
+    assert rope.same.n == (5, 3) and rope.same.point == pytest.approx(0.09) and rope.same.df == pytest.approx(df)
+    half = sps.t.ppf(0.975, df) * math.sqrt(se2)
+    assert (rope.same.lo, rope.same.hi) == pytest.approx((0.09 - half, 0.09 + half))
+    assert rope.same.p == pytest.approx(sps.ttest_ind(soft_rope, favor_rope, equal_var=False).pvalue)
+    assert assessment.k == 3 and rope.same_ref == "softmax+rope (qk_norm none)"
+    p = [assessment.gap.nominal.p, rope.G_holm.nominal.p, rope.same.p]
+    assert [assessment.gap.judged.interval.level, rope.G_holm.interval.level, rope.same_holm.interval.level] == \
+        pytest.approx(stats.holm_levels(p))
+    text = gap_closure.build(out)
+    assert f"| softmax+rope (qk_norm none) | {rope.same.text(scale=100)} |" in text and "(n=5,3)" in text
+    assert "same-encoding gap softmax+pe − favor+pe (points): rope 9 [" in text and "softmax+rope ahead" in text
+
+
 def test_gap_closure_bar_beyond_the_axis_names_its_interval_end():
-    """A tiny gap gives G intervals that run to 20 or more; the axis stops at G_AXIS_LIMIT and the end is written."""
+    """A tiny gap gives G intervals that run to 20 or more; the axis stops at G_AXIS_LIMIT and the end is written;
+    a G with an unbounded (Fieller) interval gets no bar, only the word: no finite bar or end could stand for it."""
     plt = common.pyplot()
     fig, ax = plt.subplots()
     ax.set_ylim(-gap_closure.G_AXIS_LIMIT, gap_closure.G_AXIS_LIMIT)
-    drawn = gap_closure.draw_bar(ax, 0.0, 0.2, gap_closure.Closure(G=3.2, lo=1.4, hi=23.4), "C0", None, "luo_rpe")
-    gap_closure.draw_bar(ax, 1.0, 0.2, gap_closure.Closure(G=-0.4, lo=-0.9, hi=1.1), "C1", None, None)
+    drawn = gap_closure.draw_bar(ax, 0.0, 0.2, stats.Interval(3.2, 1.4, 23.4), "C0", None, "luo_rpe")
+    gap_closure.draw_bar(ax, 1.0, 0.2, stats.Interval(-0.4, -0.9, 1.1), "C1", None, None)
+    unbounded = gap_closure.draw_bar(ax, 2.0, 0.2, stats.Interval(7.0, -math.inf, math.inf), "C2", None, "rope")
     texts = [t.get_text() for t in ax.texts]
+    bars = len(ax.patches)
     plt.close(fig)
-    assert drawn and texts == ["23.4"]
+    assert drawn and not unbounded and texts == ["23.4", "unbounded"] and bars == 2
 
 
 def test_gap_closure_with_one_seed_says_no_interval(tmp_path):
@@ -166,8 +211,9 @@ def test_gap_closure_with_one_seed_says_no_interval(tmp_path):
     out = write_sweep(tmp_path / "one", "one", rows)
     text = gap_closure.build(out)
     favor = (0.85 - 0.80) / (0.90 - 0.80)
-    assert f"{favor:.3g} (no interval)" in text
-    assert "no interval (one seed) it" not in text and "no interval (one seed): rope" in text
+    assert f"{favor:.3g} (no interval, n=1,1,1)" in text
+    assert "one seed, no interval" in text and "no interval (one seed): rope" in text
+    assert "closes" not in text.split("### Gap closure")[0]  # nothing is claimed from one seed
 
 
 # favor (qk none, redraw every 100 until 0.8): training draw as ACCURACIES, draw mean 0.71 (ape) / 0.81 (rope);
@@ -219,20 +265,22 @@ def test_draw_aware_gap_closure_by_hand(tmp_path):
     result = assessed(out)
     train = closure(result, gap_closure.TRAIN_DRAW, "favor", "rope", redraw=REDRAW)
     draw = closure(result, gap_closure.DRAW_MEAN, "favor", "rope", redraw=REDRAW)
-    assert train.G == pytest.approx(0.05 / 0.11) and train.effect == "partly closes"
-    assert draw.G == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "partly closes"
+    assert train.G.point == pytest.approx(0.05 / 0.11) and train.effect == "partly closes"
+    assert draw.G.point == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "partly closes"
     luo = closure(result, gap_closure.TRAIN_DRAW, "favor", "luo_rpe", redraw=REDRAW)
-    assert luo.G == pytest.approx(-0.10 / 0.11) and luo.effect == "widens"
+    assert luo.G.point == pytest.approx(-0.10 / 0.11) and luo.effect == "widens"
     l2 = result[gap_closure.DRAW_MEAN][("digits", "favor", "l2", REDRAW)]
-    assert l2.gap.baseline == "softmax+ape (qk_norm none)" and l2.gap.state == "zero"
+    assert l2.gap.baseline == "softmax+ape (qk_norm none)" and l2.gap.state == "not resolved"
     # relu with relu_projection identity is its own deterministic backend, redraw off despite redraw_interval
     assert ("digits", "relu-identity", "none", "off") in result[gap_closure.DRAW_MEAN]
     text = gap_closure.build(out)
-    assert "| favor | rope | none | every 100 until 0.8 | 3 | 85 [" in text  # training-draw accuracy 85%
-    assert "| 81 [" in text and "| 1 [1, 1] |" in text  # draw mean 81%, draw std 1 point
-    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] | 0.2, 0.4 |" in text  # fidelity
-    assert "| softmax | ape | none | off | 3 | 0 [0, 0] | 0, 0 |" in text
-    assert "| 0.455 [" in text and "| 0.5 [" in text  # G on both accuracies side by side
+    assert "| favor | rope | none | every 100 until 0.8 | 3 | 85 [82.52, 87.48] (n=3) |" in text  # training draw
+    assert "| 81 [78.52, 83.48] (n=3) |" in text and "| 1 [1, 1] (n=3) |" in text  # draw mean 81%, draw std 1
+    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] (n=3) | 0.2, 0.4 |" in text  # fidelity
+    assert "| softmax | ape | none | off | 3 | 0 [0, 0] (n=3) | 0, 0 |" in text
+    draw_table = text[text.index("#### On the draw mean"):text.index("#### On the training draw")]
+    train_table = text[text.index("#### On the training draw"):]
+    assert "| 0.5 [" in draw_table and "| 0.455 [" in train_table  # G on each accuracy
 
 
 def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
@@ -241,22 +289,28 @@ def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
     verdict = text[text.index("### digits: verdict"):text.index("### digits: accuracy per variant")]
     assert verdict.startswith("### digits: verdict (3 seeds per variant, 3 epochs)")
     favor = next(line for line in verdict.split("\n- ") if line.startswith(f"**favor, qk_norm none, redraw {REDRAW}**"))
-    assert "gap softmax+ape − favor+ape = 11 points [" in favor
-    assert "partly closes it (G interval between 0 and 1): rope (G 0.455 [" in favor and "widens it: luo_rpe" in favor
-    assert "partly closes it (G interval between 0 and 1): rope (G 0.5 [" in favor and "training draw and draw mean agree" in favor
+    draw, train = favor.split("\n  - ")[1:3]
+    assert draw.startswith("draw mean, judged (`test_acc_draw_mean`), Holm over k = 3: gap softmax+ape − favor+ape "
+                           "(points) = 20 [")
+    assert "closes part of it (G interval between 0 and 1): rope (G 0.5 [" in draw
+    assert "gap softmax+ape − favor+ape (points) = 11 [" in train and "(n=3,3; 98.3%): a gap." in train
+    assert "closes part of it (G interval between 0 and 1): rope (G 0.455 [" in train
+    assert "widens it (G interval below 0): luo_rpe (G -0.909 [" in train
+    assert "draw mean and training draw agree" in favor
     relu = next(line for line in verdict.split("\n- ") if line.startswith("**relu-identity"))
-    assert "no gap to close at this schedule: gap softmax+ape − relu-identity+ape = 0 points [" in relu
-    assert "rope" not in relu  # G is not computed, so no encoding is said to close or widen it
+    assert "gap softmax+ape − relu-identity+ape (points) = 0 [" in relu
+    assert "not resolved with 3 seeds, so G is not defined" in relu and "(G " not in relu  # no G without a gap
+    assert "raises relu-identity+ape (no resolved gap for a G): rope (gain in points 3 [" in relu
     l2 = next(line for line in verdict.split("\n- ") if line.startswith("**favor, qk_norm l2"))
     assert "(baseline softmax+ape (qk_norm none))" in l2
-    assert "the two disagree on the gap: a gap on the training draw, no gap to close on the draw mean" in l2
+    assert "the two disagree on the gap: gap not resolved on the draw mean, a gap on the training draw" in l2
 
 
 def test_disagreement_names_the_backend_that_is_ahead():
-    ahead = gap_closure.Assessment(gap_closure.Gap(point=-0.002, lo=-0.003, hi=-0.001, state="ahead"), {})
-    gap = gap_closure.Assessment(gap_closure.Gap(point=0.004, lo=0.003, hi=0.006, state="resolved"), {})
-    assert gap_closure.disagreement(ahead, gap, "favor") == (
-        "the two disagree on the gap: favor+ape ahead of softmax+ape on the training draw, a gap on the draw mean")
+    ahead = gap_closure.Assessment(gap_closure.Gap(judged(-0.2, -0.3, -0.1), state="ahead"))
+    gap = gap_closure.Assessment(gap_closure.Gap(judged(0.4, 0.3, 0.6), state="resolved"))
+    assert gap_closure.disagreement(gap, ahead, "favor") == (
+        "the two disagree on the gap: a gap on the draw mean, favor+ape ahead of softmax+ape on the training draw")
 
 
 def test_old_parquet_without_draw_columns_still_reports(tmp_path):
@@ -267,7 +321,7 @@ def test_old_parquet_without_draw_columns_still_reports(tmp_path):
     frame.assign(redraw_interval=[100 if a == "favor" else 0 for a in frame["attention"]]).to_parquet(out / TRIALS_FILE)
     text = gap_closure.build(out)
     assert "| favor | rope | none | every 100 | 3 | 85 [" in text and "| — | — |" in text
-    assert "draw mean (`test_acc_draw_mean`): not measured (no favor+ape accuracy (rows written before" in text
+    assert "draw mean, judged (`test_acc_draw_mean`), not measured (no favor+ape accuracy (rows written before" in text
     assert "0.455 [" in text and "_no attn_tv_to_softmax in these rows" in text
     assert "_no space.json in .: all rows there kept_" in text and "set aside" not in text
     assert "| softmax | ape | none | off | 3 | 2.1 |" in efficiency.build(out)
@@ -282,8 +336,8 @@ def test_per_layer_fidelity_read_from_rows_written_as_text(tmp_path):
     frame["attn_tv_per_layer"] = ["[0. 0.]" if a == "softmax" else "[0.2, 0.4]" for a in frame["attention"]]
     frame.to_parquet(out / TRIALS_FILE)
     text = gap_closure.build(out)
-    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] | 0.2, 0.4 |" in text
-    assert "| softmax | ape | none | off | 3 | 0 [0, 0] | 0, 0 |" in text
+    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] (n=3) | 0.2, 0.4 |" in text
+    assert "| softmax | ape | none | off | 3 | 0 [0, 0] (n=3) | 0, 0 |" in text
     assert gap_closure.float_list("[0.1, x]") is None and gap_closure.float_list("[]") is None
 
 
@@ -455,15 +509,21 @@ def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp
     assert rope["seeds"] == 3 and rope["acc"] == pytest.approx(np.mean(STRING_ACC[("rope", 0.1, "auto")]) + 0.001)
     best = ranked.iloc[0]
     assert best["variant"] == "cayley_string" and best["acc"] == pytest.approx(0.94)
-    assert best["diff"][0] == pytest.approx(0.029) and best["diff"][1] > 0  # interval excludes 0
+    assert best["diff"].point == pytest.approx(0.029) and best["diff"].lo > 0  # its own 95% interval excludes 0,
+    assert best["holm"].k == 5 and not best["holm"].resolved  # but not at its Holm level among 5 variants vs rope
+    rope_seeds = np.array(STRING_ACC[("rope", 0.1, "auto")]) + 0.001
+    assert best["diff"].p == pytest.approx(sps.ttest_ind(STRING_ACC[("cayley_string", 0.1, "auto")], rope_seeds,
+                                                         equal_var=False).pvalue)
     assert best["train x rope"] == pytest.approx(1.2) and best["infer x rope"] == pytest.approx(1.2)
     solver_row = ranked[ranked["variant"].str.contains("cayley_solver=sparse")].iloc[0]
     assert solver_row["train x rope"] == pytest.approx(33 * 1.5 / 30)
     fs = string_study.f_table(table).set_index(["f", "solver"])
     assert fs.loc[(0.5, "auto"), "acc"] == pytest.approx(np.mean([0.92, 0.92, 0.93]))
     text = string_study.build(parent)
-    assert "The most accurate is cayley_string" in text and "1.2x rope's training-step time" in text
-    assert "best at f = 0.5" in text and "The sparse solver at f = 0.1" in text
+    assert "The highest mean is cayley_string" in text and "1.2x rope's training-step time" in text
+    assert "vs rope at its Holm level: not resolved with 3 seeds" in text
+    assert "No difference to rope is resolved by Holm over the k = 5 with 3 seeds." in text
+    assert "highest mean at f = 0.5" in text and "The sparse solver at f = 0.1" in text
     assert "| reference notebook, epoch x rope |" in text  # digits: the notebook has no figure, so "—"
     assert (parent / "string_study_f.png").stat().st_size > 1000
     assert "## The STRING study" in report.build_report(parent)
@@ -472,7 +532,9 @@ def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp
     few = tmp_path / "few"
     write_sweep(few / "string", "string", [r for r in rows if r["pe"] in ("rope", "cayley_string")])
     text = string_study.build(few)
-    assert "The most accurate is cayley_string" in text and "against f" not in text
+    assert "The highest mean is cayley_string" in text and "against f" not in text
+    # alone in its family, its 95% interval decides
+    assert "Holm over the k = 1: cayley_string above rope (" in text and "not resolved" not in text
     assert not (few / "string_study_f.png").exists()
 
 

@@ -1,4 +1,4 @@
-"""Shared helpers of the analysis scripts: load sweep results, bootstrap intervals, Markdown, figures.
+"""Shared helpers of the analysis scripts: load sweep results, Markdown, figures (intervals: stats.py).
 
 RESULTS_DIR is either one sweep folder (holding trials.parquet) or a parent folder holding several
 `<name>/trials.parquet`; every script accepts both and writes its Markdown and PNGs into RESULTS_DIR.
@@ -45,9 +45,21 @@ def trial_files(results_dir: Path) -> list[Path]:
 
 
 def space_keys(folder: Path) -> set[str] | None:
-    """trial_keys of the space.json the sweep runner wrote into folder; None when there is none."""
+    """trial_keys of the space.json the sweep runner wrote into folder; None when there is none.
+    A space.json that is not what the runner writes stops the script with one line (SystemExit)."""
     path = Path(folder) / SPACE_FILE
-    return set(json.loads(path.read_text()).get("trial_keys", [])) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        keys = json.loads(path.read_text(encoding="utf-8"))["trial_keys"]
+        if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
+            raise TypeError(f"'trial_keys' is {type(keys).__name__}, not a list of strings")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:  # ValueError: JSON, UTF-8
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
+        raise SystemExit(f"error: {path} is not a sweep's {SPACE_FILE} ({reason}); allowed: the JSON object "
+                         f"sweep.py writes, with a 'trial_keys' list (rerun the sweep with --resume to rewrite it, "
+                         f"or delete the file to keep every row of that folder)") from err
+    return set(keys)
 
 
 def current_rows(frame: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, int]:
@@ -170,33 +182,6 @@ def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def bootstrap(groups: Sequence[np.ndarray], statistic: Callable[..., float], *, n_boot: int = 4000,
-              level: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
-    """(point estimate, lower, upper) of statistic(*groups), percentile interval from resampling
-    each group's values (seeds) independently with replacement. (nan, nan) interval if any group
-    has a single value: one seed carries no information about seed-to-seed spread."""
-    groups = [np.asarray(g, dtype=float) for g in groups]
-    point = statistic(*groups)
-    if any(len(g) < 2 for g in groups):
-        return point, math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    draws = np.array([statistic(*(g[rng.integers(0, len(g), len(g))] for g in groups)) for _ in range(n_boot)])
-    draws = draws[np.isfinite(draws)]
-    if len(draws) == 0:
-        return point, math.nan, math.nan
-    alpha = (1 - level) / 2
-    return point, float(np.quantile(draws, alpha)), float(np.quantile(draws, 1 - alpha))
-
-
-def mean_interval(values: np.ndarray, scale: float = 1.0, digits: int = 3) -> str:
-    """'mean [95% bootstrap interval]' over seeds of the finite values; an em dash when there are none."""
-    values = np.asarray(values, dtype=float)
-    values = values[np.isfinite(values)]
-    if len(values) == 0:
-        return "—"
-    return interval(*bootstrap([values], np.mean), digits=digits, scale=scale)
-
-
 def fmt(value: Any, digits: int = 4) -> str:
     """Numbers to `digits` significant figures; NaN as an em dash."""
     if isinstance(value, (float, np.floating)):
@@ -206,15 +191,6 @@ def fmt(value: Any, digits: int = 4) -> str:
     if isinstance(value, (int, np.integer)):
         return str(int(value))
     return str(value)
-
-
-def interval(point: float, lo: float, hi: float, digits: int = 3, scale: float = 1.0) -> str:
-    """'point [lo, hi]', or 'point (no interval)' when the interval is undefined."""
-    if not math.isfinite(point):
-        return "—"
-    if not (math.isfinite(lo) and math.isfinite(hi)):
-        return f"{fmt(point * scale, digits)} (no interval)"
-    return f"{fmt(point * scale, digits)} [{fmt(lo * scale, digits)}, {fmt(hi * scale, digits)}]"
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

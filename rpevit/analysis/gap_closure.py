@@ -9,21 +9,31 @@ Per dataset, from the current `train` trials (rows listed in each folder's space
 - a verdict per Performer configuration (backend b, qk_norm, redraw), generated from the numbers;
 - accuracy per variant: the training-draw test_acc and, over `eval_draws` fresh random-feature
   draws, their mean / std / min, the accuracy of the draw-averaged probabilities, and the same
-  weights evaluated with exact softmax attention, each mean [95% bootstrap interval] over seeds;
+  weights evaluated with exact softmax attention, each mean [95% t interval] (n seeds);
 - attention fidelity: mean total-variation distance of the attention rows to exact softmax rows;
 - for each Performer configuration and encoding pe (every pe but ape)
 
     G = (acc[b + pe] - acc[b + ape]) / (acc[softmax + ape] - acc[b + ape])
 
-  on the training-draw accuracy and on the draw-mean accuracy side by side (0: no better than
-  ape, 1: the whole gap closed, > 1: better than softmax + ape). A single training draw can be
-  lucky or unlucky; the draw mean is what the trained weights give on average over draws. The
-  deterministic backends (softmax, relu-identity) have no draws: their test_acc is exact and
-  serves as their draw-mean accuracy. The baseline softmax+ape is the one with the same qk_norm,
-  else qk_norm none (the table says which). Intervals resample the seeds of the three variants
-  independently (conservative: no pairing is assumed). G is left undefined, and the table says
-  why, when the gap is not resolved: its 95% interval reaches 0 or lies below it, or (one seed,
-  no interval) it is below MIN_GAP.
+  (0: no better than ape, 1: the whole gap closed, > 1: better than softmax + ape) with its
+  Fieller interval, the gain acc[b + pe] - acc[b + ape], and beside them the same-encoding gap
+  acc[softmax + pe] - acc[b + pe] (Welch): G measures b + pe against softmax with ape, which hides
+  how far b + pe stays below softmax with the same encoding.
+
+Both on the draw-mean accuracy, by which random-feature backends are judged (common.judged_accuracy:
+one draw is a lottery; softmax and relu-identity have no draws and use their exact test_acc), and on
+the training draw, the accuracy with the features the model finished training with. The baseline
+softmax+ape, and the softmax+pe of a same-encoding gap, is the one with the same qk_norm, else
+qk_norm none (the tables say which). Intervals are t-based (rpevit.analysis.stats): Welch for
+differences, Fieller for G; the groups are independent seeds (no pairing is assumed).
+
+Verdicts: one Holm family per configuration and accuracy: the gap, and per encoding its G (tested
+as G = 0, i.e. Welch's test of the gain) and its same-encoding gap, k = 1 + 2 x encodings. Each is
+judged on its interval at its Holm level (stats.judge_family); an effect is claimed only where that
+interval excludes 0, else "not resolved with n seeds". G is defined only where the gap itself is
+resolved and positive; there, G's Holm interval is read against 1 as well (its bound against 1 is
+Welch's test of b + pe against softmax + ape at the same level). With one seed nothing is claimed;
+G is then shown without an interval when the gap is at least MIN_GAP.
 
 Rows written before a column existed read as NaN (shown as —). Writes gap_closure.md and
 gap_closure.png into RESULTS_DIR.
@@ -31,41 +41,54 @@ gap_closure.png into RESULTS_DIR.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (VARIANT, bootstrap, column, fmt, interval, judged_accuracy, markdown_table,
-                                    mean_interval, pyplot, read_trials, save_figure, script_main, with_variant)
+from rpevit.analysis.common import (VARIANT, column, fmt, judged_accuracy, markdown_table, pyplot, read_trials,
+                                    save_figure, script_main, with_variant)
+from rpevit.analysis.stats import (Comparison, Interval, Judged, closure_ratio, judge_family, mean_interval, seeds_text,
+                                   welch)
 
 BASELINE_ATTENTION, BASELINE_PE = "softmax", "ape"
-MIN_GAP = 0.005  # 0.5 points of accuracy: below it a single-seed gap is not distinguishable from noise
+MIN_GAP = 0.005  # 0.5 points of accuracy: below it a single-seed gap gets no G (one seed has no interval)
 TRAIN_DRAW, DRAW_MEAN = "test_acc", "acc_draw"  # the two accuracies G is computed on
-SHORT = {TRAIN_DRAW: "training draw", DRAW_MEAN: "draw mean"}
-SOURCES = {TRAIN_DRAW: "training draw (`test_acc`)", DRAW_MEAN: "draw mean (`test_acc_draw_mean`)"}
-SOURCE_NOTE = ("Training draw: accuracy with the random features the model finished training with. Draw mean: "
-               "mean accuracy over fresh draws (softmax and relu-identity: their exact test_acc). Gaps and gains "
-               "in accuracy points.")
+SHORT = {DRAW_MEAN: "draw mean", TRAIN_DRAW: "training draw"}
+SOURCES = {DRAW_MEAN: "draw mean, judged (`test_acc_draw_mean`)", TRAIN_DRAW: "training draw (`test_acc`)"}
+SOURCE_NOTE = ("Draw mean: mean accuracy over fresh draws (softmax and relu-identity: their exact test_acc); "
+               "random-feature backends are judged on it. Training draw: accuracy with the random features the "
+               "model finished training with. Gaps and gains in accuracy points; every interval is 95% (t-based: "
+               "Welch for differences, Fieller for G) with the seed counts n of its groups (G: b+pe, b+ape, "
+               "softmax+ape). The Holm columns judge each comparison at its Holm level within the family of its "
+               "configuration and accuracy (k comparisons): an effect is claimed only where that interval "
+               "excludes 0.")
 ACCURACY_COLUMNS = {"test_acc": "test acc (training draw)", "test_acc_draw_mean": "draw mean",
                     "test_acc_draw_std": "draw std (mean over seeds)", "test_acc_draw_min": "draw min",
                     "test_acc_draw_ensemble": "draw ensemble", "test_acc_softmax_swap": "softmax swap"}
 FIDELITY, PER_LAYER = "attn_tv_to_softmax", "attn_tv_per_layer"
-GAP_OUTCOME = {"resolved": "a gap", "zero": "no gap to close", "ahead": "{backend}+ape ahead of softmax+ape",
-               "missing": "not measured"}
-# Effect of an encoding, read off its G interval, in the order the verdict lists them, with the phrase it uses.
-EFFECT_PHRASE = {"fully closes": "fully closes it (G interval at or above 1)",
-                 "closes": "closes it (G interval above 0 and reaching 1)",
-                 "partly closes": "partly closes it (G interval between 0 and 1)",
-                 "widens": "widens it",
-                 "no clear effect": "no clear effect (G interval includes 0)",
-                 "no interval (one seed)": "no interval (one seed)"}
+GAP_OUTCOME = {"resolved": "a gap", "not resolved": "gap not resolved", "ahead": "{backend}+ape ahead of softmax+ape",
+               "one seed": "one seed", "missing": "not measured"}
+NO_INTERVAL = "no interval (one seed)"
+# Effect of an encoding, in the order the verdict lists them, with the phrase it uses ({b}: the backend).
+EFFECT_PHRASE = {"more than closes": "more than closes it (G interval above 1)",
+                 "closes": "closes it (G interval above 0, reaching 1)",
+                 "partly closes": "closes part of it (G interval between 0 and 1)",
+                 "widens": "widens it (G interval below 0)",
+                 "raises": "raises {b}+ape (no resolved gap for a G)",
+                 "lowers": "lowers {b}+ape (no resolved gap for a G)",
+                 "not resolved": "{effect} (Holm interval includes 0)",
+                 NO_INTERVAL: NO_INTERVAL,
+                 "not measured": "not measured"}
 EFFECT_ORDER = tuple(EFFECT_PHRASE)
+GAP = "gap"  # the key of the gap in a Holm family (encodings: ("G", pe) and ("same", pe))
 
 Variant = tuple[str, str, str, str, str]  # VARIANT values
 Config = tuple[str, str, str, str]  # (dataset, backend, qk_norm, redraw): one Performer configuration
 Accuracies = dict[Variant, np.ndarray]
+NONE = Interval(math.nan)
 
 
 # ---------------------------------------------------------------- per-seed numbers
@@ -93,92 +116,140 @@ def accuracies(seeds: pd.DataFrame, metric: str = TRAIN_DRAW) -> Accuracies:
 # ---------------------------------------------------------------- gap and closure
 @dataclass
 class Gap:
-    """acc[softmax + ape] - acc[b + ape] of one configuration on one accuracy, and whether it is resolved."""
+    """acc[softmax + ape] - acc[b + ape] of one configuration on one accuracy, and its Holm verdict."""
 
-    point: float = math.nan
-    lo: float = math.nan
-    hi: float = math.nan
+    judged: Judged | None = None
     baseline: str = "—"  # which softmax+ape: 'softmax+ape (qk_norm l2)'
-    state: str = "missing"  # resolved | zero (interval reaches 0) | ahead (b+ape above softmax+ape) | missing
+    state: str = "missing"  # resolved | not resolved | ahead (b+ape above softmax+ape) | one seed | missing
     why: str = ""
 
-    def text(self, backend: str) -> str:
-        """'gap softmax+ape − favor+ape = 11 points [9.6, 12]' (or 'points (no interval)' with one seed)."""
-        point, _, rest = interval(self.point, self.lo, self.hi, scale=100).partition(" ")
-        return f"gap softmax+ape − {backend}+ape = {point} points{' ' + rest if rest else ''}"
+    @property
+    def nominal(self) -> Interval:
+        return self.judged.nominal if self.judged else NONE
+
+    @property
+    def point(self) -> float:
+        return self.nominal.point
+
+    def text(self, backend: str, holm: bool = True) -> str:
+        """'gap softmax+ape − favor+ape (points) = 0.47 [-0.3, 1.2] (n=3,3; 99.5%)', Holm level or 95%."""
+        shown = self.judged.interval if holm and self.judged else self.nominal
+        return f"gap softmax+ape − {backend}+ape (points) = {shown.text(scale=100)}"
 
 
 @dataclass
 class Closure:
-    """G of one encoding on one accuracy: point, interval, gain over b+ape, and the plain-language effect."""
+    """One encoding on one accuracy: G, the gain over b+ape and the same-encoding gap at 95% (nominal),
+    their Holm verdicts, and the plain-language effect."""
 
-    G: float = math.nan
-    lo: float = math.nan
-    hi: float = math.nan
-    gain: float = math.nan
-    effect: str = "G undefined"
+    G: Interval = NONE
+    gain: Interval = NONE
+    same: Interval = NONE
+    same_ref: str = "—"  # which softmax+pe: 'softmax+rope (qk_norm none)'
+    G_holm: Judged | None = None  # G (its p: Welch's test of the gain) at its Holm level
+    gain_holm: Interval = NONE  # the gain at G's Holm level
+    same_holm: Judged | None = None
+    effect: str = "not measured"
 
 
-def gap_closure(pe_acc: np.ndarray, perf_ape: np.ndarray, soft_ape: np.ndarray) -> float:
-    gap = soft_ape.mean() - perf_ape.mean()
-    return (pe_acc.mean() - perf_ape.mean()) / gap if gap != 0 else math.nan
-
-
-def baseline(acc: Accuracies, dataset: str, qk_norm: str) -> tuple[Variant | None, str]:
-    """softmax+ape with the same qk_norm, else with qk_norm none: the exact-attention reference."""
+def softmax_reference(acc: Accuracies, dataset: str, pe: str, qk_norm: str) -> tuple[Variant | None, str]:
+    """softmax+pe with the same qk_norm, else with qk_norm none: the exact-attention reference."""
     for qk in dict.fromkeys((qk_norm, "none")):
-        key = (dataset, BASELINE_ATTENTION, BASELINE_PE, qk, "off")
+        key = (dataset, BASELINE_ATTENTION, pe, qk, "off")
         if key in acc:
-            return key, f"softmax+ape (qk_norm {qk})"
+            return key, f"softmax+{pe} (qk_norm {qk})"
     return None, "—"
 
 
-def gap_state(point: float, lo: float, hi: float) -> tuple[str, str]:
-    """(state, why): resolved only when the interval lies above 0 (one seed: point >= MIN_GAP)."""
-    if math.isfinite(lo):
-        if lo > 0:
-            return "resolved", ""
-        return ("ahead", "95% interval below 0") if hi < 0 else ("zero", "95% interval reaches 0")
-    if point >= MIN_GAP:
-        return "resolved", ""
-    if point <= -MIN_GAP:
-        return "ahead", "below 0, one seed"
-    return "zero", f"< {100 * MIN_GAP:g} points with one seed"
+def baseline(acc: Accuracies, dataset: str, qk_norm: str) -> tuple[Variant | None, str]:
+    """softmax+ape with the same qk_norm, else with qk_norm none."""
+    return softmax_reference(acc, dataset, BASELINE_PE, qk_norm)
 
 
-def measure_gap(acc: Accuracies, config: Config) -> Gap:
+def gap_state(judged: Judged) -> tuple[str, str]:
+    """(state, why) from the gap's Holm verdict: resolved (> 0), ahead (< 0), not resolved; one seed."""
+    if not math.isfinite(judged.nominal.p):
+        return "one seed", "one seed: no interval"
+    if judged.resolved:
+        return ("resolved", "") if judged.interval.point > 0 else ("ahead", "Holm interval below 0")
+    return "not resolved", f"not resolved with {seeds_text(judged.interval.n)}: Holm interval includes 0"
+
+
+def effect(gap: Gap, G: Judged, gain: Interval) -> str:
+    """An encoding's effect from its Holm verdict: only a resolved G = 0 test (G interval, equivalently
+    the gain's, excludes 0) is an effect. With a resolved gap and a bounded G interval it is read as
+    a closure (against 0 and 1); otherwise as raising or lowering b+ape."""
+    if not math.isfinite(G.nominal.p):
+        return NO_INTERVAL
+    if not G.resolved:
+        return f"not resolved with {seeds_text(G.interval.n)}"
+    up = gain.point > 0
+    if gap.state == "resolved" and G.interval.bounded:
+        if not up:
+            return "widens"
+        return "more than closes" if G.interval.lo > 1 else "partly closes" if G.interval.hi < 1 else "closes"
+    return "raises" if up else "lowers"
+
+
+def effect_phrase(effect_word: str, backend: str) -> str:
+    """The verdict's phrase for an effect word (its EFFECT_PHRASE entry, with the backend and seed counts)."""
+    category = next(e for e in EFFECT_ORDER if effect_word.startswith(e))
+    return EFFECT_PHRASE[category].format(b=backend, effect=effect_word)
+
+
+@dataclass
+class Assessment:
+    """One configuration on one accuracy: its gap, each encoding's closure, and its Holm family size k."""
+
+    gap: Gap
+    closures: dict[str, Closure] = field(default_factory=dict)
+    k: int = 0
+
+
+def family(acc: Accuracies, config: Config, pes: list[str]) -> tuple[dict[object, Comparison], dict[str, str]]:
+    """The comparisons of one verdict family (the gap, each encoding's G and same-encoding gap) and
+    each encoding's softmax reference label."""
+    dataset, backend, qk_norm, redraw = config
+    soft = acc[baseline(acc, dataset, qk_norm)[0]]
+    base = acc[(dataset, backend, BASELINE_PE, qk_norm, redraw)]
+    comparisons: dict[object, Comparison] = {GAP: partial(welch, soft, base)}
+    refs = {}
+    for pe in pes:
+        values = acc.get((dataset, backend, pe, qk_norm, redraw))
+        if values is None:
+            continue
+        comparisons[("G", pe)] = partial(closure_ratio, values, base, soft)
+        ref_key, refs[pe] = softmax_reference(acc, dataset, pe, qk_norm)
+        if ref_key is not None:
+            comparisons[("same", pe)] = partial(welch, acc[ref_key], values)
+    return comparisons, refs
+
+
+def measure(acc: Accuracies, config: Config, pes: list[str]) -> Assessment:
+    """One configuration on one accuracy: its Holm family judged, the gap's state, each encoding's closure."""
     dataset, backend, qk_norm, redraw = config
     soft_key, label = baseline(acc, dataset, qk_norm)
     base = acc.get((dataset, backend, BASELINE_PE, qk_norm, redraw))
     if soft_key is None or base is None:
-        return Gap(baseline=label, why=f"no {'softmax' if soft_key is None else backend}+ape accuracy")
-    point, lo, hi = bootstrap([acc[soft_key], base], lambda s, b: s.mean() - b.mean())
-    return Gap(point, lo, hi, label, *gap_state(point, lo, hi))
-
-
-def effect(G: float, lo: float, hi: float) -> str:
-    """From the G interval: fully closes (all of it >= 1), closes (above 0, reaching 1), partly closes (inside
-    (0, 1)), widens (below 0), or no clear effect (includes 0). Only the interval decides, never G alone."""
-    if not math.isfinite(lo):
-        return "no interval (one seed)"
-    if lo >= 1:
-        return "fully closes"
-    if lo > 0:
-        return "closes" if hi >= 1 else "partly closes"
-    return "widens" if hi < 0 else "no clear effect"
-
-
-def measure_closure(acc: Accuracies, config: Config, pe: str, gap: Gap) -> Closure:
-    dataset, backend, qk_norm, redraw = config
-    base = acc.get((dataset, backend, BASELINE_PE, qk_norm, redraw))
-    values = acc.get((dataset, backend, pe, qk_norm, redraw))
-    if base is None or values is None:
-        return Closure(effect="not measured")
-    if gap.state != "resolved":
-        return Closure(gain=values.mean() - base.mean())
-    soft = acc[baseline(acc, dataset, qk_norm)[0]]
-    G, lo, hi = bootstrap([values, base, soft], gap_closure)
-    return Closure(G, lo, hi, values.mean() - base.mean(), effect(G, lo, hi))
+        gap = Gap(baseline=label, why=f"no {'softmax' if soft_key is None else backend}+ape accuracy")
+        return Assessment(gap, {pe: Closure() for pe in pes})
+    comparisons, refs = family(acc, config, pes)
+    judged = judge_family(comparisons)
+    gap = Gap(judged[GAP], label, *gap_state(judged[GAP]))
+    with_G = ((gap.state in ("resolved", "not resolved") and gap.point > 0)
+              or (gap.state == "one seed" and gap.point >= MIN_GAP))
+    closures = {}
+    for pe in pes:
+        G = judged.get(("G", pe))
+        if G is None:
+            closures[pe] = Closure()
+            continue
+        values = acc[(dataset, backend, pe, qk_norm, redraw)]
+        gain_holm = welch(values, base, G.interval.level)
+        same = judged.get(("same", pe))
+        closures[pe] = Closure(G.nominal if with_G else NONE, welch(values, base), same.nominal if same else NONE,
+                               refs[pe], G, gain_holm, same, effect(gap, G, gain_holm))
+    return Assessment(gap, closures, judged[GAP].k)
 
 
 def configurations(acc: Accuracies) -> dict[Config, list[str]]:
@@ -192,63 +263,80 @@ def configurations(acc: Accuracies) -> dict[Config, list[str]]:
     return configs
 
 
-@dataclass
-class Assessment:
-    """One configuration on one accuracy: its gap and the closure of each encoding."""
-
-    gap: Gap
-    closures: dict[str, Closure]
-
-
 def assess(seeds: pd.DataFrame) -> dict[str, dict[Config, Assessment]]:
     """accuracy source -> configuration -> Assessment, over the configurations the training draw has."""
     accs = {metric: accuracies(seeds, metric) for metric in SOURCES}
     out: dict[str, dict[Config, Assessment]] = {metric: {} for metric in SOURCES}
     for config, pes in configurations(accs[TRAIN_DRAW]).items():
         for metric, acc in accs.items():
-            gap = measure_gap(acc, config)
-            if metric == DRAW_MEAN and gap.state == "missing":
-                gap.why += " (rows written before draw-aware evaluation, or eval_draws 0)"
-            out[metric][config] = Assessment(gap, {pe: measure_closure(acc, config, pe, gap) for pe in pes})
+            out[metric][config] = assessed = measure(acc, config, pes)
+            if metric == DRAW_MEAN and assessed.gap.state == "missing":
+                assessed.gap.why += " (rows written before draw-aware evaluation, or eval_draws 0)"
     return out
 
 
 # ---------------------------------------------------------------- verdict
+def closure_item(pe: str, closure: Closure, gap: Gap) -> str:
+    """'rope (G -2 [-3.2, -1] (n=3,3,3; 99.5%))', or the gain where G is not defined."""
+    if gap.state == "resolved" and closure.G_holm is not None:
+        return f"{pe} (G {closure.G_holm.interval.text()})"
+    return f"{pe} (gain in points {closure.gain_holm.text(scale=100)})"
+
+
+def same_encoding_text(assessment: Assessment, backend: str) -> str:
+    """'same-encoding gap softmax+pe − favor+pe (points): rope 1.4 [..] (n=3,3; 99.5%): softmax+rope ahead; ...'."""
+    items = []
+    for pe, c in assessment.closures.items():
+        if c.same_holm is None:
+            continue
+        ref = c.same_ref.split(" ")[0]
+        word = c.same_holm.word(f"{ref} ahead", f"{backend}+{pe} ahead")
+        items.append(f"{pe} {c.same_holm.interval.text(scale=100)}: {word}")
+    return f"same-encoding gap softmax+pe − {backend}+pe (points): " + "; ".join(items) if items else ""
+
+
+SUB = "\n    - "  # a sub-bullet under an accuracy's bullet of the verdict
+
+
 def effect_list(assessment: Assessment, backend: str) -> str:
-    """'closes it: rope (G 0.45 [0.3, 0.6]); widens it: ...', or why G is not computed."""
+    """The gap and each encoding's effect at its Holm level, or why they are not measured."""
     gap = assessment.gap
     if gap.state == "missing":
-        return f"not measured ({gap.why})"
-    if gap.state == "zero":
-        return f"no gap to close at this schedule: {gap.text(backend)} ({gap.why})"
-    if gap.state == "ahead":
-        return f"no gap to close: {backend}+ape is ahead of softmax+ape, {gap.text(backend)}"
-    groups = {e: [f"{pe} (G {interval(c.G, c.lo, c.hi)})" for pe, c in assessment.closures.items() if c.effect == e]
-              for e in EFFECT_ORDER}
-    said = [f"{EFFECT_PHRASE[e]}: {', '.join(pes)}" for e, pes in groups.items() if pes]
-    return f"{gap.text(backend)}; " + ("; ".join(said) if said else "no encoding other than ape measured")
+        return f"not measured ({gap.why})."
+    head = {"resolved": f"{gap.text(backend)}: a gap",
+            "ahead": f"no gap to close: {backend}+ape is ahead of softmax+ape, {gap.text(backend)}",
+            "not resolved": f"{gap.text(backend)}: {gap.why.split(':')[0]}, so G is not defined",
+            "one seed": f"{gap.text(backend)}: one seed, no interval"}[gap.state]
+    head = f"Holm over k = {assessment.k}: {head}"
+    groups: dict[str, list[str]] = {}
+    for pe, c in sorted(assessment.closures.items(), key=lambda kv: EFFECT_ORDER.index(
+            next(e for e in EFFECT_ORDER if kv[1].effect.startswith(e)))):
+        groups.setdefault(effect_phrase(c.effect, backend), []).append(closure_item(pe, c, gap))
+    said = [f"{phrase}: {', '.join(items)}" for phrase, items in groups.items()]
+    same = same_encoding_text(assessment, backend)
+    body = "; ".join(said) if said else "no encoding other than ape measured"
+    return f"{head}.{SUB}encodings: {body}." + (f"{SUB}{same}." if same else "")
 
 
 def outcome(assessment: Assessment, backend: str, pe: str | None = None) -> str:
     """Short label of the gap (pe None) or of one encoding's effect, for spotting disagreements."""
-    state = assessment.gap.state
-    if pe is None or state != "resolved":
-        return GAP_OUTCOME[state].format(backend=backend)
+    if pe is None:
+        return GAP_OUTCOME[assessment.gap.state].format(backend=backend)
     return assessment.closures[pe].effect
 
 
-def disagreement(train: Assessment, draw: Assessment, backend: str) -> str:
-    """Where the training-draw and draw-mean verdicts differ, in words."""
-    if draw.gap.state == "missing":
+def disagreement(first: Assessment, second: Assessment, backend: str) -> str:
+    """Where the draw-mean (first) and training-draw (second) verdicts differ, in words."""
+    if first.gap.state == "missing" or second.gap.state == "missing":
         return "draw mean not measured: nothing to compare"
-    gap_train, gap_draw = outcome(train, backend), outcome(draw, backend)
-    if gap_train != gap_draw:
-        return f"the two disagree on the gap: {gap_train} on the training draw, {gap_draw} on the draw mean"
-    differ = [f"{pe} ({outcome(train, backend, pe)} vs {outcome(draw, backend, pe)})" for pe in train.closures
-              if outcome(train, backend, pe) != outcome(draw, backend, pe)]
+    gap_first, gap_second = outcome(first, backend), outcome(second, backend)
+    if gap_first != gap_second:
+        return f"the two disagree on the gap: {gap_first} on the draw mean, {gap_second} on the training draw"
+    differ = [f"{pe} ({outcome(first, backend, pe)} vs {outcome(second, backend, pe)})" for pe in first.closures
+              if outcome(first, backend, pe) != outcome(second, backend, pe)]
     if differ:
-        return "the two disagree (training draw vs draw mean) on: " + ", ".join(differ)
-    return "training draw and draw mean agree"
+        return "the two disagree (draw mean vs training draw) on: " + ", ".join(differ)
+    return "draw mean and training draw agree"
 
 
 def count_text(values: list, unit: str) -> str:
@@ -266,25 +354,28 @@ def verdict(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame, assessed: di
     n_seeds = ds_seeds.dropna(subset=[TRAIN_DRAW]).groupby(list(VARIANT)).size().tolist()
     epochs = pd.to_numeric(column(frame[frame["dataset"] == dataset], "epochs"), errors="coerce").dropna()
     lines = [f"### {dataset}: verdict ({count_text(n_seeds, 'seeds')} per variant, "
-             f"{count_text(sorted(set(epochs.astype(int))), 'epochs')})", ""]
+             f"{count_text(sorted(set(epochs.astype(int))), 'epochs')})", "",
+             "Each accuracy's bullet is one Holm family of k comparisons (the gap, and per encoding G and the "
+             "same-encoding gap); its intervals are at each comparison's Holm level (shown beside n, the seed "
+             "counts of the groups), and an effect is claimed only where that interval excludes 0.", ""]
     configs = [c for c in assessed[TRAIN_DRAW] if c[0] == dataset]
     if not configs:
         return "\n".join(lines + ["No Performer variant in these rows: nothing to compare with softmax.", ""])
     for config in configs:
         _, backend, qk_norm, redraw = config
-        train, draw = assessed[TRAIN_DRAW][config], assessed[DRAW_MEAN][config]
+        draw, train = assessed[DRAW_MEAN][config], assessed[TRAIN_DRAW][config]
         lines += [f"- **{backend}, qk_norm {qk_norm}, redraw {redraw}** (baseline {train.gap.baseline})",
-                  f"  - {SOURCES[TRAIN_DRAW]}: {effect_list(train, backend)}.",
-                  f"  - {SOURCES[DRAW_MEAN]}: {effect_list(draw, backend)}.",
-                  f"  - {disagreement(train, draw, backend)}."]
+                  f"  - {SOURCES[DRAW_MEAN]}, {effect_list(draw, backend)}",
+                  f"  - {SOURCES[TRAIN_DRAW]}, {effect_list(train, backend)}",
+                  f"  - {disagreement(draw, train, backend)}."]
     return "\n".join(lines + [""])
 
 
 # ---------------------------------------------------------------- tables
 def accuracy_table(seeds: pd.DataFrame) -> str:
-    """Per variant: every accuracy, mean [95% interval] over seeds, in %."""
+    """Per variant: every accuracy, mean [95% t interval] (n seeds), in %."""
     rows = [[*key[1:], int(g[TRAIN_DRAW].notna().sum()),
-             *(mean_interval(g[c].to_numpy(float), scale=100, digits=4) for c in ACCURACY_COLUMNS)]
+             *(mean_interval(g[c].to_numpy(float)).text(scale=100, digits=4) for c in ACCURACY_COLUMNS)]
             for key, g in seeds.groupby(list(VARIANT))]
     return markdown_table([*VARIANT[1:], "seeds", *(f"{label} %" for label in ACCURACY_COLUMNS.values())], rows)
 
@@ -317,37 +408,41 @@ def fidelity_table(frame: pd.DataFrame, seeds: pd.DataFrame) -> str:
     if not seeds[FIDELITY].notna().any():
         return f"_no {FIDELITY} in these rows (written before attention fidelity was measured)_"
     layers = with_variant(frame).assign(**{PER_LAYER: column(frame, PER_LAYER)}).groupby(list(VARIANT))[PER_LAYER]
-    rows = [[*key[1:], int(g[FIDELITY].notna().sum()), mean_interval(g[FIDELITY].to_numpy(float)),
+    rows = [[*key[1:], int(g[FIDELITY].notna().sum()), mean_interval(g[FIDELITY].to_numpy(float)).text(),
              per_layer_text(layers.get_group(key)) if key in layers.groups else "—"]
             for key, g in seeds.groupby(list(VARIANT))]
-    return markdown_table([*VARIANT[1:], "seeds", "TV to softmax [95% interval]", "TV per layer (mean)"], rows)
+    return markdown_table([*VARIANT[1:], "seeds", "TV to softmax [95%] (n)", "TV per layer (mean)"], rows)
 
 
-def gap_note(gaps: dict[str, Gap]) -> str:
-    """Why G is undefined on either accuracy, for the table's note column."""
-    notes = [f"{SHORT[m]}: " + (f"G undefined, gap {100 * g.point:+.2f} points ({g.why})"
-                                                 if g.state in ("zero", "ahead") else g.why)
-             for m, g in gaps.items() if g.state != "resolved"]
-    return "; ".join(notes)
+def G_cell(closure: Closure, gap: Gap) -> str:
+    """G [95%] (n), or why it is not defined."""
+    if math.isfinite(closure.G.point):
+        return closure.G.text()
+    if gap.state == "missing" or closure.G_holm is None:
+        return "—"
+    return f"— ({GAP_OUTCOME[gap.state].format(backend='b')})"
 
 
-def gap_table(assessed: dict[str, dict[Config, Assessment]]) -> str:
-    """G and gap on the training draw and on the draw mean, one row per (configuration, pe)."""
+def holm_cell(judged: Judged | None, word: str) -> str:
+    return "—" if judged is None else f"{word} (k={judged.k})"
+
+
+def gap_table(assessed: dict[Config, Assessment]) -> str:
+    """One row per (configuration, pe) on one accuracy: gap, G, gain, same-encoding gap, Holm verdicts."""
     rows = []
-    for config, train in assessed[TRAIN_DRAW].items():
-        draw = assessed[DRAW_MEAN][config]
-        for pe, closure in train.closures.items():
-            other = draw.closures[pe]
-            rows.append([config[0], config[1], config[2], config[3], pe, train.gap.baseline,
-                         interval(closure.G, closure.lo, closure.hi), interval(other.G, other.lo, other.hi),
-                         interval(train.gap.point, train.gap.lo, train.gap.hi, scale=100),
-                         interval(draw.gap.point, draw.gap.lo, draw.gap.hi, scale=100),
-                         fmt(100 * closure.gain, 3), fmt(100 * other.gain, 3),
-                         gap_note({TRAIN_DRAW: train.gap, DRAW_MEAN: draw.gap})])
+    for config, a in assessed.items():
+        for pe, c in a.closures.items():
+            same_word = c.same_holm.word("softmax ahead", "b ahead") if c.same_holm else ""
+            G_word = effect_phrase(c.effect, "b").split(" (")[0]
+            if c.effect.startswith("not resolved") and a.gap.state != "resolved":
+                G_word += "; G undefined: " + GAP_OUTCOME[a.gap.state].format(backend="b")
+            rows.append([*config, pe, a.gap.baseline, a.gap.nominal.text(scale=100), G_cell(c, a.gap),
+                         c.gain.text(scale=100), c.same_ref, c.same.text(scale=100),
+                         holm_cell(c.G_holm, G_word), holm_cell(c.same_holm, same_word)])
     return markdown_table(["dataset", "backend b", "qk_norm", "redraw", "pe", "baseline",
-                           "G training draw [95%]", "G draw mean [95%]", "gap training draw (points)",
-                           "gap draw mean (points)", "gain training draw (points)", "gain draw mean (points)",
-                           "note"], rows)
+                           "gap softmax+ape − b+ape [95%] (n)", "G [95%] (n)", "gain b+pe − b+ape [95%] (n)",
+                           "same-encoding reference", "same-encoding gap softmax+pe − b+pe [95%] (n)",
+                           "Holm: G (gain)", "Holm: same-encoding gap"], rows)
 
 
 def build(results_dir: Path) -> str | None:
@@ -362,13 +457,16 @@ def build(results_dir: Path) -> str | None:
     for dataset in sorted(seeds["dataset"].unique()):
         ds = seeds[seeds["dataset"] == dataset]
         parts += [verdict(dataset, frame, seeds, assessed),
-                  f"### {dataset}: accuracy per variant (%), mean [95% bootstrap interval] over seeds", "",
+                  f"### {dataset}: accuracy per variant (%), mean [95% t interval] (n seeds)", "",
                   accuracy_table(ds), "",
                   f"### {dataset}: attention fidelity, mean total-variation distance to exact softmax rows", "",
                   fidelity_table(frame[frame["dataset"] == dataset], ds), ""]
     if any(a.closures for a in assessed[TRAIN_DRAW].values()):
-        parts += ["### Gap closure G = (acc[b+pe] - acc[b+ape]) / (acc[softmax+ape] - acc[b+ape])", "",
-                  SOURCE_NOTE, "", gap_table(assessed), "", "![gap closure](gap_closure.png)", ""]
+        parts += ["### Gap closure G = (acc[b+pe] - acc[b+ape]) / (acc[softmax+ape] - acc[b+ape]), "
+                  "beside the same-encoding gap acc[softmax+pe] - acc[b+pe]", "", SOURCE_NOTE, ""]
+        for metric, label in SOURCES.items():
+            parts += [f"#### On the {label}", "", gap_table(assessed[metric]), ""]
+        parts += ["![gap closure](gap_closure.png)", ""]
         plot_gap_closure(assessed, results_dir / "gap_closure.png")
     return "\n".join(parts)
 
@@ -378,9 +476,11 @@ G_AXIS_LIMIT = 5.0
 
 
 def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) -> Path:
-    """Bars of G per configuration and pe, one panel per dataset: training draw solid, draw mean hatched;
-    undefined G drawn as an 'n/a' label. The axis stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does not
-    flatten every other bar; an interval end beyond it is written at the edge."""
+    """Bars of G per configuration and pe with 95% Fieller intervals, one panel per dataset: draw mean
+    solid, training draw hatched; undefined G drawn as an 'n/a' label, and a G whose interval is unbounded
+    (the gap not resolved at 95%) as an 'unbounded' label, without a bar: no finite bar could stand for it.
+    The axis stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does not flatten every other bar;
+    an interval end beyond it is written at the edge."""
     plt = pyplot()
     datasets = sorted({c[0] for c in assessed[TRAIN_DRAW]})
     widest = max(sum(c[0] == d for c in assessed[TRAIN_DRAW]) for d in datasets)
@@ -393,34 +493,34 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
         labelled: set[str] = set()
         for i, config in enumerate(configs):
             for j, pe in enumerate(pes):
-                for k, (metric, hatch) in enumerate(((TRAIN_DRAW, None), (DRAW_MEAN, "//"))):
+                for k, (metric, hatch) in enumerate(((DRAW_MEAN, None), (TRAIN_DRAW, "//"))):
                     closure = assessed[metric][config].closures.get(pe)
                     if closure is None:
                         continue
                     xpos = i + (2 * j + k - (2 * len(pes) - 1) / 2) * width
-                    label = f"{pe} ({'training draw' if k == 0 else 'draw mean'})"
-                    if draw_bar(ax, xpos, width, closure, f"C{j}", hatch, None if label in labelled else label):
+                    label = f"{pe} ({SHORT[metric]})"
+                    if draw_bar(ax, xpos, width, closure.G, f"C{j}", hatch, None if label in labelled else label):
                         labelled.add(label)
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(1, color="k", lw=0.8, ls="--")
         ticks = [f"{b}\nqk {q}\nredraw {r}".replace(" until", "\nuntil") for _, b, q, r in configs]
         ax.set_xticks(range(len(configs)), ticks, fontsize=7)
         ax.set_ylabel("gap closure G (1 = softmax+ape reached)")
-        ax.set_title(f"{dataset}: G per Performer configuration and pe (95% CI)")
+        ax.set_title(f"{dataset}: G per Performer configuration and pe (95% Fieller interval, per comparison)")
         if labelled:
             ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save_figure(fig, path)
 
 
-def draw_bar(ax, xpos: float, width: float, closure: Closure, color: str, hatch: str | None, label: str | None) -> bool:
+def draw_bar(ax, xpos: float, width: float, G: Interval, color: str, hatch: str | None, label: str | None) -> bool:
     """One G bar with its interval, or an 'n/a' label; True if a bar (and so its legend label) was drawn."""
-    if not math.isfinite(closure.G):
-        ax.text(xpos, 0.02, "n/a", ha="center", va="bottom", fontsize=7, rotation=90)
+    if not math.isfinite(G.point) or G.unbounded:  # no G, or any G of either sign is compatible with the seeds
+        ax.text(xpos, 0.02, "unbounded" if G.unbounded else "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
         return False
-    err = [[closure.G - closure.lo], [closure.hi - closure.G]] if math.isfinite(closure.lo) else None
-    ax.bar(xpos, closure.G, width, yerr=err, capsize=2, color=color, hatch=hatch,
+    err = [[G.point - G.lo], [G.hi - G.point]] if G.bounded else None
+    ax.bar(xpos, G.point, width, yerr=err, capsize=2, color=color, hatch=hatch,
            alpha=0.6 if hatch else 1.0, label=label)
-    for end in (closure.lo, closure.hi):
+    for end in (G.lo, G.hi):
         if math.isfinite(end) and abs(end) > G_AXIS_LIMIT:
             ax.annotate(f"{end:.3g}", (xpos, math.copysign(G_AXIS_LIMIT, end)), xytext=(2, 0),
                         textcoords="offset points", ha="left", va="top" if end > 0 else "bottom", fontsize=6,

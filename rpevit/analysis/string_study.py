@@ -7,15 +7,18 @@ From the current `train` trials under exact softmax attention (qk_norm none) who
 STRING or the rotation-invariant RPE (rope, circulant_string, cayley_string, reflection_string,
 sparse_cayley_string at each f and solver, rotinv), per dataset:
 
-- accuracy per variant, mean [95% bootstrap interval] over seeds, and the difference to rope with
-  its interval (the seeds of the two variants resampled independently);
+- accuracy per variant, mean [95% t interval] (n seeds), and the difference to rope with its 95%
+  Welch interval (the seeds of the two variants are independent samples), judged by Holm over the
+  family of every variant's difference to rope (rpevit.analysis.stats): a variant is called above
+  or below rope only where its Holm-level interval excludes 0, else "not resolved with n seeds";
 - cost relative to rope: training-step and inference time divided by rope's, from `bench` trials
   of the same model (each with the machine to itself; efficiency.bench_cost_table), where present;
 - beside them, the per-epoch cost ratios to RoPE that the reference notebook this project started
   from measured (plain PyTorch on a laptop CPU; NOTEBOOK_X_ROPE), the figures the issue asked to
   be compared with;
 - accuracy against f for the dense-solver rows, and the sparse-solver row beside the dense row of
-  the same f (the two paths compute the same P: their accuracies should agree within seed noise);
+  the same f (the two paths compute the same P: their accuracies should agree within seed noise;
+  one comparison, its own 95% Welch interval);
 - a verdict in words generated from those numbers.
 
 Writes string_study.md and string_study_f.png into RESULTS_DIR.
@@ -23,14 +26,14 @@ Writes string_study.md and string_study_f.png into RESULTS_DIR.
 from __future__ import annotations
 
 import math
+from functools import partial
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (bootstrap, fmt, interval, markdown_table, mean_interval, pyplot, read_trials,
-                                    save_figure, script_main, with_variant)
+from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main, with_variant
 from rpevit.analysis.efficiency import MODEL_FIELDS, SHAPE_FIELDS, model_fields, with_resolved_shape
+from rpevit.analysis.stats import Interval, Judged, judge_family, mean_interval, welch
 
 REFERENCE = "rope"
 STRING_PES = ("rope", "circulant_string", "cayley_string", "reflection_string", "sparse_cayley_string", "rotinv")
@@ -76,11 +79,6 @@ def one_row_per_seed(rows: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def difference_interval(a: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
-    """mean(a) - mean(b) with a 95% bootstrap interval (seeds of a and b resampled independently)."""
-    return bootstrap([a, b], lambda x, y: float(np.mean(x) - np.mean(y)))
-
-
 def bench_ratios(bench: pd.DataFrame) -> pd.DataFrame:
     """Median training-step / inference times of softmax bench rows per dataset, pe and model fields,
     divided by those of rope's row of the same dataset and shape (SHAPE_FIELDS)."""
@@ -116,19 +114,29 @@ def with_costs(rows: pd.DataFrame, ratios: pd.DataFrame) -> pd.DataFrame:
 
 
 def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per variant: seeds, accuracy mean and interval, difference to rope and interval, cost ratios."""
+    """Per variant: seeds, accuracy mean and interval, difference to rope (95% Welch), its Holm verdict
+    (`holm`: stats.Judged within the family of every variant's difference to rope) and cost ratios."""
     ref = rows.loc[rows["pe"] == REFERENCE, "test_acc"].to_numpy(float)
+    groups = {variant: g for variant, g in rows.groupby("variant", sort=False)}
+    family = judge_family({v: partial(welch, g["test_acc"].to_numpy(float), ref)
+                           for v, g in groups.items() if g["pe"].iloc[0] != REFERENCE}) if len(ref) else {}
     out = []
-    for variant, g in rows.groupby("variant", sort=False):
+    for variant, g in groups.items():
         acc = g["test_acc"].to_numpy(float)
-        diff = difference_interval(acc, ref) if len(ref) else (math.nan, math.nan, math.nan)
         first = g.iloc[0]
         f = first["string_sparsity"] if first["pe"] == SPARSE else None
+        holm = family.get(variant)
         out.append({"variant": variant, "pe": first["pe"], "seeds": len(acc), "acc": acc.mean(),
-                    "acc_text": mean_interval(acc, scale=100, digits=4), "diff": diff,
+                    "acc_text": mean_interval(acc).text(scale=100, digits=4),
+                    "diff": holm.nominal if holm else Interval(math.nan), "holm": holm,
                     "train x rope": g["train x rope"].median(), "infer x rope": g["infer x rope"].median(),
                     "notebook x rope": notebook_ratio(first["dataset"], first["pe"], f)})
     return pd.DataFrame(out).sort_values("acc", ascending=False).reset_index(drop=True)
+
+
+def holm_word(holm: Judged | None) -> str:
+    """'above rope' / 'below rope' where Holm resolves the difference, else 'not resolved with n seeds'."""
+    return "—" if holm is None else holm.word("above rope", "below rope")
 
 
 def f_table(rows: pd.DataFrame) -> pd.DataFrame:
@@ -138,44 +146,57 @@ def f_table(rows: pd.DataFrame) -> pd.DataFrame:
     for (f, solver), g in sparse.groupby(["string_sparsity", "cayley_solver"]):
         acc = g["test_acc"].to_numpy(float)
         out.append({"f": f, "solver": solver, "seeds": len(acc), "acc": acc.mean(),
-                    "acc_text": mean_interval(acc, scale=100, digits=4), "values": acc})
+                    "acc_text": mean_interval(acc).text(scale=100, digits=4), "values": acc})
     return pd.DataFrame(out, columns=["f", "solver", "seeds", "acc", "acc_text", "values"])
 
 
 def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
-    """Plain words from the numbers: best variant against rope, its cost, the f trend, the solver check."""
+    """Plain words from the numbers: the highest mean and which differences to rope Holm resolves, the
+    cost of the highest mean, the f means, the solver check. No effect is claimed that Holm does not resolve."""
     lines = [f"**{dataset}.**"]
     best = table.iloc[0]
-    point, lo, hi = best["diff"]
+    judged = [r for _, r in table.iterrows() if r["holm"] is not None]
+    k = judged[0]["holm"].k if judged else 0
     if best["pe"] == REFERENCE:
-        lines.append(f"rope itself is the most accurate ({best['acc_text']}).")
+        lines.append(f"rope itself has the highest mean ({best['acc_text']}).")
     else:
-        clear = math.isfinite(lo) and (lo > 0 or hi < 0)
-        lines.append(f"The most accurate is {best['variant']} ({best['acc_text']}), "
-                     f"{fmt(100 * point, 2)} points vs rope [95%: {fmt(100 * lo, 2)}, {fmt(100 * hi, 2)}]"
-                     f"{'' if clear else ': the interval includes 0, so it is not distinguishable from rope'}.")
+        holm = best["holm"]
+        lines.append(f"The highest mean is {best['variant']} ({best['acc_text']}), "
+                     f"{holm.interval.text(scale=100)} points vs rope at its Holm level: "
+                     f"{holm_word(holm)}.")
         if math.isfinite(best["train x rope"]):
             lines.append(f"It costs {fmt(best['train x rope'], 3)}x rope's training-step time and "
                          f"{fmt(best['infer x rope'], 3)}x its inference time (bench, alone).")
+    resolved = [f"{r['variant']} {holm_word(r['holm'])} ({r['holm'].interval.text(scale=100)})"
+                for r in judged if r["holm"].resolved]
+    if judged:
+        counts = sorted({n for r in judged for n in r["holm"].interval.n})
+        seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        rest = len(judged) - len(resolved)
+        if not resolved:
+            lines.append(f"No difference to rope is resolved by Holm over the k = {k} with {seeds} seeds.")
+        else:
+            lines.append(f"Differences to rope resolved by Holm over the k = {k}: {'; '.join(resolved)}"
+                         + (f"; the other {rest} not resolved with {seeds} seeds." if rest else "."))
     dense = fs[fs["solver"] != "sparse"].sort_values("f")
     if len(dense) > 1:
         top = dense.loc[dense["acc"].idxmax()]
-        lines.append(f"Across f = {', '.join(fmt(f, 3) for f in dense['f'])}, accuracy spans "
-                     f"{fmt(100 * dense['acc'].min(), 4)}-{fmt(100 * dense['acc'].max(), 4)}% (best at f = "
+        lines.append(f"Across f = {', '.join(fmt(f, 3) for f in dense['f'])}, mean accuracy spans "
+                     f"{fmt(100 * dense['acc'].min(), 4)}-{fmt(100 * dense['acc'].max(), 4)}% (highest mean at f = "
                      f"{fmt(top['f'], 3)}).")
     for _, row in fs[fs["solver"] == "sparse"].iterrows():
         twin = dense[dense["f"] == row["f"]]
         if len(twin):
-            d, dlo, dhi = difference_interval(row["values"], twin["values"].iloc[0])
+            d = welch(row["values"], twin["values"].iloc[0])
             lines.append(f"The sparse solver at f = {fmt(row['f'], 3)} reaches {row['acc_text']} against "
-                         f"{twin['acc_text'].iloc[0]} with the dense solve (difference {fmt(100 * d, 2)} points "
-                         f"[{fmt(100 * dlo, 2)}, {fmt(100 * dhi, 2)}]).")
+                         f"{twin['acc_text'].iloc[0]} with the dense solve (difference, points, "
+                         f"{d.text(scale=100)}: one check, 95%).")
     return " ".join(lines)
 
 
 def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
-    """Accuracy against f (log axis), mean and min-max over seeds: one panel per dataset, each with its
-    own accuracy axis (a shared one flattens every curve: the datasets sit ~40 points apart)."""
+    """Accuracy against f (log axis), mean and 95% t interval over seeds: one panel per dataset, each with
+    its own accuracy axis (a shared one flattens every curve: the datasets sit ~40 points apart)."""
     curves = {d: fs[fs["solver"] != "sparse"].sort_values("f") for d, fs in per_dataset.items()}
     curves = {d: dense for d, dense in curves.items() if len(dense) > 1}
     if not curves:
@@ -183,16 +204,18 @@ def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
     plt = pyplot()
     fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 4.2), squeeze=False)
     for ax, (dataset, dense) in zip(axes[0], curves.items()):
-        lows = [100 * (v.mean() - v.min()) for v in dense["values"]]
-        highs = [100 * (v.max() - v.mean()) for v in dense["values"]]
-        ax.errorbar(dense["f"], 100 * dense["acc"], yerr=[lows, highs], fmt="o-", capsize=3)
+        intervals = [mean_interval(v) for v in dense["values"]]
+        err = [[100 * (iv.point - iv.lo) if iv.bounded else 0.0 for iv in intervals],
+               [100 * (iv.hi - iv.point) if iv.bounded else 0.0 for iv in intervals]]
+        ax.errorbar(dense["f"], 100 * dense["acc"], yerr=err, fmt="o-", capsize=3)
         ax.set_xscale("log")
         ax.set_xticks(list(dense["f"]), [fmt(f, 3) for f in dense["f"]])
         ax.minorticks_off()
         ax.set_xlabel("f, fraction of learned entries of S (log)")
         ax.set_ylabel("test accuracy %")
-        ax.set_title(dataset, fontsize=10)
-    fig.suptitle("sparse-S Cayley-STRING: accuracy against f (mean over seeds, bars: min to max)", fontsize=10)
+        ax.set_title(f"{dataset} (n = {', '.join(sorted({str(len(v)) for v in dense['values']}))} seeds)",
+                     fontsize=10)
+    fig.suptitle("sparse-S Cayley-STRING: accuracy against f (mean over seeds, bars: 95% t interval)", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -210,20 +233,24 @@ def build(results_dir: Path) -> str | None:
     for dataset, g in rows.groupby("dataset"):
         table, fs = variant_table(g), f_table(g)
         per_dataset[dataset] = fs
-        shown = [[r["variant"], r["seeds"], r["acc_text"], interval(*r["diff"], digits=3, scale=100),
+        shown = [[r["variant"], r["seeds"], r["acc_text"], r["diff"].text(scale=100),
+                  holm_word(r["holm"]) + (f": {r['holm'].interval.text(scale=100)}, k={r['holm'].k}"
+                                          if r["holm"] is not None else ""),
                   r["train x rope"], r["infer x rope"], r["notebook x rope"]] for _, r in table.iterrows()]
         parts += [verdict(dataset, table, fs), "", f"### {dataset}: accuracy and cost relative to rope", "",
-                  markdown_table(["variant", "seeds", "test acc % [95%]", "vs rope, points [95%]",
-                                  "train step x rope", "inference x rope", "reference notebook, epoch x rope"],
-                                 shown), ""]
+                  markdown_table(["variant", "seeds", "test acc % [95%] (n)", "vs rope, points [95% Welch] (n)",
+                                  "Holm vs rope, at its Holm level (k)", "train step x rope", "inference x rope",
+                                  "reference notebook, epoch x rope"], shown), ""]
         if not fs.empty:
             parts += [f"### {dataset}: sparse-S Cayley-STRING against f", "",
-                      markdown_table(["f", "solver", "seeds", "test acc % [95%]"],
+                      markdown_table(["f", "solver", "seeds", "test acc % [95%] (n)"],
                                      fs[["f", "solver", "seeds", "acc_text"]].itertuples(index=False)), ""]
     parts += ["Cost columns: bench trials of the same model, each with the machine to itself (— where none was "
               "run). The reference notebook's ratios are its per-epoch times relative to RoPE (plain PyTorch on a "
-              "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% bootstrap over "
-              "seeds; differences resample the two variants' seeds independently.", ""]
+              "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% t intervals over "
+              "seeds (differences: Welch, the two variants' seeds independent), each with its seed counts n. "
+              "Holm: each difference to rope judged at its Holm level within the family of all k variants; "
+              "a variant is called above or below rope only where that interval excludes 0.", ""]
     if plot_f(per_dataset, results_dir / "string_study_f.png") is not None:
         parts += ["![accuracy against f](string_study_f.png)", ""]
     return "\n".join(parts)
