@@ -17,6 +17,8 @@ from rpevit.config import ConfigError
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Resources, Space, check_name, load_space, parse_overrides
 
+RAY_RESOURCE_GRANULARITY = 1e-4  # ray._private.ray_constants.MIN_RESOURCE_GRANULARITY (not imported: dry runs skip Ray)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python sweep.py", description=__doc__.splitlines()[0])
@@ -54,8 +56,20 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
     """What the space alone cannot know, checked before the dry run prints its table."""
     given = {"cpus_per_trial": args.cpus_per_trial, "gpus_per_trial": args.gpus_per_trial,
              "max_concurrent": args.max_concurrent}
-    Resources.from_dict({**vars(space.resources), **{k: v for k, v in given.items() if v is not None}},
-                        source=f"{space.source} + command line")
+    res = Resources.from_dict({**vars(space.resources), **{k: v for k, v in given.items() if v is not None}},
+                              source=f"{space.source} + command line")
+    for key in ("cpus_per_trial", "gpus_per_trial"):  # Ray fails on finer shares only after it started
+        value = getattr(res, key)
+        if 0 < value < RAY_RESOURCE_GRANULARITY:
+            raise ConfigError(f"{space.source} + command line: resources.{key} has value {value!r}; allowed: 0"
+                              f"{' (no GPU)' if key.startswith('gpu') else ''} or at least "
+                              f"{RAY_RESOURCE_GRANULARITY:g} (Ray's resource precision: 1/10,000 of a unit)")
+    check_results_dir(args.results_dir, space.name)
+    for chosen in ([args.data_dir] if args.data_dir is not None else []) + [t["data_dir"] for t in space.trials]:
+        if "\0" in chosen:
+            where = "--data-dir" if chosen == args.data_dir else "field 'data_dir'"
+            raise ConfigError(f"{where} has value {chosen!r}, which holds a NUL character; allowed: a folder path "
+                              f"without NUL characters")
     if args.data_dir is not None:
         from rpevit.data import FOLDERLESS_DATASETS
 
@@ -75,6 +89,23 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError("field 'device' has value 'cuda' but torch sees no CUDA device on this machine, "
                               "where the local Ray runs the trials; allowed: cpu, auto (or --address a cluster "
                               "with GPUs)")
+
+
+def check_results_dir(results_dir: str, name: str) -> None:
+    """--results-dir must be (or become) a writable folder: found out now, not after the dry run
+    passed and the lock folder cannot be made. Nothing is created here."""
+    allowed = "a folder this user can write (created if missing)"
+    try:
+        folder = sweep_dir(results_dir, name)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"--results-dir has value {results_dir!r}, which cannot be used ({err}); allowed: "
+                          f"{allowed}") from err
+    existing = next(p for p in (folder, *folder.parents) if p.exists())  # what mkdir would start from
+    if not existing.is_dir():
+        raise ConfigError(f"--results-dir has value {results_dir!r}, but {existing} is a file; allowed: {allowed}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--results-dir has value {results_dir!r}, but {existing} is not writable by this user; "
+                          f"allowed: {allowed}")
 
 
 def print_fields() -> None:
@@ -103,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.max_trials < 1:
             raise ConfigError(f"--max-trials has value {args.max_trials}; allowed: an integer >= 1")
+        if args.max_failures < 0:  # Tune would read a negative count as "retry forever"
+            raise ConfigError(f"--max-failures has value {args.max_failures}; allowed: an integer >= 0 (retries per "
+                              f"trial; 0 = none)")
         if args.name is not None:
             check_name(args.name, "--name")
         space = load_space(args.space, overrides=parse_overrides(args.overrides), max_trials=args.max_trials,

@@ -1,11 +1,18 @@
 """The data layer: npz loading and validation, the offline error, on-device augmentation, splits."""
 from __future__ import annotations
 
+import io
+import sys
+import tracemalloc
+import types
+import zipfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
-from rpevit.data import DataError, load_arrays, load_splits, random_crop_flip
+from rpevit.data import MAX_IMAGES, DataError, load_arrays, load_splits, random_crop_flip
 from tests.conftest import DATA_DIR
 
 
@@ -109,3 +116,130 @@ def test_real_mnist_from_the_shared_folder() -> None:
     arrays = load_arrays("mnist", DATA_DIR)
     assert arrays["x_train"].shape == (60000, 28, 28) and arrays["x_test"].shape == (10000, 28, 28)
     assert np.bincount(arrays["y_test"]).tolist()[:3] == [980, 1135, 1032]
+
+
+# ---- issue 31, items 7, 10 and 16: crafted dataset files, a NUL in data_dir, failed downloads
+def _npy_header(shape: tuple, descr: str = "|u1") -> bytes:
+    header = {"descr": descr, "fortran_order": False, "shape": shape}
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, header)
+    return out.getvalue()  # magic, version and header
+
+
+def _write_members(path, members: dict[str, bytes | np.ndarray], zeros: dict[str, int] | None = None) -> None:
+    """An .npz built by hand: arrays, raw .npy bytes, and members followed by `zeros[name]` zero
+    bytes streamed through deflate (a zip bomb in miniature: megabytes that compress to kilobytes)."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, value in members.items():
+            with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                if isinstance(value, np.ndarray):
+                    np.lib.format.write_array(member, value, allow_pickle=False)
+                else:
+                    member.write(value)
+                block = bytes(2**20)
+                for _ in range((zeros or {}).get(name, 0)):
+                    member.write(block)
+
+
+def _good_members(n_train: int = 50, n_test: int = 20) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"x_train": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+            "y_train": rng.integers(0, 10, n_train).astype(np.uint8),
+            "x_test": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+            "y_test": rng.integers(0, 10, n_test).astype(np.uint8)}
+
+
+def _peak_mb(load) -> tuple[object, float]:
+    tracemalloc.start()
+    try:
+        try:
+            result = load()
+        except DataError as err:
+            result = err
+        return result, tracemalloc.get_traced_memory()[1] / 2**20
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_header_claiming_too_many_images_is_refused_before_allocating(tmp_path) -> None:
+    members = _good_members()
+    members["x_train"] = _npy_header((10**12, 28, 28))  # the probe's file: a numpy traceback before
+    _write_members(tmp_path / "mnist.npz", members, zeros={"x_train": 8})  # and 8 MB of zeros after it
+    err, peak = _peak_mb(lambda: load_arrays("mnist", tmp_path))
+    assert isinstance(err, DataError) and peak < 4, (err, peak)
+    assert "'x_train' declares 1,000,000,000,000 images" in str(err) and f"at most {MAX_IMAGES:,}" in str(err)
+    assert "mnist.npz" in str(err)
+
+
+def test_zip_bomb_members_are_read_only_as_far_as_a_checked_shape_needs(tmp_path) -> None:
+    """A miniature of the probe's 7.7 MB file holding 7.8 GB of zeros: 64 MB of zeros in ~64 KB,
+    once in an extra member, once behind the 50 images x_train declares."""
+    members = _good_members()
+    members["x_train"] = _npy_header((50, 28, 28)) + members["x_train"].tobytes()
+    members["bomb"] = _npy_header((32 * 2**20,))
+    _write_members(tmp_path / "mnist.npz", members, zeros={"x_train": 32, "bomb": 32})
+    assert (tmp_path / "mnist.npz").stat().st_size < 2**20
+    arrays, peak = _peak_mb(lambda: load_arrays("mnist", tmp_path))
+    assert not isinstance(arrays, DataError), arrays
+    assert arrays["x_train"].shape == (50, 28, 28) and peak < 8, peak
+    assert np.array_equal(arrays["x_train"], _good_members()["x_train"])
+
+
+def test_unused_members_are_never_read(tmp_path) -> None:
+    members = {**_good_members(), **{f"junk{i}": _npy_header((2**20,)) for i in range(40)}}
+    members["pickled"] = _npy_header((3,), descr="|O")  # would need allow_pickle: never looked at
+    _write_members(tmp_path / "mnist.npz", members, zeros={f"junk{i}": 1 for i in range(40)})  # 40 MB unused
+    arrays, peak = _peak_mb(lambda: load_arrays("mnist", tmp_path))
+    assert not isinstance(arrays, DataError), arrays
+    assert sorted(arrays) == ["x_test", "x_train", "y_test", "y_train"] and peak < 8, peak
+
+
+@pytest.mark.parametrize("key, header, words", [
+    ("y_train", _npy_header((50,), descr="|O"), ["'y_train'", "object", "integer labels"]),
+    ("x_test", _npy_header((20, 28, 28), descr="<f8"), ["'x_test'", "float64", "uint8"]),
+    ("x_train", _npy_header((50, 28, 28)) + bytes(100), ["'x_train'", "truncated", "allowed"]),
+    ("x_train", b"\x93NUMPY\x01\x00\xff\xff" + b"{" * 20, ["'x_train'", "corrupt", "allowed"]),
+])
+def test_bad_headers_are_named(tmp_path, key: str, header: bytes, words: list[str]) -> None:
+    _write_members(tmp_path / "mnist.npz", {**_good_members(), key: header})
+    with pytest.raises(DataError) as err:
+        load_arrays("mnist", tmp_path)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_a_nul_in_data_dir_is_named(tmp_path) -> None:
+    with pytest.raises(DataError, match="field 'data_dir' has value 'a\\\\x00b', which holds a NUL.*allowed"):
+        load_arrays("mnist", "a\0b")
+
+
+def test_a_failed_download_removes_what_it_created(tmp_path, monkeypatch) -> None:
+    """Without the file and without a network, nothing is left behind: not the data folder, not
+    an empty data/torchvision/MNIST/raw, not a partial archive; what was there stays."""
+    class FailingMNIST:
+        def __init__(self, root: str, train: bool, download: bool) -> None:
+            raw = Path(root) / "MNIST" / "raw"
+            raw.mkdir(parents=True, exist_ok=True)
+            (raw / "train-images-idx3-ubyte.gz.part").write_bytes(b"partial")
+            raise RuntimeError("Error downloading train-images-idx3-ubyte.gz")
+
+    datasets = types.ModuleType("torchvision.datasets")
+    datasets.MNIST = datasets.CIFAR10 = datasets.CIFAR100 = FailingMNIST
+    torchvision = types.ModuleType("torchvision")
+    torchvision.datasets = datasets
+    monkeypatch.setitem(sys.modules, "torchvision", torchvision)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", datasets)
+    monkeypatch.delenv("RPEVIT_OFFLINE", raising=False)
+
+    folder = tmp_path / "new" / "data"
+    with pytest.raises(DataError, match="download failed.*RuntimeError"):
+        load_arrays("mnist", folder)
+    assert not (tmp_path / "new").exists()
+
+    kept = tmp_path / "old" / "torchvision" / "MNIST" / "raw" / "earlier.gz"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"from before")
+    with pytest.raises(DataError, match="download failed"):
+        load_arrays("cifar10", tmp_path / "old")
+    assert kept.exists() and sorted(p.name for p in (tmp_path / "old").rglob("*")) == [
+        "MNIST", "earlier.gz", "raw", "torchvision"]

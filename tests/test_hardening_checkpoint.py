@@ -4,13 +4,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from rpevit import checkpoint
 from rpevit.checkpoint import CHECKPOINT_NAME, CheckpointError
 from rpevit.cli import main
-from rpevit.config import TrialConfig
+from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.trainable import checkpointed_history
 from rpevit.tasks.train import train_and_evaluate
 
@@ -103,3 +104,64 @@ def test_older_checkpoints_match_by_their_stored_config(tmp_path) -> None:
     path.write_bytes(b"this is not a checkpoint")
     with pytest.raises(CheckpointError, match=f"checkpoint {path}"):
         checkpoint.load(path)
+
+
+# ---- issue 31, items 9 and 18: links are never written through; stale temps; honest messages
+def test_random_bytes_are_corrupt_not_code_but_a_real_pickle_still_is(tmp_path) -> None:
+    path = tmp_path / CHECKPOINT_NAME
+    random_bytes = np.random.default_rng(0).bytes(4096)
+    path.write_bytes(random_bytes)
+    with pytest.raises(CheckpointError) as err:
+        checkpoint.load(path)
+    assert "is corrupt or not a checkpoint" in str(err.value) and "run code" not in str(err.value)
+    assert "allowed" in str(err.value)
+    path.write_bytes(b"\x80\x04" + random_bytes)  # starts like a pickle, is not one
+    with pytest.raises(CheckpointError, match="corrupt or not a checkpoint"):
+        checkpoint.load(path)
+    with open(path, "wb") as handle:  # a plain pickle.dump (not torch's format) that would call os.system
+        __import__("pickle").dump({"model": Payload(tmp_path / "ran")}, handle)
+    with pytest.raises(CheckpointError, match="could run code") as err:
+        checkpoint.load(path)
+    assert "system" in str(err.value) and not (tmp_path / "ran").exists()
+
+
+def test_save_never_writes_through_a_planted_temp_link_and_stale_temps_go(tmp_path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "trials" / "k"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.tmp").symlink_to(victim)
+    path = folder / CHECKPOINT_NAME
+    checkpoint.save(path, {"epoch": 1})
+    assert victim.read_text() == "precious" and torch.load(path, weights_only=True) == {"epoch": 1}
+    assert not (folder / "checkpoint.tmp").exists()
+    # a kill during save() leaves checkpoint.tmp: the next run's prepare_dir removes it, and only it
+    (folder / "checkpoint.tmp").write_bytes(b"torn")
+    (folder / "notes.tmp").write_text("not ours")
+    assert checkpoint.prepare_dir(folder) == path
+    assert not (folder / "checkpoint.tmp").exists() and (folder / "notes.tmp").exists() and path.exists()
+
+
+def test_a_linked_checkpoint_or_trial_log_is_refused(tmp_path) -> None:
+    from rpevit.sweep.trainable import trial_log
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    folder = tmp_path / "trials" / "k"
+    folder.mkdir(parents=True)
+    (folder / CHECKPOINT_NAME).symlink_to(victim)
+    with pytest.raises(CheckpointError, match="is a symbolic link.*allowed"):
+        checkpoint.prepare_dir(folder)
+    (folder / "log.txt").symlink_to(victim)
+    with pytest.raises(ConfigError, match="log.txt is a symbolic link.*allowed"):
+        with trial_log(folder):
+            pass
+    linked = tmp_path / "trials" / "linked"
+    linked.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(ConfigError, match="trial folder .*linked is a symbolic link.*allowed"):
+        with trial_log(linked):
+            pass
+    assert victim.read_text() == "precious" and not (tmp_path / "elsewhere").exists()
+    with trial_log(tmp_path / "trials" / "fine") as log:  # a real folder still logs
+        log("hello")
+    assert (tmp_path / "trials" / "fine" / "log.txt").read_text().endswith("hello\n")

@@ -4,6 +4,7 @@ sweep names that are one folder name."""
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -185,3 +186,67 @@ def test_huge_spaces_are_counted_and_refused_before_expanding(tmp_path, capsys) 
     assert len(space.trials) == 10_000 and time.time() - t0 < 8.0, time.time() - t0
     with pytest.raises(SpaceError, match="10,000 trials.*at most 9,999"):
         expand_space(big, source="big.yaml", max_trials=9_999)
+
+
+# ---- issue 31, items 11 and 16: options and values that used to pass, or end in a traceback
+def test_sweep_options_that_ray_or_tune_would_misread_are_refused(tmp_path, capsys) -> None:
+    space = write_space(tmp_path, {"name": "s", "fixed": {**TINY, "dataset": "mnist"}})
+    digits = write_space(tmp_path, {"name": "d", "fixed": TINY}, "digits.yaml")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    cases = [
+        ([str(space), "--max-failures", "-1"], ["--max-failures", "-1", "allowed: an integer >= 0"]),
+        ([str(space), "--cpus-per-trial", "0.00001"], ["cpus_per_trial", "1e-05", "0.0001", "Ray's resource"]),
+        ([str(space), "--gpus-per-trial", "0.00005"], ["gpus_per_trial", "5e-05", "0.0001"]),
+        ([str(space), "--results-dir", str(a_file)], ["--results-dir", str(a_file), "is a file", "allowed"]),
+        ([str(space), "--results-dir", str(a_file / "sub")], ["--results-dir", "is a file", "allowed"]),
+        ([str(space), "--set", 'data_dir="a\\0b"'], ["'data_dir'", "'a\\x00b'", "NUL", "allowed"]),
+    ]
+    for argv, words in cases:
+        assert sweep.main(["--space", *argv, "--dry-run"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.startswith("error: ") and err.count("\n") == 1 and "trial_key" not in out, (argv, err)
+        for word in words:
+            assert word in err, (argv, word, err)
+    assert not (a_file.is_dir()) and a_file.read_text() == "x"
+    for fine in (["--max-failures", "0"], ["--cpus-per-trial", "0.0001"]):
+        assert sweep.main(["--space", str(digits), "--dry-run", *fine]) == 0, fine
+    capsys.readouterr()
+    from ray._private.ray_constants import MIN_RESOURCE_GRANULARITY
+
+    assert sweep.RAY_RESOURCE_GRANULARITY == MIN_RESOURCE_GRANULARITY  # the copy the dry run uses (no Ray import)
+
+
+def test_a_results_dir_that_cannot_hold_the_sweep_is_one_line_not_a_traceback(tmp_path, capsys) -> None:
+    """What the dry run checks is also what the run says (the lock makes the folder)."""
+    space = write_space(tmp_path, {"name": "s", "fixed": TINY})
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert sweep.main(["--space", str(space), "--results-dir", str(a_file)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a file" in err and "Traceback" not in err, err
+    from rpevit.sweep.lock import sweep_lock
+
+    with pytest.raises(SpaceError, match="cannot be created.*allowed"):
+        with sweep_lock(a_file / "s"):
+            pass
+    if os.geteuid() != 0:  # root writes anywhere
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert sweep.main(["--space", str(space), "--results-dir", str(locked), "--dry-run"]) == 2
+        assert "not writable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, limit", [("--dim", "100000000000", "1..8192"),
+                                                ("--rotinv-degree", "1000", "0..16"),
+                                                ("--bench-batch", "10000000000", "1..65536"),
+                                                ("--kmse-dim", "1000000000", "1..4096")])
+def test_sizes_that_only_the_allocator_would_refuse_are_bounded_in_the_cli(capsys, flag, value, limit) -> None:
+    task = {"--bench-batch": "bench", "--kmse-dim": "kernel_mse"}.get(flag, "train")
+    t0 = time.time()
+    assert cli_main(["--task", task, flag, value, "--epochs", "1"]) == 2
+    err = capsys.readouterr().err
+    name = flag[2:].replace("-", "_")
+    assert err.count("\n") == 1 and f"field {name!r} has value {value}; allowed: an integer in {limit}" in err, err
+    assert time.time() - t0 < 5
+    TrialConfig.from_dict({name: int(limit.split("..")[1])})  # the bound itself is allowed

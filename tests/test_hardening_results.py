@@ -183,3 +183,40 @@ def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_ro
     kept, aside = current_rows(pd.read_parquet(tmp_path / "edited" / TRIALS_FILE), tmp_path / "edited")
     assert sorted(kept["trial_key"]) == sorted(new.keys) and aside == 2
     assert current_rows(stored, tmp_path / "elsewhere")[1] == 0  # no space.json: nothing to filter by
+
+
+# ---- issue 31, items 16 and 18: temp files of killed writers; a malformed space.json in analysis
+def test_a_sweep_start_removes_the_temp_files_killed_writers_left_and_only_those(tmp_path) -> None:
+    folder = tmp_path / "s"
+    folder.mkdir()
+    dead = 2**22 + 12345  # above any pid_max: no live process has it
+    stale = [folder / f".{name}.{dead}.tmp" for name in (TRIALS_FILE, EPOCHS_FILE, "space.json")]
+    for path in stale:
+        path.write_bytes(b"torn write")
+    live = folder / f".{TRIALS_FILE}.1.tmp"  # pid 1 is alive: maybe another writer's, kept
+    others = [folder / "notes.tmp", folder / f".{TRIALS_FILE}.tmp", folder / f"{TRIALS_FILE}.{dead}.tmp",
+              folder / f"{TRIALS_FILE}.bak"]
+    for path in [live, *others]:
+        path.write_bytes(b"keep")
+    space, writer = sweep_of(tmp_path, "s", ["ape"])  # the driver's writer, made when a sweep (re)starts
+    assert not any(path.exists() for path in stale)
+    assert live.exists() and all(path.read_bytes() == b"keep" for path in others)
+
+
+def test_analysis_says_which_space_json_is_malformed_in_one_line(tmp_path, train_rows) -> None:
+    from rpevit.analysis.common import read_trials
+
+    row, _ = train_rows
+    space, writer = sweep_of(tmp_path, "s", ["ape"])
+    writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"),
+                           Report(SUMMARY, space.keys[0], {**row, "trial_key": space.keys[0]}).to_tune())
+    path = tmp_path / "s" / "space.json"
+    for text in ("{not json", '["a list"]', '{"trial_keys": "abc"}', '{"name": "s"}', b"\xff\xfe"):
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
+        with pytest.raises(SystemExit) as exit_info:
+            read_trials(tmp_path)
+        message = str(exit_info.value.code)
+        assert message.startswith("error: ") and "\n" not in message and str(path) in message, message
+        assert "allowed: the JSON object sweep.py writes" in message, message
+    path.write_text(json.dumps({"trial_keys": space.keys}))
+    assert len(read_trials(tmp_path).frame) == 1

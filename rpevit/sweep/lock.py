@@ -11,9 +11,11 @@ Re-entrant within one process, so sweep.py and run_sweep() can both hold it.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,15 +38,36 @@ def sweep_dir(results_dir: str | os.PathLike, name: str) -> Path:
 
 @contextmanager
 def sweep_lock(out_dir: Path) -> Iterator[None]:
-    """Exclusive use of out_dir for this process, or SweepBusy at once."""
+    """Exclusive use of out_dir for this process, or SweepBusy at once; SpaceError when the folder
+    cannot be made, or holds symbolic links (see refuse_links)."""
+    if Path(out_dir).is_symlink():
+        raise SpaceError(f"sweep folder {out_dir} is a symbolic link (to {os.readlink(out_dir)!r}); allowed: a real "
+                         f"folder (rpevit writes its results there): remove the link, or point --results-dir at the "
+                         f"folder you meant")
     out_dir = Path(out_dir).resolve()
     if out_dir in _HELD:  # already ours (sweep.py took it before calling run_sweep)
         yield
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    handle = open(out_dir / LOCK_FILE, "a+")
     try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SpaceError(f"sweep folder {out_dir} cannot be created ({err.strerror or err}); allowed: a folder this "
+                         f"user can write (--results-dir must be a writable folder, not a file)") from err
+    try:  # O_NOFOLLOW: a planted `.sweep.lock` link would have its target truncated and overwritten
+        fd = os.open(out_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        what = "is a symbolic link" if err.errno == errno.ELOOP else f"cannot be opened ({err.strerror or err})"
+        raise SpaceError(f"sweep folder {out_dir}: {LOCK_FILE} {what}; allowed: a regular file this user can write, "
+                         f"or nothing (remove what is there, or choose another --results-dir)") from err
+    handle = os.fdopen(fd, "r+")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SpaceError(f"sweep folder {out_dir}: {LOCK_FILE} is not a regular file; allowed: a regular file "
+                             f"or nothing (remove it)")
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except SpaceError:
+        handle.close()
+        raise
     except OSError:
         handle.seek(0)
         holder = handle.read().strip() or "another process"
@@ -53,6 +76,7 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
                         f"per sweep: wait for it to end or stop it, then --resume; or choose another --name")
     _HELD[out_dir] = handle
     try:
+        refuse_links(out_dir)
         handle.seek(0)
         handle.truncate()
         handle.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -61,3 +85,32 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
     finally:
         del _HELD[out_dir]
         handle.close()  # releases the lock; the file stays
+
+
+def refuse_links(out_dir: Path, shown: int = 3) -> None:
+    """SpaceError if the sweep folder holds symbolic links where rpevit writes: its own entries,
+    `trials/` and each `trials/<key>/` (log.txt, checkpoints). Writing through a planted link would
+    truncate or append to whatever it points at. One lstat per entry; Tune's `ray/` tree is not
+    entered (a link at `ray` itself is refused)."""
+    links = [e for e in _entries(out_dir) if e.is_symlink()]
+    trials = out_dir / "trials"
+    if not trials.is_symlink():
+        for entry in _entries(trials):
+            if entry.is_symlink():
+                links.append(entry)
+            elif entry.is_dir(follow_symlinks=False):
+                links.extend(e for e in _entries(Path(entry.path)) if e.is_symlink())
+    if links:
+        listed = ", ".join(f"{Path(e.path).relative_to(out_dir)} -> {os.readlink(e.path)}" for e in links[:shown])
+        more = f" and {len(links) - shown} more" if len(links) > shown else ""
+        raise SpaceError(f"sweep folder {out_dir} holds symbolic links ({listed}{more}); allowed: no links inside a "
+                         f"sweep folder (rpevit writes log.txt, checkpoints and Parquet there, and would write "
+                         f"through them): remove them")
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    try:
+        with os.scandir(folder) as found:
+            return list(found)
+    except (FileNotFoundError, NotADirectoryError):
+        return []

@@ -151,8 +151,42 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
+def temp_name(path: Path, pid: int | None = None) -> Path:
+    """Where the atomic writers below (and runner.write_space_file) write before os.replace."""
+    return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+_TEMP = re.compile(rf"\.({'|'.join(re.escape(n) for n in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE))})\.(\d+)\.tmp")
+
+
+def remove_stale_temps(out_dir: Path) -> list[Path]:
+    """Delete the temp files a killed driver left in a sweep folder (`.trials.parquet.<pid>.tmp`, the
+    same for epochs.parquet and space.json) when no live process has that pid; returns them. Only
+    those names: nothing else in the folder is touched. Called when a sweep (or resume) starts."""
+    if not Path(out_dir).is_dir():
+        return []
+    with os.scandir(out_dir) as entries:
+        stale = [Path(e.path) for e in entries if (found := _TEMP.fullmatch(e.name))
+                 and not e.is_dir(follow_symlinks=False) and not _alive(int(found.group(2)))]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, from a write of this process that raised: stale too
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 def write_table_atomic(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_name(path)
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 
@@ -243,6 +277,7 @@ class ParquetResults(Callback):
         self.task = task or next((t for t in known if t), TrialConfig.task)
         self._dirty_epochs = False
         self._last_flush = 0.0
+        remove_stale_temps(self.out_dir)  # a sweep starts or resumes here, under its lock
 
     # ---- Tune hooks (driver thread) ----
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:

@@ -1,0 +1,71 @@
+"""Issue 31, item 9: the sweep lock (rpevit.sweep.lock) never writes through a symbolic link, and
+a sweep folder holding links where rpevit writes is refused with one message before anything runs."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rpevit.sweep.lock import LOCK_FILE, sweep_lock
+from rpevit.sweep.space import SpaceError
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    path = tmp_path / "victim.txt"
+    path.write_text("precious\n")
+    return path
+
+
+def test_a_linked_lock_file_is_refused_and_its_target_untouched(tmp_path, victim) -> None:
+    folder = tmp_path / "results" / "s"
+    folder.mkdir(parents=True)
+    (folder / LOCK_FILE).symlink_to(victim)
+    with pytest.raises(SpaceError, match=f"{LOCK_FILE} is a symbolic link.*allowed"):
+        with sweep_lock(folder):
+            pass
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("link", ["trials.parquet", "ray", "trials", "trials/0123456789abcdef",
+                                  "trials/0123456789abcdef/log.txt", "trials/0123456789abcdef/checkpoint.pt"])
+def test_links_where_the_sweep_writes_are_refused_naming_them(tmp_path, victim, link: str) -> None:
+    folder = tmp_path / "results" / "s"
+    (folder / "trials" / "0123456789abcdef").mkdir(parents=True)
+    path = folder / link
+    if path.is_dir():
+        os.rename(path, tmp_path / "moved")
+    path.symlink_to(victim if "." in link else tmp_path, target_is_directory="." not in link)
+    with pytest.raises(SpaceError) as err:
+        with sweep_lock(folder):
+            pass
+    message = str(err.value)
+    assert f"{link} -> " in message and "symbolic links" in message and "allowed: no links" in message, message
+    assert victim.read_text() == "precious\n"
+    path.unlink()
+    with sweep_lock(folder):  # without the link the same folder is fine
+        assert (folder / LOCK_FILE).read_text().startswith(f"pid {os.getpid()}")
+
+
+def test_a_linked_sweep_folder_is_refused(tmp_path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "s").symlink_to(tmp_path / "real", target_is_directory=True)
+    with pytest.raises(SpaceError, match="sweep folder .* is a symbolic link.*allowed"):
+        with sweep_lock(tmp_path / "results" / "s"):
+            pass
+    assert not (tmp_path / "real" / LOCK_FILE).exists()
+
+
+def test_the_lock_is_reentrant_and_released_after_a_refusal(tmp_path, victim) -> None:
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "epochs.parquet").symlink_to(victim)
+    with pytest.raises(SpaceError):
+        with sweep_lock(folder):
+            pass
+    (folder / "epochs.parquet").unlink()
+    with sweep_lock(folder):
+        with sweep_lock(folder):  # sweep.py holds it, run_sweep takes it again
+            pass
