@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import pickletools
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -32,7 +33,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 FINGERPRINT_VERSION = 1
 # Fields that say where / how fast a run executes, or only how it is evaluated after training,
 # not what it trains: a resume may change them.
-RUNTIME_FIELDS = frozenset({"data_dir", "device", "eval_batch_size", "eval_draws"})
+RUNTIME_FIELDS = frozenset({"data_dir", "device", "eval_batch_size", "eval_draws", "compile"})
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "rng", "history", "epoch")
 
 
@@ -75,9 +76,26 @@ def prepare_dir(checkpoint_dir: str | os.PathLike | None) -> Path | None:
     if not os.access(folder, os.W_OK | os.X_OK):
         raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which is not writable; allowed: {allowed}")
     path = folder / CHECKPOINT_NAME
+    if path.is_symlink():  # a planted link would be read as this run's checkpoint
+        raise CheckpointError(f"checkpoint {path} is a symbolic link (to {os.readlink(path)!r}); allowed: a checkpoint "
+                              f"file or nothing at that path: remove the link")
     if path.exists() and not path.is_file():
         raise CheckpointError(f"checkpoint {path} is not a file; allowed: a checkpoint file or nothing at that path")
+    remove_stale_temp(path)
     return path
+
+
+def temp_path(path: Path) -> Path:
+    """Where save() writes before its atomic rename: `checkpoint.tmp` beside `checkpoint.pt`."""
+    return path.with_suffix(".tmp")
+
+
+def remove_stale_temp(path: Path) -> None:
+    """A kill during save() leaves its temp file behind: remove it (or a link planted under its
+    name) when a run opens its checkpoint folder, before any save of this run."""
+    tmp = temp_path(path)
+    if tmp.is_symlink() or tmp.is_file():
+        tmp.unlink(missing_ok=True)
 
 
 def load(path: str | os.PathLike) -> dict[str, Any]:
@@ -86,20 +104,55 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = _unpickling_reason(str(err))
+        refused = _DISALLOWED_GLOBAL.search(str(err)) is not None  # torch named a global it would not import
+        imports = None if refused else _pickle_with_globals(path)  # a plain pickle.dump of objects
+        if not (refused or imports):  # random bytes, a torn or foreign file: nothing that could run
+            raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint (not a valid torch file: "
+                                  f"{_unpickling_reason(str(err))}); allowed: a checkpoint written by rpevit; "
+                                  f"delete the file to start afresh") from err
+        reason = imports or _unpickling_reason(str(err))
         raise CheckpointError(
             f"checkpoint {path} holds objects other than tensors and plain values ({reason}) and was not "
             f"loaded: unpickling it could run code from the file; allowed: a checkpoint written by rpevit "
             f"(tensors, numbers, strings, lists, dicts); delete the file to start the run afresh") from err
     except Exception as err:  # noqa: BLE001 - torch.load raises anything on a torn or foreign file
         reason = " ".join(str(err).split())[:300]
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(err).__name__}: {reason}); "
+        raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({type(err).__name__}: {reason}); "
                               f"allowed: a checkpoint written by rpevit; delete the file to start afresh") from err
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         have = sorted(state) if isinstance(state, dict) else type(state).__name__
         raise CheckpointError(f"checkpoint {path} is not an rpevit train checkpoint (it holds {have}); "
                               f"allowed: a dict with keys {', '.join(REQUIRED_KEYS)}")
     return state
+
+
+_DISALLOWED_GLOBAL = re.compile(r"unsupported GLOBAL|Unsupported global", re.I)  # torch's weights_only refusal
+_PICKLE_GLOBAL_OPS = {"GLOBAL", "STACK_GLOBAL", "INST", "OBJ", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4"}
+_PICKLE_SCAN_BYTES = 64 * 2**20
+
+
+def _pickle_with_globals(path: Path) -> str | None:
+    """What a file torch refused imports or calls, if it is a real pickle (a plain `pickle.dump` of
+    objects), e.g. 'GLOBAL posix.system'; None for random bytes. Its opcodes are listed, never run."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_PICKLE_SCAN_BYTES)
+    except OSError:
+        return None
+    if not (len(data) > 2 and data[0] == 0x80 and 2 <= data[1] <= pickle.HIGHEST_PROTOCOL):  # PROTO n
+        return None
+    strings: list[str] = []
+    found = None
+    try:
+        for op, arg, _ in pickletools.genops(data):  # stops at STOP; raises on what no pickle holds
+            if isinstance(arg, str):
+                strings = [*strings[-1:], arg]
+            if found is None and op.name in _PICKLE_GLOBAL_OPS:
+                found = (f"GLOBAL {'.'.join(strings)}" if op.name == "STACK_GLOBAL" and len(strings) == 2
+                         else f"{op.name} {arg}" if arg is not None else op.name)
+    except Exception:  # noqa: BLE001 - not a whole pickle (random bytes, a torn file): nothing could run
+        return None
+    return found
 
 
 def _unpickling_reason(text: str) -> str:
@@ -164,8 +217,13 @@ def open_for_resume(checkpoint_dir: str | os.PathLike | None, cfg: TrialConfig, 
 
 
 def save(path: Path, payload: dict[str, Any]) -> None:
-    """Atomic: a kill during the write leaves the previous checkpoint intact."""
+    """Atomic: a kill during the write leaves the previous checkpoint intact. The temp file is
+    created afresh and never through a symbolic link (O_EXCL | O_NOFOLLOW); os.replace swaps a
+    link at `path` itself, never writing where it points."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
+    tmp = temp_path(path)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        torch.save(payload, handle)
     os.replace(tmp, path)

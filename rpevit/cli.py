@@ -24,10 +24,12 @@ def build_parser() -> argparse.ArgumentParser:
     groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for f in fields(TrialConfig):
         choices = f.metadata.get("choices")
+        switch = bool(choices) and choices[0] == "off" and "on" in choices  # `--compile` alone means on
         groups[f.metadata["section"]].add_argument(
             "--" + f.name.replace("_", "-"), dest=f.name, type=types[f.name], default=None, choices=choices,
             metavar=None if choices else types[f.name].__name__.upper(),
-            help=field_help(f.name).replace("%", "%%"),  # argparse %-formats help strings
+            help=field_help(f.name).replace("%", "%%") + (" (the flag alone: on)" if switch else ""),
+            **({"nargs": "?", "const": "on"} if switch else {}),
         )
     parser.add_argument("--checkpoint-dir", default=None,
                         help="save a checkpoint after every epoch here and resume from it if present "

@@ -101,7 +101,7 @@ class TrialConfig:
                              gt=0, dataset_default=0)
     patch_size: int = _field(0, "model", "patch side in pixels; tokens = (image_size / patch_size)^2",
                              gt=0, dataset_default=0)
-    dim: int = _field(64, "model", "embedding width (heads x head dim)", gt=0)
+    dim: int = _field(64, "model", "embedding width (heads x head dim)", ge=1, le=8192)  # ViT-22B: 6144
     depth: int = _field(4, "model", "number of transformer blocks", gt=0)
     heads: int = _field(4, "model", "attention heads per block", gt=0)
     mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim", gt=0)
@@ -140,7 +140,8 @@ class TrialConfig:
     reflection_count: int = _field(2, "pe", "Householder reflections per block (reflection_string)", gt=0)
     rotinv_mode: str = _field("exact", "pe", "rotinv: exact low-rank expansion or random Gaussian projections",
                               choices=("exact", "random"))
-    rotinv_degree: int = _field(2, "pe", "rotinv: degree of p in |c_i - c_j|^2", ge=0)
+    rotinv_degree: int = _field(2, "pe", "rotinv: degree of p in |c_i - c_j|^2", ge=0,
+                                le=16)  # exact mode: C(degree + 4, 4) factors per token, 4845 at 16
     rotinv_basis: str = _field("auto", "pe", "rotinv: form of p (auto: bernstein in exact mode, monomial in "
                                "random mode)", choices=("auto", "monomial", "bernstein"))
     rotinv_draws: int = _field(16, "pe", "rotinv: Gaussian projections of the random mode", gt=0)
@@ -171,14 +172,19 @@ class TrialConfig:
     eval_batch_size: int = _field(1024, "runtime", "batch size of evaluation passes", gt=0)
     eval_draws: int = _field(8, "runtime", "fresh random-feature draws of the draw-aware test evaluation",
                              ge=0, note="0 = no draw-aware evaluation")
+    dtype: str = _field("float32", "runtime", "dtype of parameters and activations (float64: the exactness "
+                            "checks of fused and compiled steps; amp autocasts on top)", choices=("float32", "float64"))
+    compile: str = _field("off", "runtime", "torch.compile the training step's forward + loss (fullgraph): on = "
+                          "inductor, cudagraphs = inductor with CUDA graphs; off on the CPU, where it does not pay",
+                          choices=("off", "on", "cudagraphs"))
 
     # bench task
-    bench_batch: int = _field(32, "bench", "batch size of the timed passes", gt=0)
+    bench_batch: int = _field(32, "bench", "batch size of the timed passes", ge=1, le=65536)
     bench_warmup: int = _field(3, "bench", "untimed warm-up iterations", ge=0)
     bench_iters: int = _field(10, "bench", "timed iterations (medians are reported)", gt=0)
 
     # kernel_mse task
-    kmse_dim: int = _field(16, "kernel_mse", "dimension of x and y", gt=0)
+    kmse_dim: int = _field(16, "kernel_mse", "dimension of x and y", ge=1, le=4096)  # a d x d QR per point
     kmse_features: int = _field(16, "kernel_mse", "random features m of the estimator", gt=0)
     kmse_estimator: str = _field("positive", "kernel_mse", "positive (FAVOR+) or trigonometric random features",
                                  choices=("positive", "trig"))

@@ -7,11 +7,13 @@ by per-image CPU transforms, hence the on-device path.
 """
 from __future__ import annotations
 
+import math
 import os
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 import numpy as np
 import torch
@@ -22,6 +24,9 @@ _array_cache: dict[tuple, dict[str, np.ndarray]] | None = None  # None: no cachi
 VALIDATION_SEED = 0  # the hold-out is the same for every trial, whatever its seed
 FOLDERLESS_DATASETS = ("digits",)  # bundled with scikit-learn: a data folder given for them is a mistake
 DIGITS_TEST_FRACTION = 0.2
+NPZ_KEYS = ("x_train", "y_train", "x_test", "y_test")  # the only members of a dataset file that are read
+MAX_IMAGES = 1_000_000  # per split of a dataset file (MNIST has 60,000): more is a crafted or wrong file
+READ_CHUNK_BYTES = 16 * 2**20
 
 
 class DataError(RuntimeError):
@@ -66,12 +71,18 @@ class Splits:
     std: Tensor
 
     def normalize(self, x: Tensor) -> Tensor:
-        return (x.float() / 255.0 - self.mean) / self.std
+        """uint8 pixels -> standardised images in the default dtype (float32; float64 inside a
+        `dtype: float64` run, where the model is float64 too)."""
+        return (x.to(torch.get_default_dtype()) / 255.0 - self.mean) / self.std
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
     """--data-dir, else $RPEVIT_DATA, else ./data; always absolute (Ray trials change cwd)."""
     chosen = data_dir or os.environ.get("RPEVIT_DATA") or "data"
+    if "\0" in str(chosen):  # no path holds one; pathlib would raise a bare ValueError
+        where = "field 'data_dir'" if data_dir else "$RPEVIT_DATA"
+        raise DataError(f"{where} has value {str(chosen)!r}, which holds a NUL character; allowed: a folder path "
+                        f"without NUL characters")
     return Path(chosen).expanduser().resolve()
 
 
@@ -124,20 +135,82 @@ def load_arrays(name: str, data_dir: str | os.PathLike | None = None) -> dict[st
 
 
 def _read_npz(name: str, path: Path) -> dict[str, np.ndarray]:
+    """The four arrays of a dataset file, each checked from its .npy header (dtype, shape, size)
+    before a byte of it is decompressed: a crafted archive (a zip bomb, thousands of members, a
+    header claiming 10^12 images) is refused with a message, not read into memory."""
+    allowed = f"a valid {name}.npz with keys {', '.join(NPZ_KEYS)}"
     if not zipfile.is_zipfile(path):  # else np.load would try (and refuse) to unpickle it
         with open(path, "rb") as handle:
             head = handle.read(16)
         raise DataError(f"dataset file {path} is corrupt or not an .npz archive (an .npz is a zip file; this one "
-                        f"starts with {head!r}); allowed: a valid {name}.npz with keys x_train, y_train, x_test, "
-                        f"y_test")
+                        f"starts with {head!r}); allowed: {allowed}")
+    spec = DATASET_SPECS[name]
+    arrays: dict[str, np.ndarray] = {}
+    where = ""
     try:
-        with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: archive[key] for key in archive.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise DataError(f"dataset file {path} is corrupt or not an .npz archive ({err}); "
-                        f"replace it with a valid {name}.npz") from err
-    _check_arrays(arrays, DATASET_SPECS[name], str(path))
+        with zipfile.ZipFile(path) as archive:
+            members = {info.filename: info for info in archive.infolist()}
+            for key in NPZ_KEYS:  # only these: other members are never read
+                info = members.get(f"{key}.npy")
+                if info is None:
+                    raise DataError(f"dataset file {path}: key {key!r} is missing; expected keys "
+                                    f"{', '.join(NPZ_KEYS)}")
+                where = f": key {key!r}"
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0)  # 2.0, 3.0: a 4-byte length
+                    shape, fortran, dtype = read_header(member)
+                    _check_header(key, shape, dtype, spec, path)
+                    arrays[key] = _read_npy_data(member, info, shape, fortran, dtype, key, path)
+    except DataError:
+        raise
+    except (OSError, ValueError, RuntimeError, NotImplementedError, EOFError, zipfile.BadZipFile,
+            zlib.error) as err:  # a torn archive, an encrypted member, a header numpy cannot parse
+        what = f"{where} is corrupt" if where else " is corrupt or not an .npz archive"
+        raise DataError(f"dataset file {path}{what} ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
+                        f"allowed: {allowed}") from err
+    _check_arrays(arrays, spec, str(path))
     return arrays
+
+
+def _check_header(key: str, shape: tuple, dtype: np.dtype, spec: "DatasetSpec", path: Path) -> None:
+    """An array's declared dtype and shape against the dataset's spec and MAX_IMAGES, before reading it."""
+    side = spec.image_size
+    want = (side, side) if spec.channels == 1 else (side, side, spec.channels)
+    if key.startswith("x_"):
+        ok = dtype == np.uint8 and len(shape) == 1 + len(want) and tuple(shape[1:]) == want
+        expected = f"uint8 of shape (N, {', '.join(map(str, want))})"
+    else:
+        ok = dtype.kind in "iu" and len(shape) == 1
+        expected = "integer labels of shape (N,)"
+    if not ok:
+        raise DataError(f"dataset file {path}: key {key!r} has shape {tuple(shape)} and dtype {dtype}; "
+                        f"expected {expected}")
+    if shape[0] > MAX_IMAGES:
+        raise DataError(f"dataset file {path}: key {key!r} declares {shape[0]:,} images (shape {tuple(shape)}); "
+                        f"allowed: at most {MAX_IMAGES:,} per split")
+
+
+def _read_npy_data(member: IO[bytes], info: zipfile.ZipInfo, shape: tuple, fortran: bool, dtype: np.dtype,
+                   key: str, path: Path) -> np.ndarray:
+    """The data after an .npy header: exactly the bytes its (checked) shape needs, read in chunks
+    into the array (no second copy), never more than that from a member that declares less."""
+    count = math.prod(shape)
+    size = count * dtype.itemsize
+    if info.file_size < size:
+        raise DataError(f"dataset file {path}: key {key!r} is truncated ({info.file_size:,} bytes for a {size:,}-byte "
+                        f"array of shape {tuple(shape)}); allowed: a complete {path.name}")
+    array = np.empty(count, dtype=dtype)
+    target, filled = memoryview(array.view(np.uint8)), 0
+    while filled < size:
+        chunk = member.read(min(size - filled, READ_CHUNK_BYTES))
+        if not chunk:
+            raise DataError(f"dataset file {path}: key {key!r} is truncated ({filled:,} of {size:,} bytes); "
+                            f"allowed: a complete {path.name}")
+        target[filled:filled + len(chunk)] = chunk
+        filled += len(chunk)
+    return array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)
 
 
 def _digits_arrays() -> dict[str, np.ndarray]:
@@ -162,11 +235,15 @@ def _download(name: str, folder: Path, path: Path) -> None:
     import torchvision.datasets as tvd
 
     cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}[name]
+    cache = folder / "torchvision"
+    created = [p for p in (cache, folder, *folder.parents) if not p.exists()]  # what a failure must remove
+    before = set(cache.rglob("*")) if cache.is_dir() else set()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        parts = {split: cls(str(folder / "torchvision"), train=(split == "train"), download=True)
+        parts = {split: cls(str(cache), train=(split == "train"), download=True)
                  for split in ("train", "test")}
     except Exception as err:  # any download failure becomes the same actionable message
+        _remove_new(cache, before, created)
         raise DataError(f"dataset {name!r}: {path} does not exist and the download failed "
                         f"({type(err).__name__}: {err}); {expected}") from err
     arrays = {}
@@ -176,6 +253,22 @@ def _download(name: str, folder: Path, path: Path) -> None:
     tmp = path.with_suffix(".tmp.npz")
     np.savez_compressed(tmp, **arrays)
     tmp.replace(path)
+
+
+def _remove_new(cache: Path, before: set[Path], created: list[Path]) -> None:
+    """Undo a failed download: what it added under the torchvision cache (partial files, empty
+    folders), then the folders it created (deepest first); nothing that was there before."""
+    if cache.is_dir() and not cache.is_symlink():
+        for item in sorted(set(cache.rglob("*")) - before, key=lambda p: len(p.parts), reverse=True):
+            try:
+                item.rmdir() if item.is_dir() and not item.is_symlink() else item.unlink()
+            except OSError:
+                pass
+    for folder in created:  # deepest first: cache, then folder, then its created parents
+        try:
+            folder.rmdir()  # only if empty
+        except OSError:
+            pass
 
 
 def _check_arrays(arrays: dict[str, np.ndarray], spec: DatasetSpec, source: str) -> None:

@@ -17,6 +17,7 @@ ATTENTIONS: dict[str, type] = {}
 POSITION_ENCODINGS: dict[str, type] = {}
 TASKS: dict[str, Callable] = {}
 METRICS: dict[str, "TaskMetrics"] = {}
+GROUP_TASKS: dict[str, Callable] = {}  # task -> its fused-group runner (`fuse: seeds` spaces)
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,13 @@ def register_task(name: str, metrics: TaskMetrics | None = None) -> Callable[[T]
         return _register(TASKS, "task", name)(fn)
 
     return add
+
+
+def register_group_task(task: str) -> Callable[[T], T]:
+    """The fused-group runner of a registered task: `fn(cfgs, *, checkpoint_dirs=None, on_epoch=None,
+    log=print) -> [summary row or exception per member]`, where on_epoch(member, row, folder). A space
+    with `fuse: seeds` may group only tasks that have one."""
+    return _register(GROUP_TASKS, "group task", task)
 
 
 def import_submodules(package_name: str) -> None:

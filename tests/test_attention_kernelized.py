@@ -153,28 +153,37 @@ def test_projection_is_persistent_fixed_in_eval_and_redrawn_in_training():
         backend(q, k, v)
     assert torch.equal(backend.projection, w0) and int(backend.forward_count) == 0
     backend.train()
-    backend(q, k, v), backend(q, k, v)
-    assert torch.equal(backend.projection, w0)  # forwards 0 and 1 use draw 0
-    backend(q, k, v)
+    for _ in range(3):
+        backend(q, k, v)
+    assert torch.equal(backend.projection, w0)  # the forward never redraws: the trainer's step does
+    step(backend, q, k, v), step(backend, q, k, v)
+    assert torch.equal(backend.projection, w0)  # steps 0 and 1 use draw 0
+    step(backend, q, k, v)
     w1 = backend.projection.clone()
-    assert not torch.equal(w1, w0)  # forward 2 uses draw 1
+    assert not torch.equal(w1, w0)  # step 2 uses draw 1
     never = build("favor", redraw_interval=0)
     for _ in range(4):
-        never(q, k, v)
+        step(never, q, k, v)
     assert torch.equal(never.projection, w0)
+
+
+def step(backend, q, k, v):
+    """One training step as the train task runs it: advance (redraw where due), then the forward."""
+    backend.advance_step()
+    return backend(q, k, v)
 
 
 def test_redraw_is_deterministic_and_resumes_from_checkpoint():
     q, k, v = qkv()
     run = build("favor", redraw_interval=3)
     for _ in range(5):
-        run(q, k, v)
+        step(run, q, k, v)
     checkpoint = {key: t.clone() for key, t in run.state_dict().items()}
-    later = [run(q, k, v) for _ in range(4)]
+    later = [step(run, q, k, v) for _ in range(4)]
     resumed = build("favor", redraw_interval=3)  # fresh: count 0, draw 0; the load restores both
     resumed.load_state_dict(checkpoint)
     for a in later:
-        torch.testing.assert_close(resumed(q, k, v), a, rtol=0, atol=0)
+        torch.testing.assert_close(step(resumed, q, k, v), a, rtol=0, atol=0)
     assert torch.equal(resumed.projection, run.projection)
 
 

@@ -237,3 +237,26 @@ def test_whole_gpu_workers_use_exactly_their_assigned_device(fresh_ray) -> None:
     for r in results:
         expected = str(torch.cuda.get_device_properties(parent_index(r["ray_gpu_ids"])).uuid)
         assert r["uuid"] == expected, r
+
+
+# -- fused seed groups and the compiled step on CUDA (inductor) --------------------------------
+FUSED_RUN = {"dataset": "digits", "train_subset": 256, "batch_size": 64, "epochs": 2, "dim": 32, "heads": 2,
+             "depth": 2, "num_features": 16, "redraw_interval": 3, "eval_draws": 2, "device": "cuda", "amp": "bf16"}
+
+
+@pytest.mark.parametrize("attention,pe,compile_mode", [("softmax", "ape", "off"), ("favor", "luo_rpe", "off"),
+                                                        ("softmax", "ape", "on"), ("favor", "rope", "on"),
+                                                        ("relu", "cayley_string", "cudagraphs")])
+def test_fused_group_and_compiled_step_train_on_cuda(attention: str, pe: str, compile_mode: str) -> None:
+    """A fused group of 3 on the GPU (bf16, inductor where compiled) finishes every member, and each
+    member's test accuracy is the solo eager run's up to bf16 rounding (same data, masks, draws)."""
+    from rpevit.tasks.train_group import train_group
+
+    cfgs = [TrialConfig.from_dict({**FUSED_RUN, "attention": attention, "pe": pe, "compile": compile_mode,
+                                   "seed": s}) for s in range(3)]
+    rows = train_group(cfgs, log=None)
+    assert all(isinstance(r, dict) for r in rows), rows
+    for cfg, row in zip(cfgs, rows):
+        solo = train_and_evaluate(cfg.replace(compile="off"), log=None)
+        assert abs(row["test_acc"] - solo["test_acc"]) < 0.05, (cfg.seed, row["test_acc"], solo["test_acc"])
+        assert row["fused_members"] == 3 and math.isfinite(row["log_likelihood"])

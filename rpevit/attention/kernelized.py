@@ -31,10 +31,15 @@ class KernelizedAttention(AttentionBackend):
 
     Random projections are a persistent buffer drawn from (seed, layer, redraw count), so eval
     and checkpoint resume reuse exactly the same matrix; during training they are redrawn every
-    `redraw_interval` forward passes (0: never), counted by the persistent `forward_count`, but
+    `redraw_interval` training steps (0: never), counted by the persistent `forward_count`, but
     only during the first `redraw_until` of the training steps once the train task has set
     `total_steps` (`set_training_length`): a redraw in the last stretch of a cosine schedule
     leaves a draw the weights never adapted to, and that draw is the one evaluated.
+
+    The trainer advances the count once per training step, before the forward
+    (`advance_random_features`), not the forward itself: reading the count is a host
+    synchronisation and a data-dependent branch, which a compiled step must not contain and a
+    vmapped step (fused seed groups) cannot contain. The forward only reads the buffer.
     """
 
     linear_time = True
@@ -74,7 +79,8 @@ class KernelizedAttention(AttentionBackend):
         """True from step redraw_until * total_steps on (never, while total_steps is unknown)."""
         return self.total_steps is not None and step >= self.redraw_until * self.total_steps
 
-    def maybe_redraw(self) -> None:
+    def advance_step(self) -> None:
+        """One training step begins: redraw if this step is a redraw step, then count it."""
         if self.training and self.uses_projection and self.redraw_interval > 0:
             count = int(self.forward_count)
             if count > 0 and count % self.redraw_interval == 0 and not self.redraws_frozen(count):
@@ -95,7 +101,6 @@ class KernelizedAttention(AttentionBackend):
         return normalize_rows(weights)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, modulation: Modulation | None = None) -> Tensor:
-        self.maybe_redraw()
         phi_q, phi_k = self.features(q, k)
         if modulation is None:
             return linear_attention(phi_q, phi_k, v)
@@ -123,6 +128,14 @@ class ReluAttention(KernelizedAttention):
         if self.uses_projection:
             x = x @ self.projection.to(x.dtype).T  # b h n m
         return torch.relu(x) + self.eps
+
+
+def advance_random_features(model: torch.nn.Module) -> None:
+    """Start a training step in every kernelized layer of `model` (redraws where due; see
+    KernelizedAttention): call once per training step, before the forward, in train mode."""
+    for module in model.modules():
+        if isinstance(module, KernelizedAttention):
+            module.advance_step()
 
 
 def set_training_length(model: torch.nn.Module, total_steps: int) -> None:

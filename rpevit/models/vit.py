@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from timm.layers import DropPath, Mlp, PatchEmbed, trunc_normal_
+from timm.layers import Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
 
 from rpevit.attention.base import AttentionBackend, Modulation
@@ -114,8 +114,42 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(rearrange(out, "b h n d -> b n (h d)")))
 
 
+def draw_path_mask(batch: int, keep: float, *, dtype: torch.dtype, device: torch.device | str,
+                   generator: torch.Generator | None = None) -> Tensor:
+    """(batch, 1, 1) stochastic-depth mask: Bernoulli(keep) / keep, drawn exactly as timm's drop_path
+    draws it (an empty tensor of x's dtype filled by bernoulli_), so a mask drawn here from the
+    generator timm would use equals the one timm would have drawn inside the forward."""
+    return torch.empty((batch, 1, 1), dtype=dtype, device=device).bernoulli_(keep, generator=generator).div_(keep)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample (timm's DropPath) that can also apply a mask drawn outside.
+
+    Why outside: a compiled or vmapped training step must not draw random numbers inside the
+    graph (compiled RNG differs from eager; vmap cannot give each member its own generator), so
+    the trainer draws every site's mask beforehand (`ViT.draw_path_masks`) from the generator
+    the eager forward would use, in the order it would use it, and passes them in. Without a
+    mask, in training, it draws one itself from the global RNG, as timm does.
+    """
+
+    def __init__(self, drop_prob: float) -> None:
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        if mask is None:
+            mask = draw_path_mask(x.shape[0], 1.0 - self.drop_prob, dtype=x.dtype, device=x.device)
+        return x * mask
+
+
 class Block(nn.Module):
-    """Pre-norm block: x + DropPath(Attention(LN x)), then x + DropPath(Mlp(LN x))."""
+    """Pre-norm block: x + DropPath(Attention(LN x)), then x + DropPath(Mlp(LN x)).
+
+    `masks` (2, b, 1, 1): the two stochastic-depth masks of this block (attention, MLP) drawn by
+    the trainer, or None to draw them here.
+    """
 
     def __init__(self, dim: int, heads: int, layer: int, *, backend: BackendLayer, encodings: EncodingLayers,
                  mlp_ratio: float = 2.0, drop_path: float = 0.0, dropout: float = 0.0, qk_norm: str = "none") -> None:
@@ -125,11 +159,12 @@ class Block(nn.Module):
                               proj_drop=dropout)
         self.norm2 = nn.LayerNorm(dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), drop=dropout)
-        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+        self.drop_path = DropPath(drop_path)
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+    def forward(self, x: Tensor, masks: Tensor | None = None) -> Tensor:
+        attn_mask, mlp_mask = (None, None) if masks is None else (masks[0], masks[1])
+        x = x + self.drop_path(self.attn(self.norm1(x)), attn_mask)
+        return x + self.drop_path(self.mlp(self.norm2(x)), mlp_mask)
 
 
 class ViT(nn.Module):
@@ -154,14 +189,31 @@ class ViT(nn.Module):
         self.head = nn.Linear(dim, num_classes)
         self.apply(_init_weights)
 
-    def forward_features(self, images: Tensor) -> Tensor:
+    def forward_features(self, images: Tensor, path_masks: Tensor | None = None) -> Tensor:
         x = self.patch_embed(images)  # b n c, row-major patches as pe.base.grid_positions
         for pe in self.token_encodings:
             x = pe.add_to_tokens(x)
-        return self.norm(self.blocks(x))
+        for i, block in enumerate(self.blocks):
+            x = block(x, None if path_masks is None else path_masks[2 * i:2 * i + 2])
+        return self.norm(x)
 
-    def forward(self, images: Tensor) -> Tensor:
-        return self.head(self.forward_features(images).mean(dim=1))
+    def forward(self, images: Tensor, path_masks: Tensor | None = None) -> Tensor:
+        """Logits (b, classes). `path_masks` (2 depth, b, 1, 1): every stochastic-depth mask of this
+        forward, from `draw_path_masks`; None: drawn inside (eval ignores them)."""
+        return self.head(self.forward_features(images, path_masks).mean(dim=1))
+
+    def draw_path_masks(self, batch: int, *, dtype: torch.dtype, device: torch.device | str,
+                        generator: torch.Generator | None = None) -> Tensor:
+        """(2 depth, batch, 1, 1) masks in the order the eager forward draws them (block by block,
+        attention then MLP; a site with rate 0 draws nothing and gets ones). `dtype` is the dtype of
+        the residual branch there (bf16 under autocast), as timm's draw would have it."""
+        masks = torch.ones((2 * len(self.blocks), batch, 1, 1), dtype=dtype, device=device)
+        for i, block in enumerate(self.blocks):
+            rate = block.drop_path.drop_prob
+            if rate > 0:
+                for j in (2 * i, 2 * i + 1):
+                    masks[j] = draw_path_mask(batch, 1.0 - rate, dtype=dtype, device=device, generator=generator)
+        return masks
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters AdamW must not decay (timm's convention, read by make_optimizer).
@@ -194,4 +246,4 @@ def _init_weights(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-__all__ = ["Attention", "Block", "ViT", "PositionEncoding"]
+__all__ = ["Attention", "Block", "DropPath", "ViT", "PositionEncoding", "draw_path_mask"]

@@ -17,15 +17,21 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from rpevit.config import ConfigError
 from rpevit.pe.rope import AxialRoPE
 from rpevit.pe.sparse_solve import SolveInfo, cayley_solve_sparse, skew_from_entries
 from rpevit.registry import register_pe
 
 
 def cayley_orthogonal(skew: Tensor) -> Tensor:
-    """(I - S)(I + S)^-1 = (I + S)^-1 (I - S) for skew S (..., d, d): orthogonal, det +1."""
+    """(I - S)(I + S)^-1 = (I + S)^-1 (I - S) for skew S (..., d, d): orthogonal, det +1.
+
+    I + S is never singular (S's eigenvalues are imaginary, so I + S's have real part 1), so the
+    solve skips its singularity check: that check is a host synchronisation on a GPU, which a
+    compiled training step must not contain.
+    """
     eye = torch.eye(skew.shape[-1], dtype=skew.dtype, device=skew.device)
-    return torch.linalg.solve(eye + skew, eye - skew)
+    return torch.linalg.solve_ex(eye + skew, eye - skew, check_errors=False).result
 
 
 def sparse_solver_is_faster(head_dim: int, sparsity: float) -> bool:
@@ -63,6 +69,10 @@ class CayleyString(_StringBase):
         return cayley_orthogonal(self.skew())
 
 
+SPARSE_SOLVE_NOT_FUNCTIONAL = ("the sparse CG solve works on sparse tensors for a data-dependent number of "
+                               "iterations and logs them, so it has no vmap rule and breaks a compiled graph")
+
+
 @register_pe("sparse_cayley_string")
 class SparseCayleyString(_StringBase):
 
@@ -81,6 +91,16 @@ class SparseCayleyString(_StringBase):
             cayley_solver == "auto" and sparse_solver_is_faster(d, string_sparsity)
         ) else "dense"
         self.solve_log: list[SolveInfo] = []  # CG iterations / residual of the latest sparse solve
+        # read by rpevit.models.stacked.vmap_blockers: a fused group then steps its members in turn
+        self.vmap_blocker = (SPARSE_SOLVE_NOT_FUNCTIONAL if self.solver == "sparse" else None)
+
+    @classmethod
+    def check_config(cls, cfg: Any, source: str) -> None:
+        super().check_config(cfg, source)
+        if cfg.compile != "off" and cfg.cayley_solver == "sparse":
+            raise ConfigError(f"{source}: field 'compile' has value {cfg.compile!r} with cayley_solver 'sparse'; "
+                              f"allowed: compile 'off' for the sparse solver ({SPARSE_SOLVE_NOT_FUNCTIONAL}), "
+                              f"or cayley_solver 'dense' / 'auto'")
 
     def skew(self) -> Tensor:
         return skew_from_entries(self.skew_entries, self.rows, self.cols, self.head_dim)

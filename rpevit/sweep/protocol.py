@@ -44,8 +44,9 @@ class TrialSpec:
     """What one Tune trial runs (built by runner.tune_trials).
 
     `members` holds one sweep trial, except in an interleaved timing trial (every pending variant,
-    timed in rounds in one worker) and in a warm-up trial (none: it only holds its worker until
-    every slot has one, see trainable.wait_for_workers, and names the `barrier` actor).
+    timed in rounds in one worker), in a fused group (`fused`: the seeds of one recipe, trained as
+    one stacked model, see rpevit.tasks.train_group) and in a warm-up trial (none: it only holds its
+    worker until every slot has one, see trainable.wait_for_workers, and names the `barrier` actor).
     """
 
     name: str
@@ -56,6 +57,7 @@ class TrialSpec:
     reserved_cpus: float = 0.0  # CPUs the trial holds (a whole node for timing tasks)
     timing: Optional[Timing] = None  # set for timing tasks only
     barrier: str = ""  # warm-up trials only: the StartBarrier actor's name
+    fused: bool = False  # the members train as one fused group (space `fuse: seeds`)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict Tune carries: one grid point of the `SPEC_KEY` search space."""

@@ -195,6 +195,9 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
               flush=True)
     items = tune_trials(space, plan.configs, plan.pending, checkpoint_root=out_dir / "trials", cpus=cpus, gpus=gpus,
                         reserved_cpus=reserved)
+    if space.fuse:
+        print(f"fuse: {space.fuse}: {len(plan.pending)} trials run as {len(items)} fused group(s), one Tune trial "
+              f"each (members differ only in seed)", flush=True)
     bundle = {"CPU": reserved, **({"GPU": gpus} if gpus > 0 else {})}
     slots = _slots(bundle, max_concurrent, len(items))
     # With no more trials than slots no worker would run a second trial, and Tune would only hand
@@ -230,13 +233,26 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path,
                 cpus: float, gpus: float, reserved_cpus: float) -> list[TrialSpec]:
     """The Tune trials (grid points) for the pending trials: one each, except that an interleaved
-    timing space runs all its pending variants in one Tune trial (rounds inside one worker)."""
-    members = [Member(space.keys[i], space.label(i), configs[i]) for i in pending]
+    timing space runs all its pending variants in one Tune trial (rounds inside one worker), and a
+    `fuse: seeds` space one per group of pending seeds of one recipe (space.groups)."""
+    member = {i: Member(space.keys[i], space.label(i), configs[i]) for i in pending}
     timing = space.timing if space.exclusive else None
-    groups = [members] if timing and timing.interleave else [[m] for m in members]
-    return [TrialSpec(name=g[0].trial_key if len(g) == 1 else f"interleaved-{len(g)}-{g[0].trial_key}",
-                      members=tuple(g), checkpoint_root=str(checkpoint_root), cpus_per_trial=cpus,
-                      gpus_per_trial=gpus, reserved_cpus=reserved_cpus, timing=timing) for g in groups]
+    if timing and timing.interleave:
+        groups = [[member[i] for i in pending]]
+    else:
+        groups = [[member[i] for i in g] for g in space.groups(pending)]
+    fused = space.fuse is not None
+    return [TrialSpec(name=_spec_name(g, fused, timing), members=tuple(g), checkpoint_root=str(checkpoint_root),
+                      cpus_per_trial=cpus, gpus_per_trial=gpus, reserved_cpus=reserved_cpus, timing=timing,
+                      fused=fused) for g in groups]
+
+
+def _spec_name(members: list[Member], fused: bool, timing: Any) -> str:
+    """The Tune trial's name and folder: the sweep trial's key, or what a group holds."""
+    if fused:
+        seeds = "-".join(str(m.cfg["seed"]) for m in members)
+        return f"fused-{members[0].trial_key}-seeds-{seeds}"[:120]
+    return members[0].trial_key if len(members) == 1 else f"interleaved-{len(members)}-{members[0].trial_key}"
 
 
 def _trial_name(trial: Any) -> str:
@@ -422,7 +438,8 @@ class Progress(Callback):
     def on_trial_result(self, iteration, trials, trial, result, **info):
         acc = result.get(TUNE_METRIC)
         if isinstance(acc, float) and math.isfinite(acc) and acc > self.best[0]:
-            self.best = (acc, result.get("label") or members_of(trial)[0].label)
+            members = {m.trial_key: m.label for m in members_of(trial)}  # a group reports for each member
+            self.best = (acc, result.get("label") or members.get(result.get("trial_key"), next(iter(members.values()))))
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         self.show(trials, force=True)
@@ -443,9 +460,18 @@ class Progress(Callback):
         trials = [t for t in trials if members_of(t)]  # not the warm-up trials
         count = lambda *s: sum(t.status in s for t in trials)  # noqa: E731
         best = f"{self.best[0]:.4f} ({self.best[1]})" if self.best[1] else "-"
+        groups = [_group_label(members_of(t)) for t in trials
+                  if t.status == "RUNNING" and len(members_of(t)) > 1 and TrialSpec.from_tune_config(t.config).fused]
+        running = f" | running groups: {'; '.join(groups)}" if groups else ""
         print(f"[{time.strftime('%H:%M:%S')}] running {count('RUNNING')} | pending "
               f"{count('PENDING', 'PAUSED')} | done {count('TERMINATED')} | failed "
-              f"{count('ERROR')} | of {self.total} | best val_acc {best}", flush=True)
+              f"{count('ERROR')} | of {self.total} | best val_acc {best}{running}", flush=True)
+
+
+def _group_label(members: tuple[Member, ...]) -> str:
+    """'attention=favor pe=rope, seeds 0 1 2': a fused group's shared label and its seeds."""
+    shared = " ".join(part for part in members[0].label.split() if not part.startswith("seed="))
+    return f"{shared or members[0].trial_key}, seeds {' '.join(str(m.cfg['seed']) for m in members)}"
 
 
 def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, started_after: float = 0.0

@@ -19,12 +19,19 @@ Format (every key but `fixed`/`grid` optional):
     include: [{attention: softmax, pe: ape+rope}]   # extra trials: entry over `fixed`, x seeds
     resources: {cpus_per_trial: 1, gpus_per_trial: 0.25, max_concurrent: 8}
     timing: {repeats: 3, interleave: true, warmup: true}     # timing tasks (bench) only
+    fuse: seeds                 # trials differing only in seed train as one fused group (one Tune
+                                # trial, stacked parameters: rpevit/tasks/train_group.py)
 
 Timing tasks (TIMING_TASKS: `bench`) never share a node with other trials: the runner reserves
 the whole node for each (cpus_per_trial is then the measurement's thread count). `timing:`
 asks for repeats (the row holds the median, plus min / max of train_step_ms), interleaved in
 rounds over all variants inside one worker (A B C, A B C, ...) so that slow drift of the
 machine hits every variant alike, and an untimed warm-up run before a worker's first timed one.
+
+`fuse: seeds` (tasks with a group runner: train) makes one Tune trial of each set of pending
+trials that differ only in their seed; every member keeps its own trial_key, rows and checkpoint,
+so a fused and an unfused run of a space resume into one another, and seeds added later run as
+a group of the new seeds only. `--dry-run` shows the groups.
 
 Precedence: fixed < grid < sample < seeds < `--set` overrides.
 
@@ -46,16 +53,21 @@ from typing import Any
 
 import yaml
 
+from rpevit import registry
 from rpevit.config import ConfigError, TrialConfig, build_config
+from rpevit.tasks.train_group import GROUP_FIELDS, check_group
+from rpevit.sweep import yaml_strict
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
-                  "sample_seed", "seeds", "exclude", "include", "resources", "timing")
+                  "sample_seed", "seeds", "exclude", "include", "resources", "timing", "fuse")
+FUSE_MODES = ("seeds",)  # `fuse: seeds`: trials that differ only in seed train as one group
 TIMING_TASKS = ("bench",)  # tasks whose rows are timings: whole node per trial, `timing:` allowed
 SAMPLERS = ("choice", "uniform", "loguniform", "randint")
 KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what a trial computes
 DEFAULT_MAX_TRIALS = 10_000  # a sweep bigger than this is almost surely a typo; --max-trials raises it
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # one path component; no '.', '..', '.x'
 NAME_ALLOWED = "1-100 letters, digits, '_', '.', '-', not starting with '.' (one folder name)"
+MAX_SPACE_BYTES = 4 * 2**20  # a space file is a few KB; more is a wrong path (a binary, /dev/zero)
 
 
 class SpaceError(ConfigError):
@@ -135,6 +147,7 @@ class Space:
     duplicates_dropped: int = 0
     timing: Timing = field(default_factory=Timing)
     whole_keys: list[str] | None = None  # with `--only`: the keys of the whole space, which stay current
+    fuse: str | None = None  # `fuse: seeds`, or None
 
     @property
     def current_keys(self) -> list[str]:
@@ -162,10 +175,23 @@ class Space:
         trial = self.trials[index]
         return " ".join(f"{n}={trial[n]}" for n in self.varying_fields()) or self.keys[index]
 
+    def groups(self, indices: list[int] | None = None) -> list[list[int]]:
+        """The Tune trials of the given trials (default: all), as lists of trial indices in space
+        order: with `fuse: seeds`, trials equal in every field but GROUP_FIELDS share one; else one each."""
+        indices = list(range(len(self.trials))) if indices is None else indices
+        if self.fuse is None:
+            return [[i] for i in indices]
+        grouped: dict[str, list[int]] = {}
+        for i in indices:
+            grouped.setdefault(_group_key(self.trials[i]), []).append(i)
+        return list(grouped.values())
+
     def table(self) -> str:
-        """One row per trial with its differing values (the dry-run view)."""
-        columns = ["#", "trial_key", *self.varying_fields()]
-        rows = [[str(i), key, *(str(t[c]) for c in columns[2:])]
+        """One row per trial with its differing values (the dry-run view); with `fuse`, the group of each."""
+        columns = ["#", "trial_key", *(["group"] if self.fuse else []), *self.varying_fields()]
+        group_of = {i: g for g, members in enumerate(self.groups()) for i in members}
+        rows = [[str(i), key, *([f"g{group_of[i]} ({len(self.groups()[group_of[i]])})"] if self.fuse else []),
+                 *(str(t[c]) for c in columns[3 if self.fuse else 2:])]
                 for i, (t, key) in enumerate(zip(self.trials, self.keys))]
         widths = [max(len(c), *(len(r[j]) for r in rows)) for j, c in enumerate(columns)]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -183,24 +209,9 @@ def trial_key(config: dict[str, Any]) -> str:
     return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads 1e-3 as a float (YAML 1.1 would give the string '1e-3')."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                  |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                  |\.[0-9_]+(?:[eE][-+][0-9]+)?
-                  |[-+]?\.(?:inf|Inf|INF)
-                  |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."),
-)
-
-
 def parse_value(text: str) -> Any:
-    """A scalar as YAML reads it ('3' -> 3, '1e-3' -> 0.001, 'rope' -> 'rope')."""
-    return yaml.load(text, Loader=_Loader)
+    """A scalar as YAML 1.2 reads it ('3' -> 3, '1e-3' -> 0.001, 'rope' -> 'rope'; rpevit.sweep.yaml_strict)."""
+    return yaml_strict.load(text)
 
 
 def parse_overrides(items: list[str] | None, flag: str = "--set") -> dict[str, Any]:
@@ -246,11 +257,21 @@ def load_space(path: str | Path, overrides: dict[str, Any] | None = None,
     """Read, expand and validate a YAML space file."""
     path = Path(path)
     try:
-        spec = yaml.load(path.read_text(), Loader=_Loader)
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPACE_BYTES + 1)
+        if len(raw) > MAX_SPACE_BYTES:
+            raise SpaceError(f"{path}: the space file is larger than {MAX_SPACE_BYTES:,} bytes; allowed: a YAML "
+                             f"space of at most {MAX_SPACE_BYTES:,} bytes")
+        spec = yaml_strict.load(raw.decode("utf-8"))
     except OSError as err:
         raise SpaceError(f"{path}: cannot read the space file ({err})") from err
+    except UnicodeDecodeError as err:
+        raise SpaceError(f"{path}: not UTF-8 text (byte {raw[err.start:err.start + 1]!r} at offset {err.start}); "
+                         f"allowed: a UTF-8 YAML space file") from err
     except yaml.YAMLError as err:
         raise SpaceError(f"{path}: not valid YAML ({err})") from err
+    if isinstance(spec, dict) and "name" in spec and not isinstance(spec["name"], str):
+        check_name(spec["name"], f"{path}: 'name'")  # `name:`, `name: 1e3`: not str()'d into 'None', '1000.0'
     return expand_space(spec, source=str(path), default_name=path.stem, overrides=overrides,
                         max_trials=max_trials, only=only)
 
@@ -289,6 +310,7 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     include = _partials(spec.get("include", []), "include", source)
     resources = Resources.from_dict(spec.get("resources", {}), source)
     timing = Timing.from_dict(spec.get("timing", {}), source, task)
+    fuse = _fuse(spec.get("fuse"), task, source)
     overrides = dict(overrides or {})
     _check_fields(overrides, "--set", source)
     only = dict(only or {})
@@ -342,9 +364,16 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
         found = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in occurring.items())
         raise SpaceError(f"{source}: --only {asked} matches no trial; allowed: values that occur in the space "
                          f"({found})")
-    return Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
-                 duplicates_dropped=len(trials) - len(whole_keys), timing=timing,
-                 whole_keys=whole_keys if only else None)
+    space = Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
+                  duplicates_dropped=len(trials) - len(whole_keys), timing=timing,
+                  whole_keys=whole_keys if only else None, fuse=fuse)
+    if fuse is not None:
+        for members in space.groups():
+            try:
+                check_group([build_config(configs[i], source=source) for i in members])
+            except ConfigError as err:
+                raise SpaceError(f"{source}: 'fuse' has value {fuse!r} but {err}") from err
+    return space
 
 
 # ---- pieces ----
@@ -420,6 +449,24 @@ def _draw(rng: random.Random, kind: str, args: list) -> Any:
     if kind == "loguniform":
         return math.exp(rng.uniform(math.log(args[0]), math.log(args[1])))
     return rng.randrange(args[0], args[1])  # randint: [lo, hi) as in Tune
+
+
+def _fuse(value: Any, task: str, source: str) -> str | None:
+    """`fuse`: absent/null, or one of FUSE_MODES for a task that has a fused-group runner."""
+    if value is None:
+        return None
+    if value not in FUSE_MODES:
+        raise SpaceError(f"{source}: 'fuse' has value {value!r}; allowed: {', '.join(FUSE_MODES)} (or leave it out)")
+    if task not in registry.GROUP_TASKS:
+        raise SpaceError(f"{source}: 'fuse' is given for task {task!r}; allowed: only for tasks with a fused-group "
+                         f"runner ({', '.join(sorted(registry.GROUP_TASKS)) or 'none'}); remove the key")
+    return value
+
+
+def _group_key(trial: dict[str, Any]) -> str:
+    """What members of one fused group share: every field but GROUP_FIELDS (and where the data lives)."""
+    shared = {k: v for k, v in trial.items() if k not in GROUP_FIELDS and k not in KEY_EXCLUDED_FIELDS}
+    return json.dumps(shared, sort_keys=True)
 
 
 def _count(value: Any, where: str, source: str, minimum: int = 1) -> int:

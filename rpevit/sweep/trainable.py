@@ -26,13 +26,14 @@ running code or being continued under another config.
 """
 from __future__ import annotations
 
+import errno
 import gc
 import os
 import random
 import socket
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -43,7 +44,7 @@ from ray import tune
 
 from rpevit import checkpoint, data, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
-from rpevit.config import TrialConfig
+from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
 from rpevit.sweep.protocol import EPOCH, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
 from rpevit.tasks.bench import combine_repeats
@@ -63,6 +64,8 @@ def run_trial(config: dict[str, Any]) -> None:
     data.cache_arrays()
     if spec.timing is not None:
         run_timed(spec)
+    elif spec.fused:
+        run_fused(spec)
     else:
         run_single(spec, spec.members[0])
 
@@ -115,6 +118,51 @@ def run_single(spec: TrialSpec, member: Member) -> None:
                                            on_epoch=lambda row, _dir=None: report_epoch(key, row))
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
+
+
+def run_fused(spec: TrialSpec) -> None:
+    """A fused seed group (space `fuse: seeds`): the members train as one stacked model in this
+    worker (registry.GROUP_TASKS); each reports its own epochs, summary row or failure, under its own
+    trial_key, and keeps its own checkpoint folder and log.txt (the group's lines go to every log).
+
+    The worker is seeded from the first member's seed; each member's own randomness comes from
+    generators seeded by its own seed inside the group runner, so this does not matter."""
+    members, configs, resumed = [], [], {}
+    for member in spec.members:
+        cfg = TrialConfig.from_dict(member.cfg, source=f"trial {member.trial_key}")
+        try:  # a foreign or broken checkpoint fails its member only
+            history = checkpointed_history(Path(spec.checkpoint_root) / member.trial_key, cfg)
+        except ConfigError as err:
+            report_failure(member, err)
+            continue
+        members.append(member)
+        configs.append(cfg)
+        resumed[member.trial_key] = len(history)
+        for row in history:
+            report_epoch(member.trial_key, row)
+    if not members:
+        return
+    folders = [Path(spec.checkpoint_root) / m.trial_key for m in members]
+    run_group = registry.GROUP_TASKS[configs[0].task]
+    with trial_scope(configs[0], spec) as placement, ExitStack() as logs:
+        writers = [logs.enter_context(trial_log(folder, echo=i == 0)) for i, folder in enumerate(folders)]
+
+        def log(message: str) -> None:
+            for write in writers:
+                write(message)
+
+        started_at = time.time()
+        log(f"fused group of {len(members)}: " + ", ".join(m.trial_key for m in members) + " - "
+            + describe(members[0].trial_key, placement))
+        outcomes = run_group(configs, checkpoint_dirs=folders, log=log,
+                             on_epoch=lambda i, row, _dir=None: report_epoch(members[i].trial_key, row))
+    finished_at = time.time()
+    for member, outcome in zip(members, outcomes):
+        if isinstance(outcome, BaseException):
+            report_failure(member, outcome)
+        else:
+            report_summary(member, {**outcome, **placement, "resumed_from_epoch": resumed[member.trial_key],
+                                    "started_at": started_at, "finished_at": finished_at})
 
 
 def run_timed(spec: TrialSpec) -> None:
@@ -194,13 +242,25 @@ def describe(key: str, placement: dict[str, Any]) -> str:
 
 
 @contextmanager
-def trial_log(ckpt_dir: Path) -> Iterator[Callable[[str], None]]:
-    """log(message): printed and appended to <ckpt_dir>/log.txt, which is closed after the run."""
+def trial_log(ckpt_dir: Path, echo: bool = True) -> Iterator[Callable[[str], None]]:
+    """log(message): printed (unless not `echo`) and appended to <ckpt_dir>/log.txt, which is closed
+    after the run.
+    Never through a symbolic link (the folder or log.txt): it would append to where it points."""
+    if ckpt_dir.is_symlink():
+        raise ConfigError(f"trial folder {ckpt_dir} is a symbolic link (to {os.readlink(ckpt_dir)!r}); allowed: a "
+                          f"real folder (the trial writes log.txt and checkpoints there): remove the link")
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    with open(ckpt_dir / "log.txt", "a") as log_file:
+    try:
+        fd = os.open(ckpt_dir / "log.txt", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        what = "is a symbolic link" if err.errno == errno.ELOOP else f"cannot be opened ({err.strerror or err})"
+        raise ConfigError(f"trial log {ckpt_dir / 'log.txt'} {what}; allowed: a regular file or nothing (remove "
+                          f"what is there)") from err
+    with os.fdopen(fd, "a") as log_file:
 
         def log(message: str) -> None:
-            print(message, flush=True)
+            if echo:
+                print(message, flush=True)
             log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}\n")
             log_file.flush()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rpevit import checkpoint, metrics
-from rpevit.attention.kernelized import set_training_length
+from rpevit.attention.kernelized import advance_random_features, set_training_length
 from rpevit.config import TrialConfig
 from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
 from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, random_feature_layers,
@@ -25,6 +24,8 @@ from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_ro
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
+from rpevit.training import (autocast_context, default_dtype, forward_loss_fn, make_adamw,  # noqa: F401
+                             path_mask_dtype)
 
 WARMUP_MAX_FRACTION = 0.1  # warm-up never takes more than 10% of the training steps
 EpochCallback = Callable[[dict, "Path | None"], None]
@@ -42,21 +43,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast_context(cfg: TrialConfig, device: torch.device):
-    use_bf16 = cfg.amp == "bf16" or (cfg.amp == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-
-
 def make_optimizer(model: nn.Module, cfg: TrialConfig) -> torch.optim.Optimizer:
     """AdamW; no weight decay on what the model declares in `no_weight_decay()` (biases, norms,
     temperatures, every position-encoding parameter), decay on the rest (weight matrices)."""
-    exempt = model.no_weight_decay()
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if name in exempt else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.resolved_lr, betas=(0.9, 0.999))
+    device = next(model.parameters()).device
+    return make_adamw(model.named_parameters(), model.no_weight_decay(), cfg, device)
 
 
 def warmup_steps_for(cfg: TrialConfig, steps_per_epoch: int, total_steps: int) -> int:
@@ -115,7 +106,8 @@ METRICS = TaskMetrics(
            "test_acc_draw_ensemble": float, "test_acc_softmax_swap": float, "attn_tv_to_softmax": float,
            "attn_tv_per_layer": list[float], "aic": float, "bic": float, "params": int, "flops": int,
            "flops_unsupported": str, "train_s_per_epoch": float, "images_per_s": float,
-           "infer_ms_per_sample": float, "peak_mem_mb": float, "peak_mem_kind": str, "n_train": int, "n_test": int},
+           "infer_ms_per_sample": float, "peak_mem_mb": float, "peak_mem_kind": str, "n_train": int, "n_test": int,
+           "fused_members": int},
     epoch={"train_loss": float, "train_acc": float, "val_loss": float, "val_acc": float, "lr": float,
            "epoch_s": float, "attn_tv_to_softmax": float, "attn_tv_per_layer": list[float]},
 )
@@ -144,86 +136,118 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
     log = log or (lambda _msg: None)
     ckpt_path, resume_state = checkpoint.open_for_resume(checkpoint_dir, cfg, extend_epochs=extend_epochs)
     device = resolve_device(cfg.device)
-    data = load_splits(cfg.dataset, data_dir=cfg.data_dir or None, device=device,
-                       val_fraction=cfg.val_fraction, train_subset=cfg.train_subset)
-    model = build_model(cfg, data.spec.channels, data.spec.num_classes).to(device)
-    optimizer = make_optimizer(model, cfg)
-    n_train = len(data.x_train)
-    batch_size = cfg.resolved_batch_size
-    steps_per_epoch = math.ceil(n_train / batch_size)
-    total_steps = max(1, cfg.epochs * steps_per_epoch)
-    warmup_steps = warmup_steps_for(cfg, steps_per_epoch, total_steps)
-    set_training_length(model, total_steps)  # redraw_until counts in training steps
-    if note := one_draw_note(model, cfg):
-        log(note)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
-    augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
-    history: list[dict] = []
-    start_epoch = 0
+    with default_dtype(cfg) as dtype:  # buffers built in float32 follow the parameters
+        data = load_splits(cfg.dataset, data_dir=cfg.data_dir or None, device=device,
+                           val_fraction=cfg.val_fraction, train_subset=cfg.train_subset)
+        model = build_model(cfg, data.spec.channels, data.spec.num_classes).to(device, dtype)
+        optimizer = make_optimizer(model, cfg)
+        n_train = len(data.x_train)
+        batch_size = cfg.resolved_batch_size
+        steps_per_epoch = math.ceil(n_train / batch_size)
+        total_steps = max(1, cfg.epochs * steps_per_epoch)
+        warmup_steps = warmup_steps_for(cfg, steps_per_epoch, total_steps)
+        set_training_length(model, total_steps)  # redraw_until counts in training steps
+        if note := one_draw_note(model, cfg):
+            log(note)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
+        generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
+        augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
+        forward_loss = forward_loss_fn(cfg, device, data.normalize)
+        mask_dtype = path_mask_dtype(cfg, device)
+        history: list[dict] = []
+        start_epoch = 0
 
-    if resume_state is not None:  # loaded with weights_only=True and matched to cfg
-        state = resume_state
-        try:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            _set_rng_state(state["rng"], device, generator)
-        except (RuntimeError, KeyError, ValueError, TypeError) as err:
-            raise checkpoint.CheckpointError(
-                f"checkpoint {ckpt_path} does not fit this model ({type(err).__name__}: "
-                f"{' '.join(str(err).split())[:300]}); allowed: a checkpoint of this code and config; "
-                f"delete it to start afresh") from err
-        history, start_epoch = list(state["history"]), int(state["epoch"])
-        planned = int(checkpoint.stored_fingerprint(state, ckpt_path)["epochs"])
-        log(f"resumed from {ckpt_path} after epoch {start_epoch}"
-            + (f", extended from {planned} to {cfg.epochs} epochs" if planned != cfg.epochs else ""))
+        if resume_state is not None:  # loaded with weights_only=True and matched to cfg
+            state = resume_state
+            try:
+                model.load_state_dict(state["model"])
+                optimizer.load_state_dict(state["optimizer"])
+                scheduler.load_state_dict(state["scheduler"])
+                _set_rng_state(state["rng"], device, generator)
+            except (RuntimeError, KeyError, ValueError, TypeError) as err:
+                raise checkpoint.CheckpointError(
+                    f"checkpoint {ckpt_path} does not fit this model ({type(err).__name__}: "
+                    f"{' '.join(str(err).split())[:300]}); allowed: a checkpoint of this code and config; "
+                    f"delete it to start afresh") from err
+            history, start_epoch = list(state["history"]), int(state["epoch"])
+            planned = int(checkpoint.stored_fingerprint(state, ckpt_path)["epochs"])
+            log(f"resumed from {ckpt_path} after epoch {start_epoch}"
+                + (f", extended from {planned} to {cfg.epochs} epochs" if planned != cfg.epochs else ""))
 
-    for epoch in range(start_epoch, cfg.epochs):
-        model.train()
-        t0 = time.perf_counter()
-        loss_sum = torch.zeros((), device=device)
-        correct = torch.zeros((), device=device, dtype=torch.long)
-        for idx in batch_indices(n_train, batch_size, generator):
-            images = data.x_train[idx]
-            if augment != "none":
-                images = random_crop_flip(images, generator, data.spec.crop_padding, augment == "crop_flip")
-            labels = data.y_train[idx]
-            with autocast_context(cfg, device):
-                logits = model(data.normalize(images))
-                loss = F.cross_entropy(logits.float(), labels, label_smoothing=cfg.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            loss_sum += loss.detach() * len(idx)
-            correct += (logits.argmax(-1) == labels).sum()
-        train_loss = loss_sum.item() / n_train  # one sync per epoch, not per step
-        if not math.isfinite(train_loss):
-            raise DivergedError(f"training loss is {train_loss} at epoch {epoch + 1} "
-                                f"(lr={cfg.resolved_lr}, grad_clip={cfg.grad_clip})")
-        metrics.synchronize(device)
-        epoch_s = time.perf_counter() - t0
-        row = {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": correct.item() / n_train,
-               **_validation(model, data, cfg, device), "lr": scheduler.get_last_lr()[0],
-               "epoch_s": epoch_s, **fidelity_row(model, fidelity_batch(data))}
-        history.append(row)
-        log(f"epoch {epoch + 1}/{cfg.epochs} train_loss {row['train_loss']:.4f} "
+        for epoch in range(start_epoch, cfg.epochs):
+            model.train()
+            t0 = time.perf_counter()
+            loss_sum = torch.zeros((), device=device)
+            correct = torch.zeros((), device=device, dtype=torch.long)
+            for idx in batch_indices(n_train, batch_size, generator):
+                images = data.x_train[idx]
+                if augment != "none":
+                    images = random_crop_flip(images, generator, data.spec.crop_padding, augment == "crop_flip")
+                labels = data.y_train[idx]
+                advance_random_features(model)  # redraws where due, outside the (compilable) forward
+                # the stochastic-depth masks the eager forward would draw from the global RNG, drawn first
+                masks = model.draw_path_masks(len(idx), dtype=mask_dtype, device=device)
+                loss, logits = solo_step(model, optimizer, scheduler, forward_loss, images, labels, masks,
+                                         cfg.grad_clip)
+                loss_sum += loss.detach() * len(idx)
+                correct += (logits.argmax(-1) == labels).sum()
+            train_loss = loss_sum.item() / n_train  # one sync per epoch, not per step
+            if not math.isfinite(train_loss):
+                raise DivergedError(diverged_message(train_loss, epoch, cfg))
+            metrics.synchronize(device)
+            epoch_s = time.perf_counter() - t0
+            row = epoch_row(model, data, cfg, device, epoch, train_loss, correct.item() / n_train,
+                            scheduler.get_last_lr()[0], epoch_s)
+            history.append(row)
+            log(epoch_line(row, cfg))
+            if ckpt_path is not None:
+                save_checkpoint(ckpt_path, checkpoint_payload(model, optimizer.state_dict(), scheduler, 
+                                                              _rng_state(device, generator), history, epoch, cfg))
+            if on_epoch is not None:
+                on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
+
+        return summarize(model, data, cfg, device, history)
+
+
+def solo_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, forward_loss: Callable,
+              images: Tensor, labels: Tensor, masks: Tensor, grad_clip: float) -> tuple[Tensor, Tensor]:
+    """Forward + loss, backward, clipping by the global norm, AdamW, schedule: one training step of
+    one model (random features already advanced, masks already drawn). Returns (loss, logits)."""
+    loss, logits = forward_loss(model, images, labels, masks)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    scheduler.step()
+    return loss, logits
+
+
+def diverged_message(train_loss: float, epoch: int, cfg: TrialConfig) -> str:
+    return f"training loss is {train_loss} at epoch {epoch + 1} (lr={cfg.resolved_lr}, grad_clip={cfg.grad_clip})"
+
+
+def epoch_row(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device, epoch: int,
+              train_loss: float, train_acc: float, lr: float, epoch_s: float) -> dict:
+    """One epoch row: training figures, validation, lr, time and attention fidelity."""
+    return {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": train_acc,
+            **_validation(model, data, cfg, device), "lr": lr, "epoch_s": epoch_s,
+            **fidelity_row(model, fidelity_batch(data))}
+
+
+def epoch_line(row: dict, cfg: TrialConfig) -> str:
+    return (f"epoch {row['epoch']}/{cfg.epochs} train_loss {row['train_loss']:.4f} "
             f"train_acc {row['train_acc']:.4f} val_loss {row['val_loss']:.4f} "
-            f"val_acc {row['val_acc']:.4f} lr {row['lr']:.2e} {epoch_s:.1f}s")
-        if ckpt_path is not None:
-            save_checkpoint(ckpt_path, {
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "rng": _rng_state(device, generator),
-                "history": history, "epoch": epoch + 1, "config": cfg.to_dict(),
-                "fingerprint": checkpoint.fingerprint(cfg),
-            })
-        if on_epoch is not None:
-            on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
+            f"val_acc {row['val_acc']:.4f} lr {row['lr']:.2e} {row['epoch_s']:.1f}s")
 
-    return summarize(model, data, cfg, device, history)
+
+def checkpoint_payload(model: nn.Module, optimizer_state: dict, scheduler: object, rng: dict,
+                       history: list[dict], epoch: int, cfg: TrialConfig) -> dict:
+    """What a checkpoint holds after `epoch` (0-based): the same layout for a solo run and for a
+    member of a fused group, so either can continue the other's checkpoint."""
+    return {"model": model.state_dict(), "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
+            "rng": rng, "history": history, "epoch": epoch + 1, "config": cfg.to_dict(),
+            "fingerprint": checkpoint.fingerprint(cfg)}
 
 
 def _validation(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device) -> dict:
@@ -280,6 +304,7 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
         "peak_mem_kind": peak_kind,
         "n_train": len(data.x_train),
         "n_test": len(data.y_test),
+        "fused_members": 1,  # a fused group's members say how many trained together (their times are the group's)
         "epochs_done": len(history),
         "final_val_acc": history[-1]["val_acc"] if history else float("nan"),
         **metrics.environment(device),

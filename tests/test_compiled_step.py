@@ -1,0 +1,126 @@
+"""The compiled training step (`compile: on`): every registered variant traces as ONE graph in train
+mode (fullgraph, stochastic depth on, random features redrawn), computes what the eager step
+computes, and a run with redraws and a changing learning rate compiles once per batch shape.
+
+The CPU tests use the aot_eager backend (the same Dynamo graph capture and AOTAutograd as inductor,
+without building C++ kernels); tests/test_gpu.py runs inductor on CUDA.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+
+from rpevit import registry, training
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.models import build_model
+from rpevit.models.stacked import StackedModels
+from rpevit.tasks.train import train_and_evaluate
+from rpevit.tasks.train_group import train_group
+from rpevit.training import forward_loss_fn, loss_of
+from tests.test_amp_cpu import TINY_MODEL, case_id, variant_cases
+
+registry.load_all()
+
+MODEL = {**TINY_MODEL, "amp": "none", "drop_path": 0.2, "redraw_interval": 2, "compile": "on"}
+CASES = variant_cases(MODEL)
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    """torch.compile's backend for the test: aot_eager, counting every compiled frame."""
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(training, "COMPILE_BACKEND", backend)
+    yield backend
+    torch._dynamo.reset()
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_every_variant_compiles_as_one_graph_and_equals_eager(case, counter):
+    attention, pe, opts = case
+    cfg = TrialConfig.from_dict({**MODEL, "attention": attention, "pe": pe, **opts})
+    model = build_model(cfg, 1, 10).train()
+    x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+    masks = model.draw_path_masks(4, dtype=torch.float32, device="cpu")
+    compiled = forward_loss_fn(cfg, torch.device("cpu"), identity)  # fullgraph: a graph break raises
+    loss, logits = compiled(model, x, y, masks)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    eager_logits = model(x, masks)
+    loss_of(eager_logits, y, cfg.label_smoothing).backward()
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        if name in grads:
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert counter.frame_count == 1
+
+
+def test_every_attention_and_encoding_is_compiled():
+    covered = {(a, p) for a, p, _ in CASES}
+    for attention in registry.ATTENTIONS:
+        for pe in registry.POSITION_ENCODINGS:
+            assert (attention, pe) in covered, (attention, pe)
+
+
+def test_the_sparse_cg_solve_is_refused_with_compile():
+    with pytest.raises(ConfigError, match="'compile'"):
+        TrialConfig.from_dict({**MODEL, "pe": "sparse_cayley_string", "cayley_solver": "sparse"})
+
+
+RUN = {"dataset": "digits", "train_subset": 100, "batch_size": 32, "epochs": 3, "dim": 16, "heads": 2, "depth": 2,
+       "num_features": 8, "attention": "favor", "pe": "rope", "redraw_interval": 3, "eval_draws": 2}
+
+
+def test_a_run_with_redraws_and_a_changing_lr_compiles_once_per_batch_shape(counter):
+    """4 steps per epoch (3 of 32 images, 1 of 4), 12 steps, redraws at steps 3, 6 and 9, a new lr
+    every step: two shapes, so at most two compilations; the metrics equal the eager run's."""
+    cfg = TrialConfig.from_dict({**RUN, "compile": "on"})
+    compiled_row = train_and_evaluate(cfg, log=None)
+    assert 1 <= counter.frame_count <= 2, counter.frame_count
+    eager_row = train_and_evaluate(cfg.replace(compile="off"), log=None)
+    for key in ("test_acc", "test_acc_draw_mean", "log_likelihood", "final_val_acc"):
+        assert abs(compiled_row[key] - eager_row[key]) <= 1e-4 * max(1.0, abs(eager_row[key])), key
+
+
+def test_a_fused_compiled_group_compiles_once_per_batch_shape(counter):
+    cfgs = [TrialConfig.from_dict({**RUN, "compile": "on", "seed": s}) for s in (0, 1, 2)]
+    rows = train_group(cfgs, log=None)
+    assert all(isinstance(r, dict) for r in rows), rows
+    assert 1 <= counter.frame_count <= 2, counter.frame_count
+    eager = train_group([c.replace(compile="off") for c in cfgs], log=None)
+    for a, b in zip(rows, eager):
+        assert abs(a["log_likelihood"] - b["log_likelihood"]) <= 1e-4 * abs(b["log_likelihood"])
+
+
+def test_the_vmapped_member_loss_compiles_as_one_graph(counter):
+    cfg = TrialConfig.from_dict({**MODEL, "attention": "favor", "pe": "luo_rpe"})
+    stack = StackedModels([build_model(cfg.replace(seed=s), 1, 10).train() for s in range(3)])
+    forward = stack.member_forward()
+
+    def member_loss(params, buffers, x, y, masks):
+        logits = forward(params, buffers, x, masks)
+        return loss_of(logits, y, 0.1), logits
+
+    compiled = training.compiled(stack.vmapped(member_loss), cfg)
+    x, y = torch.randn(3, 4, 1, 8, 8), torch.randint(0, 10, (3, 4))
+    masks = torch.stack([m.draw_path_masks(4, dtype=torch.float32, device="cpu") for m in stack.members])
+    losses, _ = compiled(stack.params, stack.buffers, x, y, masks)
+    eager, _ = stack.vmapped(member_loss)(stack.params, stack.buffers, x, y, masks)
+    torch.testing.assert_close(losses, eager)
+    assert counter.frame_count == 1
+
+
+def test_the_cli_flag_alone_turns_compile_on():
+    from rpevit.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["--compile"]).compile == "on"
+    assert parser.parse_args(["--compile", "cudagraphs"]).compile == "cudagraphs"
+    assert parser.parse_args([]).compile is None  # the config's default: off
+    assert TrialConfig().compile == "off"
