@@ -110,7 +110,9 @@ class TrialConfig:
 
     # attention options
     num_features: int = _field(64, "attention", "m, random features of FAVOR+ / ReLU", gt=0)
-    redraw_interval: int = _field(0, "attention", "training steps between random-feature redraws",
+    # 100 (until redraw_until): the studies' setting; with one draw (0) a model learns its own kernel
+    # and collapses on fresh draws (MNIST favor+ape: 98.7 % on its draw, 29 % over fresh ones)
+    redraw_interval: int = _field(100, "attention", "training steps between random-feature redraws",
                                   ge=0, note="0 = never: one draw for the whole run, which the model can fit; "
                                   "see docs/random_features.md")
     # the draw is frozen for the last stretch so the final weights are adapted to the draw they

@@ -40,10 +40,11 @@ from ray.tune import Callback
 
 from rpevit.checkpoint import CHECKPOINT_NAME
 from rpevit.data import FOLDERLESS_DATASETS, resolve_data_dir
+from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.lock import sweep_dir, sweep_lock
-from rpevit.sweep.protocol import FAILED, OK, SPEC_KEY, TUNE_METRIC, Member, TrialSpec, members_of
+from rpevit.sweep.protocol import FAILED, OK, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
 from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials, select_keys,
                                   trial_seconds, unix_seconds)
 from rpevit.sweep.space import Resources, Space, SpaceError, check_name
@@ -69,6 +70,9 @@ class SweepOptions:
     max_failures: int = 1  # Tune retries per trial, each from the trial's last checkpoint
     progress_every_s: float = 30.0
     reuse: bool = True  # run trial after trial in warm workers (Tune reuse_actors); False: a process per trial
+    deadline: float | str | None = None  # start only what ends before it: Unix time or --deadline text (deadline.py)
+    deadline_estimate: float | None = None  # seconds per epoch of one Tune trial when no row says (deadline.py)
+    resume_flags: tuple[str, ...] = ()  # flags that select the space's trials (--set, --only), for the resume line
 
 
 def prepare_trials(space: Space, opts: SweepOptions) -> list[dict[str, Any]]:
@@ -132,20 +136,28 @@ class SweepPlan:
 
 def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> SweepOutcome:
     """The steps of a sweep, top-down: plan (resume bookkeeping, resources), record the space,
-    start or join Ray, check the trial fits, run the Tuner, print the summary."""
+    start or join Ray, check the trial fits, run the Tuner (with a deadline: what fits), print the summary."""
+    deadline = deadlines.as_deadline(opts.deadline)  # a --deadline text is parsed now (sweep.py did it already)
+    deadlines.check_estimate(opts.deadline_estimate, deadline)
     plan = plan_sweep(space, opts, out_dir)
     write_space_file(out_dir, space)
     res = plan.resources
     print(f"sweep {space.name!r}: {len(space.trials)} trials, {len(space.trials) - len(plan.pending)} already "
           f"done, {len(plan.pending)} to run; {res.cpus_per_trial:g} CPU + {res.gpus_per_trial:g} GPU per trial; "
           f"results in {out_dir}")
+    if deadline is not None:
+        print(f"deadline {deadline.describe()}: only trials predicted to end before it start", flush=True)
     if not plan.pending:
-        return summarize(out_dir, space, wall_s=0.0)
+        return summarize(out_dir, space, wall_s=0.0, opts=opts)
     with _ray(opts, res.gpus_per_trial) as started_ray:
         _check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=started_ray and not _address(opts))
-        slots, t0 = run_tuner(space, plan, opts, out_dir)
-        wall = time.time() - t0
-    return summarize(out_dir, space, wall_s=wall, slots=slots, started_after=t0)
+        if deadline is None:
+            slots, t0 = run_tuner(space, plan, opts, out_dir)
+            report = None
+        else:
+            slots, t0, report = run_before_deadline(space, plan, opts, out_dir, deadline)
+        wall = time.time() - t0 if t0 is not None else 0.0
+    return summarize(out_dir, space, wall_s=wall, slots=slots, started_after=t0 or 0.0, opts=opts, deadline=report)
 
 
 def plan_sweep(space: Space, opts: SweepOptions, out_dir: Path) -> SweepPlan:
@@ -187,7 +199,7 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
     time Tuner.fit() started)."""
     cpus, gpus, max_concurrent = (plan.resources.cpus_per_trial, plan.resources.gpus_per_trial,
                                   plan.resources.max_concurrent)
-    reserved = _node_cpus(gpus) if space.exclusive else cpus
+    reserved, bundle = _bundle(space, plan.resources)
     if space.exclusive:
         print(f"{space.task} trials time: each reserves a whole node ({reserved:g} CPU{', ' if gpus else ''}"
               f"{f'{gpus:g} GPU' if gpus else ''}) and runs with {max(1, int(cpus))} thread(s); timing: repeats "
@@ -198,7 +210,6 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
     if space.fuse:
         print(f"fuse: {space.fuse}: {len(plan.pending)} trials run as {len(items)} fused group(s), one Tune trial "
               f"each (members differ only in seed)", flush=True)
-    bundle = {"CPU": reserved, **({"GPU": gpus} if gpus > 0 else {})}
     slots = _slots(bundle, max_concurrent, len(items))
     # With no more trials than slots no worker would run a second trial, and Tune would only hand
     # a trial whose own worker is still starting to another trial's finished one (defeating SPREAD).
@@ -228,6 +239,59 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
             ray.kill(barrier)
     writer.flush()
     return slots, fit_started
+
+
+def _bundle(space: Space, res: Resources) -> tuple[float, dict[str, float]]:
+    """(CPUs a Tune trial reserves, its placement bundle): a timing trial reserves a whole node."""
+    reserved = _node_cpus(res.gpus_per_trial) if space.exclusive else res.cpus_per_trial
+    return reserved, {"CPU": reserved, **({"GPU": res.gpus_per_trial} if res.gpus_per_trial > 0 else {})}
+
+
+@dataclass
+class DeadlineReport:
+    """What a run with --deadline did, for the summary."""
+    deadline: deadlines.Deadline
+    ran: list[int]  # the trials (indices into the space) it started
+    left: list[int]  # those it left because they would not end before the deadline
+    estimate: str  # the estimates the plan used, in words
+
+
+def run_before_deadline(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path,
+                        deadline: deadlines.Deadline) -> tuple[int, float | None, DeadlineReport]:
+    """Run the pending Tune trials that the estimates say end before the deadline (rpevit.sweep.deadline):
+    the plan is made once, before Tuner.fit(); when nothing is known yet, one trial runs first as a
+    probe and the rest is planned once from its row. Returns (slots, Unix time the first Tuner.fit()
+    started or None if nothing started, the report)."""
+    res = plan.resources
+    _, bundle = _bundle(space, res)
+    pending, ran, slots_used, t0, notes = list(plan.pending), [], 0, None, []
+    for first in (True, False):
+        specs = tune_trials(space, plan.configs, pending, checkpoint_root=out_dir / "trials",
+                            cpus=res.cpus_per_trial, gpus=res.gpus_per_trial, reserved_cpus=0.0)
+        index = {key: i for i, key in enumerate(space.keys)}
+        units = [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
+                                "fused" if spec.fused else "interleaved" if spec.timing else "single")
+                 for spec in specs]
+        estimator = deadlines.Estimator.from_folder(out_dir, space.task, opts.deadline_estimate)
+        decision = deadlines.plan_units(units, estimator, slots=_slots(bundle, res.max_concurrent, len(units)),
+                                        now=time.time(), deadline=deadline, checkpoint_root=out_dir / "trials",
+                                        probe=first)
+        members = [[index[key] for key, _ in unit.members] for unit in units]
+        admitted = sorted(i for u in decision.admitted for i in members[u])
+        pending = sorted(i for u in decision.left for i in members[u])
+        notes.append("probe: 1 Tune trial" if decision.probe else decision.estimate_text(decision.admitted
+                                                                                         or decision.left))
+        finish = (f", the last predicted to end at {time.strftime('%H:%M:%S', time.localtime(decision.finish_at))}"
+                  if math.isfinite(decision.finish_at) else "")
+        print(f"deadline plan: starting {len(decision.admitted)} of {len(units)} Tune trial(s) ({len(admitted)} "
+              f"trial(s)){finish}; leaving {len(decision.left)} that would not end before the deadline; "
+              f"estimate: {notes[-1] if not decision.probe else decision.estimate_text()}", flush=True)
+        if admitted:
+            used, started = run_tuner(space, SweepPlan(plan.configs, admitted, res), opts, out_dir)
+            slots_used, t0, ran = max(slots_used, used), t0 if t0 is not None else started, ran + admitted
+        if not (decision.probe and pending):
+            break
+    return slots_used, t0, DeadlineReport(deadline, ran, pending, "; then ".join(notes))
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path,
@@ -428,7 +492,7 @@ def _init_ray(opts: SweepOptions, gpus: float, address: str | None, owner: str |
 
 
 class Progress(Callback):
-    """Prints running/pending/done/failed and the best val_acc so far (every_s, and per trial end)."""
+    """Prints running/pending/done/failed and the best judged test accuracy of the finished trials (every_s, and per trial end)."""
 
     def __init__(self, total: int, every_s: float) -> None:
         self.total, self.every_s = total, every_s
@@ -436,7 +500,11 @@ class Progress(Callback):
         self.last = 0.0
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        acc = result.get(TUNE_METRIC)
+        """Best = the highest judged test accuracy of the finished trials (summary rows): the mean over
+        fresh draws for random-feature models, whose one-draw val_acc ranks a lottery (issue 31)."""
+        if result.get("kind") != SUMMARY:
+            return
+        acc = judged_value(result.get("row") or {}, "test_acc")
         if isinstance(acc, float) and math.isfinite(acc) and acc > self.best[0]:
             members = {m.trial_key: m.label for m in members_of(trial)}  # a group reports for each member
             self.best = (acc, result.get("label") or members.get(result.get("trial_key"), next(iter(members.values()))))
@@ -465,7 +533,16 @@ class Progress(Callback):
         running = f" | running groups: {'; '.join(groups)}" if groups else ""
         print(f"[{time.strftime('%H:%M:%S')}] running {count('RUNNING')} | pending "
               f"{count('PENDING', 'PAUSED')} | done {count('TERMINATED')} | failed "
-              f"{count('ERROR')} | of {self.total} | best val_acc {best}{running}", flush=True)
+              f"{count('ERROR')} | of {self.total} | best judged test acc {best}{running}", flush=True)
+
+
+def judged_value(row: dict, metric: str) -> Any:
+    """The accuracy a row is ranked by: test_acc_draw_mean where the row has one (random-feature
+    models, judged over fresh draws), else `metric` (rpevit.analysis.common.judged_accuracy's rule)."""
+    draw_mean = row.get("test_acc_draw_mean")
+    if metric == "test_acc" and isinstance(draw_mean, float) and math.isfinite(draw_mean):
+        return draw_mean
+    return row.get(metric, "")
 
 
 def _group_label(members: tuple[Member, ...]) -> str:
@@ -485,9 +562,10 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
         return SweepOutcome(1, wall_s, slots=slots)
     labels = {k: space.label(i) for i, k in enumerate(space.keys)}
     metric = next((m for m in ("test_acc", "final_val_acc") if m in table.columns), None)
-    print(f"\n{'trial':<48} {'status':<7} {metric or ''}")
+    judged = metric == "test_acc" and "test_acc_draw_mean" in table.columns
+    print(f"\n{'trial':<48} {'status':<7} {'test acc (draw mean where random features: judged)' if judged else metric or ''}")
     for row in table.itertuples(index=False):
-        value = getattr(row, metric) if metric else ""
+        value = judged_value(row._asdict(), metric) if metric else ""
         shown = f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else str(value)
         line = f"{labels.get(row.trial_key, row.trial_key)[:48]:<48} {row.status:<7} "
         print(line + (shown if row.status == OK else str(row.error)[:100]))

@@ -205,7 +205,7 @@ def trial_key(config: dict[str, Any]) -> str:
     fields with defaults are added to TrialConfig.
     """
     explicit = {k: v for k, v in sorted(config.items())
-                if k not in KEY_EXCLUDED_FIELDS and v != _DEFAULTS.get(k)}
+                if k not in KEY_EXCLUDED_FIELDS and v != KEY_BASELINE.get(k)}
     return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -379,6 +379,9 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
 # ---- pieces ----
 _FIELDS = tuple(f.name for f in fields(TrialConfig))
 _DEFAULTS = {f.name: f.default for f in fields(TrialConfig)}
+# What trial keys hash against: the defaults, except where a default changed after results were keyed
+# (redraw_interval 0 -> 100): a changed default must not change the key of a trial already run.
+KEY_BASELINE = {**_DEFAULTS, "redraw_interval": 0}
 
 
 def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
