@@ -8,6 +8,7 @@ import ray
 
 from rpevit.sweep.runner import SweepOptions, run_sweep, tune_trials
 from rpevit.sweep.space import SpaceError, expand_space
+from tests.test_sweep_ray import fresh_ray  # noqa: F401 - the fixture: no Ray left from another test
 
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 96, "epochs": 1, "batch_size": 32,
         "num_features": 8, "redraw_interval": 2, "eval_draws": 2}
@@ -43,13 +44,6 @@ def test_fuse_refuses_what_it_cannot_do(value, task, match):
 def test_fuse_refuses_dropout_at_load_time():
     with pytest.raises(SpaceError, match="'dropout'"):
         fused_space(fixed={**TINY, "dropout": 0.1})
-
-
-@pytest.fixture
-def fresh_ray():
-    ray.shutdown()
-    yield
-    ray.shutdown()
 
 
 def test_a_fused_sweep_writes_member_rows_resumes_and_adds_only_new_seeds(tmp_path, fresh_ray):
