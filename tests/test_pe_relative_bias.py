@@ -1,6 +1,8 @@
 """luo_rpe: the learned offset table, its dense form, and softmax with the bias vs the definition."""
 import math
 
+import pytest
+
 import torch
 
 from rpevit.config import TrialConfig
@@ -67,3 +69,43 @@ def test_one_table_per_layer_in_the_model():
     model = build_model(cfg(depth=3), in_chans=1, num_classes=10)
     tables = [p for n, p in model.named_parameters() if n.endswith(".raw_table")]
     assert len(tables) == 3 and len({t.data_ptr() for t in tables}) == 3
+
+
+# -- the FFT path in chunks of features (bounded memory at long sequences) ---------------------------
+def fft_case(m: int = 7, grid=(5, 6), b: int = 2, h: int = 3, d: int = 4):
+    g = torch.Generator().manual_seed(3)
+    n = grid[0] * grid[1]
+    phi_q = torch.rand(b, h, n, m, generator=g, dtype=torch.float64) + 0.1
+    phi_k = torch.rand(b, h, n, m, generator=g, dtype=torch.float64) + 0.1
+    v = torch.randn(b, h, n, d, generator=g, dtype=torch.float64)
+    table = torch.randn(h, 2 * grid[0] - 1, 2 * grid[1] - 1, generator=g, dtype=torch.float64)
+    return phi_q, phi_k, v, table, grid
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 100])
+def test_chunked_fft_path_equals_unchunked_and_the_dense_definition(chunk):
+    from rpevit.pe.relative_bias import RelativeBias, fft_linear_attention
+
+    phi_q, phi_k, v, table, grid = fft_case()
+    leaves = [t.clone().requires_grad_() for t in (phi_q, phi_k, v, table)]
+    whole = fft_linear_attention(*leaves[:3], torch.exp(leaves[3]), grid, chunk=10**9)
+    whole_grads = torch.autograd.grad(whole.square().sum(), leaves)
+    parts = [t.clone().requires_grad_() for t in (phi_q, phi_k, v, table)]
+    chunked = fft_linear_attention(*parts[:3], torch.exp(parts[3]), grid, chunk=chunk)
+    chunked_grads = torch.autograd.grad(chunked.square().sum(), parts)
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=1e-12)
+    for a, b in zip(chunked_grads, whole_grads):
+        torch.testing.assert_close(a, b, rtol=1e-11, atol=1e-12)
+    dense = RelativeBias(table, grid, path="dense").linear_attention(phi_q, phi_k, v)
+    torch.testing.assert_close(chunked.detach(), dense, rtol=1e-10, atol=1e-12)
+
+
+def test_fft_chunks_follow_the_memory_budget():
+    from rpevit.pe.relative_bias import fft_chunk_features
+
+    phi_q, _, v, _, grid = fft_case(m=64)
+    assert fft_chunk_features(phi_q, v, grid) == 64  # small: one pass
+    p, q = 9, 12  # fast FFT sizes >= 2H-1 = 9, 2W-1 = 11
+    per_feature = 2 * 3 * 5 * p * q * 2 * 8 * 2
+    assert fft_chunk_features(phi_q, v, grid, budget=10 * per_feature) == 10
+    assert fft_chunk_features(phi_q, v, grid, budget=1) == 1

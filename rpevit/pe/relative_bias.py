@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from einops import einsum, rearrange
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from rpevit.attention.base import Modulation, relative_offsets
-from rpevit.attention.toeplitz import toeplitz_dense_matrix, toeplitz_fft_matvec
+from rpevit.attention.toeplitz import fast_fft_size, toeplitz_dense_matrix, toeplitz_fft_matvec
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
@@ -77,12 +78,54 @@ class RelativeBias(Modulation):
         if path == "dense":
             scores = einsum(phi_q, phi_k, "b h i m, b h j m -> b h i j") * toeplitz_dense_matrix(weights, self.grid)
             return einsum(scores, v, "b h i j, b h j d -> b h i d") / scores.sum(dim=-1, keepdim=True)
-        v_one = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # b h n (d+1)
-        per_token = rearrange(einsum(phi_k, v_one, "b h n m, b h n e -> b h n m e"), "b h n m e -> b h n (m e)")
-        summed = toeplitz_fft_matvec(weights, per_token, self.grid)
-        summed = rearrange(summed, "b h n (m e) -> b h n m e", e=v_one.shape[-1])
-        out = einsum(phi_q, summed, "b h n m, b h n m e -> b h n e")
-        return out[..., :-1] / out[..., -1:]
+        return fft_linear_attention(phi_q, phi_k, v, weights, self.grid)
+
+
+LUO_FFT_CHUNK_BYTES = 256 * 2**20  # working set of one chunk of the FFT path (see fft_linear_attention)
+
+
+def fft_chunk_features(phi_q: Tensor, v: Tensor, grid: tuple[int, int], budget: int = LUO_FFT_CHUNK_BYTES) -> int:
+    """How many of the m features one FFT pass carries so that its padded, transformed channels
+    (b h m_chunk (d+1) on a P x Q grid, complex, float32 at least) stay within `budget` bytes."""
+    b, h, _, m = phi_q.shape
+    p, q = (fast_fft_size(2 * n - 1) for n in grid)
+    per_feature = b * h * (v.shape[-1] + 1) * p * q * 2 * max(phi_q.element_size(), 4) * 2  # spectrum + grid
+    return max(1, min(m, budget // max(1, per_feature)))
+
+
+def fft_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, weights: Tensor, grid: tuple[int, int],
+                         chunk: int | None = None) -> Tensor:
+    """Luo-modulated linear attention with block-Toeplitz FFT sums, numerator and normaliser in one pass
+    (v with a column of ones: F = m (d + 1) channels), in chunks of the m features.
+
+    out_i = sum_m phi(q_i)_m sum_j c_ij phi(k_j)_m [v_j, 1] is a sum over the features, so it splits
+    exactly into chunks of features; each chunk's channels are transformed, summed and contracted
+    before the next, so memory is bounded by the chunk (`fft_chunk_features`) and not by m (d + 1).
+    With gradients, each chunk is recomputed in the backward pass (activation checkpointing) rather
+    than kept: the saved activations are then bounded too. Chunked = unchunked up to the order of
+    the sum over features (tests/test_pe_relative_bias.py, float64).
+    """
+    chunk = chunk or fft_chunk_features(phi_q, v, grid)
+    v_one = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # b h n (d+1)
+    m = phi_q.shape[-1]
+    if chunk >= m:
+        out = _fft_chunk(phi_q, phi_k, v_one, weights, grid)
+    else:
+        recompute = torch.is_grad_enabled() and not torch._C._functorch.is_batchedtensor(phi_q)
+        out = None
+        for start in range(0, m, chunk):
+            part = (phi_q[..., start:start + chunk], phi_k[..., start:start + chunk], v_one, weights, grid)
+            piece = checkpoint(_fft_chunk, *part, use_reentrant=False) if recompute else _fft_chunk(*part)
+            out = piece if out is None else out + piece
+    return out[..., :-1] / out[..., -1:]
+
+
+def _fft_chunk(phi_q: Tensor, phi_k: Tensor, v_one: Tensor, weights: Tensor, grid: tuple[int, int]) -> Tensor:
+    """sum_m phi(q_i)_m sum_j c_ij phi(k_j)_m [v_j, 1] over this chunk's features: (b h n (d+1))."""
+    per_token = rearrange(einsum(phi_k, v_one, "b h n m, b h n e -> b h n m e"), "b h n m e -> b h n (m e)")
+    summed = toeplitz_fft_matvec(weights, per_token, grid)
+    summed = rearrange(summed, "b h n (m e) -> b h n m e", e=v_one.shape[-1])
+    return einsum(phi_q, summed, "b h n m, b h n m e -> b h n e")
 
 
 @register_pe("luo_rpe")
