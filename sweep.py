@@ -2,8 +2,9 @@
 
 The space is expanded and validated before anything runs (`--dry-run` shows the trial table).
 Results land in <results-dir>/<name>/{trials,epochs}.parquet; `--resume` continues a killed
-sweep. Exit code: 0 all trials ok, 1 some failed, 2 bad space or options (or the sweep folder is
-in use by another driver).
+sweep. `--deadline` starts only the trials predicted to end before it (rpevit/sweep/deadline.py) and
+prints the command that continues. Exit code: 0 all trials ok (or left for a later --resume by
+--deadline), 1 some failed, 2 bad space or options (or the sweep folder is in use by another driver).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from rpevit.config import ConfigError
+from rpevit.sweep.deadline import check_estimate, parse_deadline
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Resources, Space, check_name, load_space, parse_overrides
 
@@ -32,6 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the sweep in <results-dir>/<name>")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: rerun failed trials too")
     p.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    p.add_argument("--deadline", default=None, metavar="WHEN",
+                   help="start only trials predicted to end before WHEN; running ones finish, the rest wait for "
+                        "--resume: 2026-11-23T18:00 (ISO 8601; local time unless it has an offset like +01:00 or Z), "
+                        "18:00 (today, local time), or minutes from now: 90m, 90 (also 1.5h)")
+    p.add_argument("--deadline-estimate", type=float, default=None, metavar="SECONDS",
+                   help="with --deadline, while trials.parquet holds no finished trial of the task: seconds per "
+                        "epoch of one Tune trial (per trial without epochs); without it, one trial runs first "
+                        "and the rest is planned from its time")
     p.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS,
                    help=f"refuse spaces that expand to more trials (default {DEFAULT_MAX_TRIALS:,})")
     p.add_argument("--address", default=None, help="join a Ray cluster: auto | host:port (or set RAY_ADDRESS)")
@@ -108,6 +118,15 @@ def check_results_dir(results_dir: str, name: str) -> None:
                           f"allowed: {allowed}")
 
 
+def resume_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """The flags that decide which trials the space holds, repeated in the printed --resume command."""
+    flags = [*(f for item in args.overrides for f in ("--set", item)),
+             *(f for item in args.only for f in ("--only", item))]
+    if args.max_trials != DEFAULT_MAX_TRIALS:
+        flags += ["--max-trials", str(args.max_trials)]
+    return tuple(flags)
+
+
 def print_fields() -> None:
     """The config fields by section, one line each: what `python -m rpevit.cli --help` shows as flags."""
     from rpevit.config import field_help, section_fields
@@ -137,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.max_failures < 0:  # Tune would read a negative count as "retry forever"
             raise ConfigError(f"--max-failures has value {args.max_failures}; allowed: an integer >= 0 (retries per "
                               f"trial; 0 = none)")
+        deadline = parse_deadline(args.deadline) if args.deadline is not None else None  # minutes: from now
+        check_estimate(args.deadline_estimate, deadline)
         if args.name is not None:
             check_name(args.name, "--name")
         space = load_space(args.space, overrides=parse_overrides(args.overrides), max_trials=args.max_trials,
@@ -148,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         dropped = f" ({space.duplicates_dropped} duplicates dropped)" if space.duplicates_dropped else ""
         print(f"{len(space.trials)} trials{dropped} in sweep {space.name!r} from {args.space}")
         if args.dry_run:
+            if deadline is not None:
+                print(f"deadline {deadline.describe()}")
             return 0
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         with sweep_lock(sweep_dir(args.results_dir, space.name)):  # before Ray: a second driver stops at once
@@ -157,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                                 retry_failed=args.retry_failed, address=args.address,
                                 cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
                                 max_concurrent=args.max_concurrent, dashboard=args.dashboard,
-                                max_failures=args.max_failures, reuse=args.reuse)
+                                max_failures=args.max_failures, reuse=args.reuse, deadline=deadline,
+                                deadline_estimate=args.deadline_estimate, resume_flags=resume_flags(args))
             return run_sweep(space, opts)
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

@@ -70,7 +70,8 @@ class SweepOptions:
     max_failures: int = 1  # Tune retries per trial, each from the trial's last checkpoint
     progress_every_s: float = 30.0
     reuse: bool = True  # run trial after trial in warm workers (Tune reuse_actors); False: a process per trial
-    deadline: float | str | None = None  # start only what ends before it: Unix time or --deadline text (deadline.py)
+    deadline: "deadlines.Deadline | float | str | None" = None  # start only what ends before it (deadline.py): a
+    # Deadline, a Unix time or a --deadline text (parsed when the run starts)
     deadline_estimate: float | None = None  # seconds per epoch of one Tune trial when no row says (deadline.py)
     resume_flags: tuple[str, ...] = ()  # flags that select the space's trials (--set, --only), for the resume line
 
@@ -270,7 +271,7 @@ def run_before_deadline(space: Space, plan: SweepPlan, opts: SweepOptions, out_d
                             cpus=res.cpus_per_trial, gpus=res.gpus_per_trial, reserved_cpus=0.0)
         index = {key: i for i, key in enumerate(space.keys)}
         units = [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
-                                "fused" if spec.fused else "interleaved" if spec.timing else "single")
+                                "fused" if spec.fused else "interleaved" if len(spec.members) > 1 else "single")
                  for spec in specs]
         estimator = deadlines.Estimator.from_folder(out_dir, space.task, opts.deadline_estimate)
         decision = deadlines.plan_units(units, estimator, slots=_slots(bundle, res.max_concurrent, len(units)),
@@ -551,15 +552,19 @@ def _group_label(members: tuple[Member, ...]) -> str:
     return f"{shared or members[0].trial_key}, seeds {' '.join(str(m.cfg['seed']) for m in members)}"
 
 
-def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, started_after: float = 0.0
-              ) -> SweepOutcome:
+def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, started_after: float = 0.0,
+              opts: SweepOptions | None = None, deadline: DeadlineReport | None = None) -> SweepOutcome:
     """Print the result table of this space's trials, the throughput of this run (its trials: those
-    started after `started_after`, a Unix time) and where the files are."""
+    started after `started_after`, a Unix time), where the files are, and how to continue. With a
+    deadline, trials it left are not a failure (exit code 0 if nothing failed)."""
     table, _ = select_keys(load_trials(out_dir), space.keys)  # never rows of an older space
+    opts = opts or SweepOptions()
+    left = {space.keys[i] for i in deadline.left} if deadline is not None else set()
     if table.empty:
-        print(f"no trial finished; continue with: python sweep.py --space {space.source} --name {space.name} "
-              f"--resume")
-        return SweepOutcome(1, wall_s, slots=slots)
+        missing = set(space.keys)
+        print("no trial finished" + ("; " if deadline is None else ""), end="" if deadline is None else "\n")
+        _print_continue(space, opts, deadline, missing)
+        return SweepOutcome(0 if deadline is not None and missing <= left else 1, wall_s, slots=slots)
     labels = {k: space.label(i) for i, k in enumerate(space.keys)}
     metric = next((m for m in ("test_acc", "final_val_acc") if m in table.columns), None)
     judged = metric == "test_acc" and "test_acc_draw_mean" in table.columns
@@ -569,31 +574,53 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
         shown = f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else str(value)
         line = f"{labels.get(row.trial_key, row.trial_key)[:48]:<48} {row.status:<7} "
         print(line + (shown if row.status == OK else str(row.error)[:100]))
-    missing = len(set(space.keys) - set(table["trial_key"]))
+    not_run = set(space.keys) - set(table["trial_key"])
+    missing = len(not_run)
     failed = table[table["status"] == FAILED]
-    outcome = SweepOutcome(0 if (len(failed) == 0 and missing == 0) else 1, wall_s, slots=slots)
+    outcome = SweepOutcome(0 if (len(failed) == 0 and not_run <= left) else 1, wall_s, slots=slots)
     interleaved = space.exclusive and space.timing.interleave
     if wall_s > 0 and interleaved:  # members share one worker: their start-end spans overlap by design
         print(f"wall time {wall_s:.1f} s (interleaved timing: the variants ran in rounds in one worker, so there "
               f"is no per-trial overhead figure)")
     elif wall_s > 0 and "started_at" in table.columns:
         ran = table[(table["status"] == OK) & (unix_seconds(table["started_at"]) >= started_after)]
+        unit, note = "trials", ""
+        if space.fuse is not None:  # a group's members share one span: count it once
+            members = len(ran)
+            ran = ran.drop_duplicates(["started_at", "finished_at"])
+            unit, note = "fused groups", (f" ({members} trials; the members of a group share one start-end span, "
+                                          f"counted once)")
         outcome.trial_s = float(trial_seconds(ran).sum())
         outcome.trials_ran = len(ran)
         if len(ran):
             outcome.startup_s = float(unix_seconds(ran["started_at"]).min() - started_after)
-        print(f"wall time {wall_s:.1f} s; sum of in-trial times {outcome.trial_s:.1f} s over {len(ran)} trials; "
-              f"{slots} at a time: {outcome.overhead_s_per_trial:.2f} s per trial outside the trials "
-              f"((wall x {slots} - in-trial) / trials; {outcome.startup_s:.1f} s of it before the first trial started)")
+        print(f"wall time {wall_s:.1f} s; sum of in-trial times {outcome.trial_s:.1f} s over {len(ran)} {unit}{note}; "
+              f"{slots} at a time: {outcome.overhead_s_per_trial:.2f} s per {unit[:-1]} outside the {unit} "
+              f"((wall x {slots} - in-trial) / {unit}; {outcome.startup_s:.1f} s of it before the first started)")
     files = [str(out_dir / name) for name in (TRIALS_FILE, EPOCHS_FILE) if (out_dir / name).exists()]
     print(f"\n{int((table['status'] == OK).sum())} ok, {len(failed)} failed, {missing} not run; "
           f"results: {', '.join(files)}")
-    if missing:
-        print(f"continue with: python sweep.py --space {space.source} --name {space.name} --resume")
+    if missing or deadline is not None:
+        _print_continue(space, opts, deadline, not_run)
     if len(failed):
         print("failures:", file=sys.stderr)
         for row in failed.itertuples(index=False):
             print(f"  {labels.get(row.trial_key, row.trial_key)}: {row.error}", file=sys.stderr)
     return outcome
+
+
+def _print_continue(space: Space, opts: SweepOptions, deadline: DeadlineReport | None, not_run: set[str]) -> None:
+    """The deadline's one-line account (what ran, what was left, the estimate) and the command that continues."""
+    if deadline is not None:
+        print(f"deadline {deadline.deadline.describe()}: ran {len(deadline.ran)} trial(s), left {len(deadline.left)} "
+              f"that would not end before it; estimate: {deadline.estimate}")
+    if not not_run:
+        return
+    command = deadlines.resume_command(space.source, space.name, opts.results_dir, opts.data_dir, opts.resume_flags,
+                                       deadline=deadline is not None)
+    print(f"continue with: {command}")
+    if deadline is not None:
+        print(f"  ({deadlines.NEW_DEADLINE}: the next deadline, e.g. 90m or 2026-11-23T18:00, local time; leave "
+              f"--deadline out to run all {len(not_run)} left)")
 
 

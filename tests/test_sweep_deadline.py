@@ -1,0 +1,285 @@
+"""`sweep.py --deadline`: only trials predicted to end before it start, nothing is lost, `--resume`
+does the rest; the value's forms and refusals; estimates and the slot plan (rpevit/sweep/deadline.py).
+
+Real sweeps are tiny digits trials (seconds each) whose estimates come from fabricated rows or
+--deadline-estimate of minutes, so which trials fit is decided by the plan, never by this machine's
+speed.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import ray
+import yaml
+
+import sweep
+from rpevit import checkpoint
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.sweep import deadline as dl
+from rpevit.sweep.results import TRIALS_FILE, to_table, trials_schema, write_table_atomic
+from rpevit.sweep.runner import SweepOptions, execute_sweep, summarize
+from rpevit.sweep.space import expand_space
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 200, "epochs": 2,
+        "batch_size": 64, "eval_draws": 0}
+NOW = dt.datetime(2026, 11, 23, 12, 0).timestamp()  # local noon
+
+
+# ---- the value ----
+@pytest.mark.parametrize("text, minutes", [("90m", 90), ("90", 90), ("1.5h", 90), (" 45 min ", 45), ("0.5", 0.5)])
+def test_durations_are_minutes_from_now(text, minutes):
+    assert dl.parse_deadline(text, now=NOW).at == NOW + 60 * minutes
+
+
+def test_wall_clock_times_are_local_unless_they_carry_an_offset():
+    local_six = dt.datetime(2026, 11, 23, 18, 0).timestamp()
+    assert dl.parse_deadline("18:00", now=NOW).at == local_six  # HH:MM: today, local time
+    assert dl.parse_deadline("18:00:30", now=NOW).at == local_six + 30
+    assert dl.parse_deadline("2026-11-23T18:00", now=NOW).at == local_six
+    assert dl.parse_deadline("2026-11-24 02:00", now=NOW).at == dt.datetime(2026, 11, 24, 2).timestamp()
+    utc = dt.datetime(2026, 11, 23, 18, 0, tzinfo=dt.timezone.utc).timestamp()
+    assert dl.parse_deadline("2026-11-23T18:00Z", now=NOW).at == utc
+    assert dl.parse_deadline("2026-11-23T19:00+01:00", now=NOW).at == utc
+    assert "2026-11-23 18:00:00" in dl.parse_deadline("18:00", now=NOW).describe(now=NOW)
+
+
+@pytest.mark.parametrize("text, why", [
+    ("0", "not positive"), ("-5", "not positive"), ("0m", "not positive"), ("-1.5h", "not positive"),
+    ("11:00", "passed today"), ("2026-11-23T11:59", "has passed"), ("2020-01-01", "has passed"),
+    ("garbage", "neither a time nor a duration"), ("nan", "neither"), ("inf", "neither"), ("", "neither"),
+    ("25:00", "not a time of day"), ("12:60", "not a time of day"), ("600000m", "more than a year"),
+])
+def test_bad_values_are_refused_naming_the_flag_the_value_and_what_is_allowed(text, why):
+    with pytest.raises(ConfigError) as err:
+        dl.parse_deadline(text, now=NOW)
+    message = str(err.value)
+    assert message.startswith(f"--deadline has value {text!r}") and why in message
+    assert "allowed: a future wall-clock time, ISO 8601" in message and "(90m or 90)" in message
+    if why == "passed today":
+        assert "for tomorrow give the date: 2026-11-24T11:00" in message
+
+
+def test_the_command_line_refuses_before_ray_starts(tmp_path, capsys):
+    space = tmp_path / "s.yaml"
+    space.write_text(yaml.safe_dump({"name": "s", "fixed": TINY, "grid": {"pe": ["ape"]}}))
+    base = ["--space", str(space), "--results-dir", str(tmp_path / "results")]
+    ray.shutdown()
+    for flags, expected in [
+        (["--deadline", "yesterday"], "error: --deadline has value 'yesterday', which is neither"),
+        (["--deadline=-30m"], "error: --deadline has value '-30m', a duration that is not positive"),
+        (["--deadline", "2000-01-01T00:00"], "error: --deadline has value '2000-01-01T00:00', which has passed"),
+        (["--deadline", "90m", "--deadline-estimate", "0"], "error: --deadline-estimate has value 0.0; allowed"),
+        (["--deadline", "90m", "--deadline-estimate", "nan"], "error: --deadline-estimate has value nan; allowed"),
+        (["--deadline-estimate", "30"], "no --deadline is given; allowed: only with --deadline"),
+    ]:
+        assert sweep.main(base + flags) == 2
+        assert expected in capsys.readouterr().err
+    assert not ray.is_initialized() and not (tmp_path / "results").exists()  # stopped before the lock and Ray
+    assert sweep.main(base + ["--deadline", "90m", "--dry-run"]) == 0
+    assert "deadline 20" in capsys.readouterr().out
+
+
+def test_resume_command_repeats_what_selects_the_trials():
+    command = dl.resume_command("spaces/a b.yaml", "x", "out", "/data", ["--set", "lr=0.002", "--only", "pe=rope"],
+                                deadline=True)
+    assert shlex.split(command) == ["python", "sweep.py", "--space", "spaces/a b.yaml", "--name", "x", "--results-dir",
+                                    "out", "--data-dir", "/data", "--set", "lr=0.002", "--only", "pe=rope", "--resume",
+                                    "--deadline", dl.NEW_DEADLINE]
+    assert "--deadline" not in dl.resume_command("a.yaml", "x", "results", None)
+
+
+# ---- estimates ----
+def row(cfg: dict, seconds: float, *, epochs_done: int | None = None, resumed: int = 0, per_epoch: float = math.nan,
+        members: int = 1, key: str = "", start: float = 1.0e9, status: str = "ok") -> dict:
+    """A trials.parquet row of `cfg` that took `seconds`."""
+    full = TrialConfig.from_dict({**TrialConfig().to_dict(), **cfg}).to_dict()
+    return {**full, "trial_key": key or f"k{seconds}-{cfg.get('seed', 0)}-{start}", "status": status,
+            "started_at": dt.datetime.fromtimestamp(start, dt.timezone.utc),
+            "finished_at": dt.datetime.fromtimestamp(start + seconds, dt.timezone.utc),
+            "epochs_done": full["epochs"] if epochs_done is None else epochs_done, "resumed_from_epoch": resumed,
+            "train_s_per_epoch": per_epoch, "fused_members": members, "tune_trial_id": f"t{key}{start}"}
+
+
+def test_estimates_prefer_the_same_recipe_then_the_same_model_then_any_row():
+    rope = {**TINY, "pe": "rope", "epochs": 4}
+    rows = [row({**rope, "seed": 7}, 40.0), row({**rope, "seed": 8}, 60.0),  # same recipe: the slowest counts
+            row({**rope, "seed": 1, "lr": 0.01}, 400.0),  # same model, another lr
+            row({**TINY, "pe": "ape"}, 4000.0), row({**rope}, 9e9, status="failed")]
+    est = dl.Estimator(rows, "train", has_epochs=True)
+    assert est.trial({**rope, "seed": 3}, epochs=4) == dl.Estimate(60.0, "same recipe")
+    assert est.trial({**rope, "seed": 3}, epochs=8).seconds == 120.0  # twice the epochs: twice the time
+    assert est.trial({**rope, "lr": 0.05}, epochs=4) == dl.Estimate(400.0, "same model")
+    assert est.trial({**TINY, "pe": "none"}, epochs=2).source == "same task"
+    assert dl.Estimator([], "train", has_epochs=True).trial(rope, 4) is None
+    assert dl.Estimator([], "train", has_epochs=True, fallback_s=30.0).trial(rope, 4) == dl.Estimate(120.0,
+                                                                                                      dl.FALLBACK)
+
+
+def test_a_resumed_trial_needs_its_remaining_epochs_and_the_rows_fixed_cost_stays_whole():
+    rows = [row(TINY, 100.0, epochs_done=10, per_epoch=8.0)]  # 80 s of epochs + 20 s of loading and evaluation
+    est = dl.Estimator(rows, "train", has_epochs=True)
+    assert est.trial(TINY, epochs=1).seconds == pytest.approx(28.0)  # 20 s + 1 epoch, not 100 / 10
+    assert est.trial(TINY, epochs=20).seconds == pytest.approx(200.0)  # proportional is the larger reading
+    resumed = [row(TINY, 30.0, epochs_done=10, resumed=7)]  # a row that trained 3 epochs after a resume
+    assert dl.Estimator(resumed, "train", has_epochs=True).trial(TINY, epochs=10).seconds == pytest.approx(100.0)
+
+
+def test_checkpoint_epochs_are_read_safely_and_only_from_the_trials_own_checkpoint(tmp_path):
+    cfg = TrialConfig.from_dict({**TINY, "epochs": 5})
+    good = tmp_path / "good"
+    checkpoint.save(good / checkpoint.CHECKPOINT_NAME,
+                    {"model": {}, "optimizer": {}, "scheduler": {}, "rng": {}, "history": [], "epoch": 3,
+                     "fingerprint": checkpoint.fingerprint(cfg)})
+    assert dl.epochs_done(good, cfg.to_dict()) == 3
+    assert dl.epochs_done(good, {**cfg.to_dict(), "seed": 9}) == 0  # another run's checkpoint: plan it whole
+    assert dl.epochs_done(tmp_path / "none", cfg.to_dict()) == 0
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / checkpoint.CHECKPOINT_NAME).write_bytes(b"\x80\x04not a checkpoint")
+    assert dl.epochs_done(tmp_path / "junk", cfg.to_dict()) == 0
+
+
+def test_a_fused_group_takes_one_members_time_scaled_to_its_size(tmp_path):
+    cfgs = [{**TINY, "seed": s} for s in range(4)]
+    est = dl.Estimator([row({**TINY, "seed": 9}, 100.0, members=2)], "train", has_epochs=True)
+    group = lambda n: dl.Unit(tuple((f"k{i}", cfgs[i]) for i in range(n)), "fused")  # noqa: E731
+    assert dl.unit_estimate(group(2), est, tmp_path).seconds == 100.0  # they run together
+    assert dl.unit_estimate(group(1), est, tmp_path).seconds == 100.0
+    assert dl.unit_estimate(group(4), est, tmp_path).seconds == 200.0  # twice the members of the row's group
+    checkpoint.save(tmp_path / "k0" / checkpoint.CHECKPOINT_NAME,  # member 0 is 1 epoch in: a sub-group of its own
+                    {"model": {}, "optimizer": {}, "scheduler": {}, "rng": {}, "history": [], "epoch": 1,
+                     "fingerprint": checkpoint.fingerprint(TrialConfig.from_dict(cfgs[0]))})
+    assert dl.unit_estimate(group(2), est, tmp_path).seconds == pytest.approx(150.0)  # 1 epoch, then 2, in turn
+
+
+def test_the_plan_admits_in_order_what_ends_before_the_deadline_on_its_slots(tmp_path):
+    cfgs = [{**TINY, "seed": s, "epochs": e} for s, e in enumerate([2, 2, 20, 2, 2, 2])]
+    est = dl.Estimator([row({**TINY, "seed": 99}, 100.0)], "train", has_epochs=True)  # 50 s per epoch
+    units = [dl.Unit(((f"k{i}", c),)) for i, c in enumerate(cfgs)]
+    each = dl.PER_TRIAL_S + 100.0
+    deadline = dl.Deadline(NOW + dl.STARTUP_S + 2 * each + 1)
+    plan = dl.plan_units(units, est, slots=2, now=NOW, deadline=deadline, checkpoint_root=tmp_path)
+    assert plan.admitted == [0, 1, 3, 4] and plan.left == [2, 5]  # the 1000 s trial is left, later short ones fit
+    assert plan.finish_at == NOW + dl.STARTUP_S + 2 * each
+    one_slot = dl.plan_units(units, est, slots=1, now=NOW, deadline=deadline, checkpoint_root=tmp_path)
+    assert one_slot.admitted == [0, 1]
+    unknown = dl.plan_units(units, dl.Estimator([], "train", has_epochs=True), slots=2, now=NOW, deadline=deadline,
+                            checkpoint_root=tmp_path)
+    assert unknown.probe and unknown.admitted == [0] and unknown.left == [1, 2, 3, 4, 5]
+    assert "probe" in unknown.estimate_text()
+    again = dl.plan_units(units, dl.Estimator([], "train", has_epochs=True), slots=2, now=NOW, deadline=deadline,
+                          checkpoint_root=tmp_path, probe=False)
+    assert again.admitted == [] and not again.probe
+
+
+def test_a_fused_summary_counts_each_group_once(tmp_path, capsys):
+    space = expand_space({"name": "fz", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1, 2],
+                          "fuse": "seeds"}, source="fz.yaml")
+    rows = [row(cfg, 10.0 if cfg["pe"] == "ape" else 20.0, key=key, members=3, start=1.0e9 + (cfg["pe"] == "rope"))
+            for cfg, key in zip(space.trials, space.keys)]
+    (tmp_path / "fz").mkdir()
+    write_table_atomic(to_table(rows, trials_schema("train")), tmp_path / "fz" / TRIALS_FILE)
+    outcome = summarize(tmp_path / "fz", space, wall_s=40.0, slots=1, started_after=1.0e9 - 1)
+    out = capsys.readouterr().out
+    assert outcome.trial_s == 30.0 and outcome.trials_ran == 2  # 10 s + 20 s, not 3 x (10 + 20)
+    assert "sum of in-trial times 30.0 s over 2 fused groups (6 trials; the members of a group share" in out
+    assert "5.00 s per fused group outside" in out
+
+
+# ---- real sweeps ----
+@pytest.fixture
+def local_ray():
+    ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_path, local_ray, capsys):
+    space = expand_space({"name": "dl", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]},
+                         source="dl.yaml")
+    # measured rows of the same recipes (seed 100: not in this space, set aside, still measurements): 100 s each
+    (tmp_path / "dl").mkdir()
+    old = [row({**TINY, "pe": pe, "seed": 100}, 100.0, key=f"old-{pe}") for pe in ("ape", "rope")]
+    write_table_atomic(to_table(old, trials_schema("train")), tmp_path / "dl" / TRIALS_FILE)
+    each = dl.PER_TRIAL_S + 100.0
+    deadline = time.time() + dl.STARTUP_S + 2 * each + 30  # one slot: two fit, the third would end 75 s late
+    opts = SweepOptions(results_dir=tmp_path, dashboard=False, resume=True, max_concurrent=1, deadline=deadline,
+                        progress_every_s=1e9)
+    outcome = execute_sweep(space, opts)
+    out = capsys.readouterr().out
+    assert outcome.exit_code == 0, out[-3000:]
+    trials = pd.read_parquet(tmp_path / "dl" / TRIALS_FILE)
+    ran = trials[trials["trial_key"].isin(space.keys)]
+    assert list(ran["trial_key"]) == space.keys[:2] and set(ran["status"]) == {"ok"}  # in space order
+    epochs = pd.read_parquet(tmp_path / "dl" / "epochs.parquet")
+    assert sorted(epochs["trial_key"]) == sorted(space.keys[:2] * 2)  # every epoch of what ran
+    for key in space.keys[2:]:  # never started: no folder, no checkpoint
+        assert not (tmp_path / "dl" / "trials" / key).exists()
+    assert "deadline plan: starting 2 of 4 Tune trial(s) (2 trial(s))" in out
+    assert "ran 2 trial(s), left 2 that would not end before it; estimate: 1 min 40 s per Tune trial" in out
+    assert "same recipe 2" in out
+    command = next(ln for ln in out.splitlines() if ln.startswith("continue with: ")).removeprefix("continue with: ")
+    assert shlex.split(command) == ["python", "sweep.py", "--space", "dl.yaml", "--name", "dl", "--results-dir",
+                                    str(tmp_path), "--resume", "--deadline", dl.NEW_DEADLINE]
+
+    # the resume that completes the rest: test_the_command_line_prints_the_resume_command_that_finishes_the_sweep
+
+
+def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp_path, local_ray, capsys):
+    space = expand_space({"name": "probe", "fixed": TINY, "grid": {"pe": ["ape", "rope", "none"]}},
+                         source="probe.yaml")
+    outcome = execute_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False, deadline="30m",
+                                                progress_every_s=1e9))
+    out = capsys.readouterr().out
+    assert outcome.exit_code == 0, out[-3000:]
+    assert "starting 1 of 3 Tune trial(s) (1 trial(s))" in out and "estimate: nothing known yet" in out
+    assert "starting 2 of 2 Tune trial(s) (2 trial(s))" in out and "from rows of: same task 2" in out
+    trials = pd.read_parquet(tmp_path / "probe" / TRIALS_FILE).set_index("trial_key")
+    assert set(trials["status"]) == {"ok"} and len(trials) == 3
+    probe = trials.loc[space.keys[0]]
+    assert (trials.loc[space.keys[1:], "started_at"] > probe["finished_at"]).all()  # it ran alone, first
+
+
+def test_the_command_line_prints_the_resume_command_that_finishes_the_sweep(tmp_path):
+    space = {"name": "dlcli", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]}
+    path = tmp_path / "dlcli.yaml"
+    path.write_text(yaml.safe_dump(space))
+    results = tmp_path / "out dir"
+    # no rows yet: 100 s per epoch from --deadline-estimate; one at a time, two of the 205 s trials fit in 9.5 min
+    first = subprocess.run([sys.executable, "sweep.py", "--space", str(path), "--name", "mine", "--results-dir",
+                            str(results), "--set", "lr=0.002", "--no-dashboard", "--max-concurrent", "1",
+                            "--deadline", "9.5m", "--deadline-estimate", "100"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    assert "ran 2 trial(s), left 2 that would not end before it" in first.stdout
+    assert "from rows of: --deadline-estimate 2" in first.stdout
+    line = next(ln for ln in first.stdout.splitlines() if ln.startswith("continue with: "))
+    argv = shlex.split(line.removeprefix("continue with: "))
+    assert argv == ["python", "sweep.py", "--space", str(path), "--name", "mine", "--results-dir", str(results),
+                    "--set", "lr=0.002", "--resume", "--deadline", dl.NEW_DEADLINE]
+    first_rows = tmp_path / "first.parquet"
+    shutil.copy(results / "mine" / TRIALS_FILE, first_rows)
+    assert len(pd.read_parquet(first_rows)) == 2
+    argv = [sys.executable, *argv[1:-1], "30m", "--no-dashboard"]
+    again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert "set aside" not in again.stdout and "2 already done, 2 to run" in again.stdout
+    assert "continue with" not in again.stdout and "ran 2 trial(s), left 0" in again.stdout
+    trials = pd.read_parquet(results / "mine" / TRIALS_FILE)
+    assert len(trials) == 4 and trials["trial_key"].is_unique and set(trials["status"]) == {"ok"}
+    assert set(trials["lr"]) == {0.002}  # the same trials: --set was repeated
+    before = pd.read_parquet(first_rows)
+    kept = trials.set_index("trial_key").loc[before["trial_key"], "started_at"]
+    assert (kept.to_numpy() == before["started_at"].to_numpy()).all()  # what ran first was not rerun
+    epochs = pd.read_parquet(results / "mine" / "epochs.parquet")
+    assert len(epochs) == 4 * 2 and not epochs.duplicated(["trial_key", "epoch"]).any()
