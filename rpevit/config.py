@@ -162,8 +162,9 @@ class TrialConfig:
     data_dir: str = _field("", "data", "folder with <dataset>.npz ('': $RPEVIT_DATA, else ./data)")
     train_subset: int = _field(0, "data", "use only this many training images", ge=0, note="0 = all")
     val_fraction: float = _field(0.1, "data", "seeded hold-out of the training set for validation", ge=0, lt=1)
-    augment: str = _field("auto", "data", "training augmentation (auto: the dataset's default)",
-                          choices=("auto", "none", "crop", "crop_flip"))
+    augment: str = _field("auto", "data", "training augmentation (auto: the dataset's default; rotate: a uniform "
+                          "random angle per image, rotation only, rpevit.data.random_rotate)",
+                          choices=("auto", "none", "crop", "crop_flip", "rotate"))
 
     # runtime
     seed: int = _field(0, "runtime", "seeds weights, data order, augmentation and random features",
@@ -174,6 +175,9 @@ class TrialConfig:
     eval_batch_size: int = _field(1024, "runtime", "batch size of evaluation passes", gt=0)
     eval_draws: int = _field(8, "runtime", "fresh random-feature draws of the draw-aware test evaluation",
                              ge=0, note="0 = no draw-aware evaluation")
+    eval_rotations: str = _field("none", "runtime", "test-time rotations of the summary row (standard: the test set "
+                                 "rotated by 0, 90, 180, 270 degrees and by a fixed random angle per image; "
+                                 "rpevit.evaluation.rotation_accuracy)", choices=("none", "standard"))
     dtype: str = _field("float32", "runtime", "dtype of parameters and activations (float64: the exactness "
                             "checks of fused and compiled steps; amp autocasts on top)", choices=("float32", "float64"))
     compile: str = _field("off", "runtime", "torch.compile the training step's forward + loss (fullgraph): on = "

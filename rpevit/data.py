@@ -361,6 +361,63 @@ def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4, fl
     ]
 
 
+def rotate_images(x: Tensor, degrees: Tensor) -> Tensor:
+    """Each image of x (N, C, H, W) rotated about its centre by its angle in `degrees` (N,),
+    counter-clockwise as displayed (row 0 at the top; 90 degrees is torch.rot90(x, 1, (-2, -1))),
+    bilinear, with zero fill where the rotated image leaves the frame. uint8 in, uint8 out (rounded);
+    a float x comes back in its own dtype, unrounded.
+
+    Why on the uint8 pixels, before `Splits.normalize`: zero is the black background there (MNIST's
+    digits sit on 0), so the corners the rotation uncovers are background; filled after
+    normalisation, zero would be the training mean (a grey frame no test image has). The round trip
+    through float costs at most half a grey level per pixel and keeps the step's inputs what every
+    other path hands it (uint8, normalised inside the forward). affine_grid with
+    align_corners=False puts pixel centres at the same places before and after a multiple of 90
+    degrees, so those angles reproduce rot90 up to float rounding (tests/test_data.py).
+    """
+    if x.ndim != 4 or degrees.shape != (x.shape[0],):
+        raise ValueError(f"rotate_images wants x (N, C, H, W) and degrees (N,), got {tuple(x.shape)} and "
+                         f"{tuple(degrees.shape)}")
+    n, _, h, w = x.shape
+    dtype = x.dtype if x.is_floating_point() else torch.float32
+    theta = torch.deg2rad(degrees.to(device=x.device, dtype=torch.float64))
+    cos, sin = torch.cos(theta), torch.sin(theta)
+    # output pixel p samples the input at R^-1 p, R the counter-clockwise rotation in (x right, y down)
+    # coordinates; h / w and w / h keep it a rotation in pixels on a non-square image
+    affine = torch.zeros(n, 2, 3, dtype=torch.float64, device=x.device)
+    affine[:, 0, 0], affine[:, 0, 1] = cos, -sin * h / w
+    affine[:, 1, 0], affine[:, 1, 1] = sin * w / h, cos
+    grid = torch.nn.functional.affine_grid(affine.to(dtype), [n, x.shape[1], h, w], align_corners=False)
+    out = torch.nn.functional.grid_sample(x.to(dtype), grid, mode="bilinear", padding_mode="zeros",
+                                          align_corners=False)
+    if x.is_floating_point():
+        return out
+    info = torch.iinfo(x.dtype)
+    return out.round_().clamp_(info.min, info.max).to(x.dtype)
+
+
+def random_rotate(x: Tensor, generator: torch.Generator) -> Tensor:
+    """`augment: rotate`: each image rotated by its own uniform angle in [0, 360) degrees, drawn from
+    `generator` on x's device (the trial's data generator: a run is reproducible, like
+    random_crop_flip). Rotation only: no crop, no flip (a flip is not a rotation)."""
+    degrees = 360.0 * torch.rand(x.shape[0], generator=generator, device=x.device)
+    return rotate_images(x, degrees)
+
+
+AUGMENTATIONS = ("none", "crop", "crop_flip", "rotate")  # what `augment` resolves to (besides "auto")
+
+
+def augment_images(x: Tensor, generator: torch.Generator, augment: str, crop_padding: int) -> Tensor:
+    """One training batch under the resolved augmentation (AUGMENTATIONS), drawn from `generator`."""
+    if augment == "none":
+        return x
+    if augment == "rotate":
+        return random_rotate(x, generator)
+    if augment in ("crop", "crop_flip"):
+        return random_crop_flip(x, generator, crop_padding, augment == "crop_flip")
+    raise ValueError(f"field 'augment' has value {augment!r}; allowed: auto, {', '.join(AUGMENTATIONS)}")
+
+
 def batch_indices(n: int, batch_size: int, generator: torch.Generator | None = None):
     """Index tensors of consecutive batches; shuffled with `generator` when given."""
     device = generator.device if generator is not None else "cpu"

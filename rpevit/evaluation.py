@@ -11,6 +11,9 @@ measurements tell these cases apart (docs/random_features.md):
 - softmax swap: the same weights with exact softmax attention (same encodings, same qk norm);
 - attention fidelity: total-variation distance between the backend's attention rows and the
   exact softmax rows on the same q, k and modulation.
+
+Beside them, `rotation_accuracy` (config `eval_rotations: standard`): test accuracy with the test
+images rotated, for the question of what a rotation-invariant RPE buys where rotation matters.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from torch import Tensor, nn
 
 from rpevit.attention.base import softmax_attention_matrix, total_variation
 from rpevit.config import TrialConfig
+from rpevit.data import rotate_images
 from rpevit.models.factory import build_attention
 
 EVAL_DRAW_SALT = 1  # fresh draws never coincide with the training draws (salt 0)
@@ -32,6 +36,10 @@ FIDELITY_IMAGES = 128  # the fixed test batch of the fidelity metric (its first 
 FIDELITY_MAX_TOKENS = 256  # dense N x N rows per layer and head: only for small N
 
 Predict = Callable[[nn.Module], Tensor]  # model -> float32 logits of the test set
+PredictImages = Callable[[nn.Module, Tensor], Tensor]  # (model, uint8 images) -> float32 logits
+ROTATION_EVAL_SEED = 20240528  # the random test angles: one fixed draw, the same for every trial
+QUARTER_TURNS = (0, 90, 180, 270)  # exact test rotations (torch.rot90), degrees counter-clockwise
+ROTATIONS = (*(str(d) for d in QUARTER_TURNS), "random")  # the test rotations, as the analysis names them
 
 
 def random_feature_layers(model: nn.Module) -> list[nn.Module]:
@@ -141,3 +149,54 @@ def fidelity_row(model: nn.Module, images: Tensor) -> dict[str, object]:
     finite = [v for v in per_layer if math.isfinite(v)]
     return {"attn_tv_to_softmax": float(np.mean(finite)) if finite else math.nan,
             "attn_tv_per_layer": per_layer}
+
+
+def rotation_keys() -> tuple[str, ...]:
+    """The summary-row keys of rotation_accuracy: test_acc_rot{0,90,180,270,_random} and each one's
+    `_draw_mean` (judged accuracy of a random-feature model: mean over fresh draws)."""
+    names = [f"test_acc_rot{r}" if r != "random" else "test_acc_rot_random" for r in ROTATIONS]
+    return (*names, *(f"{name}_draw_mean" for name in names))
+
+
+def random_test_angles(n: int) -> Tensor:
+    """n angles in degrees, uniform in [0, 360), from ROTATION_EVAL_SEED on the CPU: test image i
+    gets the same angle in every trial, on every device."""
+    return 360.0 * torch.rand(n, generator=torch.Generator().manual_seed(ROTATION_EVAL_SEED), dtype=torch.float64)
+
+
+def rotated_test_sets(images: Tensor) -> dict[str, Tensor]:
+    """Rotation name (ROTATIONS) -> the images rotated: 0/90/180/270 exactly (torch.rot90 over H, W,
+    counter-clockwise as displayed), `random` by random_test_angles (bilinear, zero fill:
+    rpevit.data.rotate_images)."""
+    sets = {str(d): torch.rot90(images, d // 90, dims=(-2, -1)) for d in QUARTER_TURNS}
+    sets["random"] = rotate_images(images, random_test_angles(len(images)))
+    return sets
+
+
+def rotation_accuracy(model: nn.Module, predict: PredictImages, images: Tensor, labels: Tensor, draws: int,
+                      mode: str = "standard", *, upright: tuple[float, float] | None = None) -> dict[str, float]:
+    """Test accuracy with the test images rotated (rotated_test_sets): `test_acc_rot<r>` with the
+    model's own weights and draw, and `test_acc_rot<r>_draw_mean`, its mean over `draws` fresh
+    random-feature draws (draw_aware_accuracy, the same draws for every rotation; NaN without random
+    features or with draws = 0). Every key NaN when mode is "none": rows keep the same columns.
+    Only the labels' images are rotated, never the labels (a rotated 6 stays a 6, even as a 9).
+
+    `upright`: (test_acc, test_acc_draw_mean) the caller already measured on these images and labels;
+    rotation 0 (rot90 by 0 is the identity) then takes them instead of 1 + draws more passes.
+    """
+    keys = rotation_keys()
+    if mode == "none":
+        return dict.fromkeys(keys, math.nan)
+    if mode != "standard":
+        raise ValueError(f"field 'eval_rotations' has value {mode!r}; allowed: none, standard")
+    out: dict[str, float] = {}
+    for name, rotated in rotated_test_sets(images).items():
+        key = f"test_acc_rot{name}" if name != "random" else "test_acc_rot_random"
+        if name == "0" and upright is not None:
+            out[key], out[f"{key}_draw_mean"] = upright
+            continue
+        logits = predict(model, rotated)
+        out[key] = (logits.argmax(-1) == labels).double().mean().item()
+        out[f"{key}_draw_mean"] = draw_aware_accuracy(
+            model, lambda m, x=rotated: predict(m, x), labels, draws)["test_acc_draw_mean"]
+    return {key: out[key] for key in keys}

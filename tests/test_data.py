@@ -243,3 +243,83 @@ def test_a_failed_download_removes_what_it_created(tmp_path, monkeypatch) -> Non
         load_arrays("cifar10", tmp_path / "old")
     assert kept.exists() and sorted(p.name for p in (tmp_path / "old").rglob("*")) == [
         "MNIST", "earlier.gz", "raw", "torchvision"]
+
+
+# ---- issue 28, item 5: `augment: rotate` (rpevit.data.rotate_images / random_rotate)
+def _bilinear_rotation_by_hand(img: torch.Tensor, degrees: float) -> torch.Tensor:
+    """The definition, one output pixel at a time: the pixel centre (x right, y down, about the image
+    centre) is sent back by the inverse of the counter-clockwise rotation and the source is read
+    bilinearly, neighbours outside the image counting as 0."""
+    h, w = img.shape
+    a = np.deg2rad(degrees)
+    c, s = np.cos(a), np.sin(a)
+    out = torch.zeros(h, w, dtype=torch.float64)
+    for i in range(h):
+        for j in range(w):
+            xo, yo = j - (w - 1) / 2, i - (h - 1) / 2
+            xs, ys = c * xo - s * yo + (w - 1) / 2, s * xo + c * yo + (h - 1) / 2
+            x0, y0 = int(np.floor(xs)), int(np.floor(ys))
+            total = 0.0
+            for yy, wy in ((y0, 1 - (ys - y0)), (y0 + 1, ys - y0)):
+                for xx, wx in ((x0, 1 - (xs - x0)), (x0 + 1, xs - x0)):
+                    if 0 <= yy < h and 0 <= xx < w:
+                        total += wy * wx * float(img[yy, xx])
+            out[i, j] = total
+    return out
+
+
+def test_rotation_at_quarter_turns_is_rot90_exactly() -> None:
+    from rpevit.data import rotate_images
+
+    x = torch.randint(0, 256, (6, 3, 9, 9), dtype=torch.uint8)
+    for k in range(4):
+        out = rotate_images(x, torch.full((6,), 90.0 * k))
+        assert out.dtype == torch.uint8 and torch.equal(out, torch.rot90(x, k, dims=(-2, -1))), k
+    wide = torch.randint(0, 256, (2, 1, 4, 6), dtype=torch.uint8)
+    assert torch.equal(rotate_images(wide, torch.full((2,), 180.0)), torch.rot90(wide, 2, dims=(-2, -1)))
+
+
+def test_rotation_at_any_angle_is_bilinear_with_zero_fill_by_hand() -> None:
+    from rpevit.data import rotate_images
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(3, 1, 7, 7, generator=g, dtype=torch.float64) * 255
+    angles = torch.tensor([30.0, 137.5, 301.0])
+    out = rotate_images(x, angles)
+    assert out.dtype == torch.float64
+    for n in range(3):
+        torch.testing.assert_close(out[n, 0], _bilinear_rotation_by_hand(x[n, 0], float(angles[n])))
+    as_uint8 = rotate_images(x.round().to(torch.uint8), angles)  # uint8: the same, rounded
+    expected = torch.stack([_bilinear_rotation_by_hand(x.round()[n, 0], float(angles[n])) for n in range(3)])
+    assert (as_uint8[:, 0].double() - expected).abs().max() <= 0.5 + 1e-6
+
+
+def test_random_rotation_is_seeded_uniform_and_dispatched_by_augment() -> None:
+    from rpevit.data import augment_images, random_crop_flip, random_rotate, rotate_images
+
+    x = torch.randint(0, 256, (64, 1, 28, 28), dtype=torch.uint8)
+    out = [random_rotate(x, torch.Generator().manual_seed(s)) for s in (0, 0, 1)]
+    assert out[0].shape == x.shape and out[0].dtype == torch.uint8
+    assert torch.equal(out[0], out[1]) and not torch.equal(out[0], out[2])
+    # the angles are 360 x the generator's next uniform draws: the same images come out
+    angles = 360.0 * torch.rand(64, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(out[0], rotate_images(x, angles)) and 0 <= angles.min() and angles.max() < 360
+    assert torch.equal(augment_images(x, torch.Generator().manual_seed(0), "rotate", 2), out[0])
+    assert torch.equal(augment_images(x, torch.Generator().manual_seed(0), "crop", 2),
+                       random_crop_flip(x, torch.Generator().manual_seed(0), 2, False))
+    assert augment_images(x, torch.Generator(), "none", 2) is x
+    with pytest.raises(ValueError, match="augment"):
+        augment_images(x, torch.Generator(), "auto", 2)
+
+
+def test_a_rotate_run_is_reproducible_and_differs_from_upright(tiny) -> None:
+    from rpevit.config import TrialConfig
+    from rpevit.tasks.train import train_and_evaluate
+
+    def run(augment: str) -> dict:
+        cfg = TrialConfig.from_dict({**tiny, "dataset": "digits", "epochs": 1, "augment": augment, "eval_draws": 0})
+        return train_and_evaluate(cfg, log=None)
+
+    first, second, upright = run("rotate"), run("rotate"), run("none")
+    assert first["final_val_acc"] == second["final_val_acc"] and first["test_acc"] == second["test_acc"]
+    assert first["log_likelihood"] != upright["log_likelihood"]

@@ -176,3 +176,81 @@ def test_train_rows_carry_draw_aware_keys_seeded():
     soft = small_run(attention="softmax", pe="rope")
     assert all(math.isnan(soft[key]) for key in (*DRAW_KEYS, "test_acc_softmax_swap"))
     assert soft["attn_tv_to_softmax"] == 0.0
+
+
+# ---- issue 28, item 5: test-time rotations (rotation_accuracy, `eval_rotations: standard`)
+ROT_KEYS = ("test_acc_rot0", "test_acc_rot90", "test_acc_rot180", "test_acc_rot270", "test_acc_rot_random")
+
+
+def test_rotation_accuracy_by_hand_with_a_quadrant_reader():
+    """A 'model' that names the quadrant of the one bright pixel (0 top-left, 1 top-right, 2 bottom-left,
+    3 bottom-right): what a rot90 does to each image, and so each accuracy, is known by hand."""
+    from rpevit.evaluation import rotation_accuracy
+
+    def marked(i: int, j: int) -> torch.Tensor:
+        img = torch.zeros(1, 6, 6, dtype=torch.uint8)
+        img[0, i, j] = 255
+        return img
+
+    images = torch.stack([marked(0, 0), marked(0, 0), marked(0, 5), marked(5, 5), marked(1, 1)])
+    labels = torch.tensor([0, 2, 0, 0, 3])
+
+    def predict(_model, x):
+        flat = x[:, 0].flatten(1).float().argmax(-1)
+        row, col = flat // 6, flat % 6
+        return torch.nn.functional.one_hot(2 * (row >= 3).long() + (col >= 3).long(), 4).float()
+
+    # counter-clockwise quarter turns as displayed: top-left -> bottom-left -> bottom-right -> top-right
+    # quadrants after k turns: image 0/1 (TL): 0, 2, 3, 1; image 2 (TR): 1, 0, 2, 3; image 3 (BR): 3, 1, 0, 2;
+    # image 4 (TL): 0, 2, 3, 1. Correct: k=0 images 0 (0); k=1 image 1 (2), image 2 (0); k=2 image 3 (0),
+    # image 4 (3); k=3 none.
+    got = rotation_accuracy(torch.nn.Identity(), predict, images, labels, draws=4)
+    assert [got[k] for k in ROT_KEYS[:4]] == pytest.approx([1 / 5, 2 / 5, 2 / 5, 0.0])
+    assert all(math.isnan(got[f"{k}_draw_mean"]) for k in ROT_KEYS)  # no random features
+    assert 0.0 <= got["test_acc_rot_random"] <= 1.0
+    reused = rotation_accuracy(torch.nn.Identity(), predict, images, labels, draws=4, upright=(0.5, 0.25))
+    assert (reused["test_acc_rot0"], reused["test_acc_rot0_draw_mean"]) == (0.5, 0.25)  # taken, not measured
+    assert {k: v for k, v in reused.items() if "rot0" not in k and "draw_mean" not in k} == \
+        {k: v for k, v in got.items() if "rot0" not in k and "draw_mean" not in k}
+    off = rotation_accuracy(torch.nn.Identity(), predict, images, labels, draws=4, mode="none")
+    assert set(off) == set(got) and all(math.isnan(v) for v in off.values())
+
+
+def test_random_test_angles_are_fixed_and_the_draw_mean_is_over_fresh_draws():
+    from rpevit.data import rotate_images
+    from rpevit.evaluation import random_test_angles, rotated_test_sets, rotation_accuracy
+
+    angles = random_test_angles(50)
+    assert torch.equal(angles, random_test_angles(50)) and 0 <= angles.min() and angles.max() < 360
+    assert torch.equal(random_test_angles(60)[:50], angles)  # image i's angle does not depend on the set size
+    images = torch.randint(0, 256, (32, 1, 8, 8), dtype=torch.uint8)
+    labels = torch.randint(0, 10, (32,))
+    sets = rotated_test_sets(images)
+    assert list(sets) == ["0", "90", "180", "270", "random"]
+    assert torch.equal(sets["90"], torch.rot90(images, 1, dims=(-2, -1)))
+    assert torch.equal(sets["random"], rotate_images(images, random_test_angles(32)))
+
+    model = build_model(cfg(attention="favor"), 1, 10)
+
+    @torch.no_grad()
+    def predict(m, x):
+        m.eval()
+        return m((x.float() / 255 - 0.5) / 0.3)
+
+    got = rotation_accuracy(model, predict, images, labels, draws=3)
+    for name, key in zip(sets, ROT_KEYS):
+        own = (predict(model, sets[name]).argmax(-1) == labels).double().mean().item()
+        fresh = []
+        for draw in (1, 2, 3):
+            with fresh_draw(model, draw):
+                fresh.append((predict(model, sets[name]).argmax(-1) == labels).double().mean().item())
+        assert got[key] == pytest.approx(own) and got[f"{key}_draw_mean"] == pytest.approx(sum(fresh) / 3), key
+
+
+def test_train_rows_carry_rotation_keys_only_when_asked():
+    favor = small_run(attention="favor", pe="rotinv", eval_rotations="standard")
+    assert favor["test_acc_rot0"] == favor["test_acc"]
+    assert favor["test_acc_rot0_draw_mean"] == pytest.approx(favor["test_acc_draw_mean"])
+    assert all(math.isfinite(favor[k]) and math.isfinite(favor[f"{k}_draw_mean"]) for k in ROT_KEYS)
+    plain = small_run(attention="softmax", pe="ape")
+    assert all(math.isnan(plain[k]) and math.isnan(plain[f"{k}_draw_mean"]) for k in ROT_KEYS)

@@ -18,9 +18,9 @@ from torch import Tensor, nn
 from rpevit import checkpoint, metrics
 from rpevit.attention.kernelized import advance_random_features, set_training_length
 from rpevit.config import TrialConfig
-from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
+from rpevit.data import Splits, augment_images, batch_indices, load_splits
 from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, random_feature_layers,
-                               softmax_swap_accuracy)
+                               rotation_accuracy, rotation_keys, softmax_swap_accuracy)
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
@@ -107,7 +107,7 @@ METRICS = TaskMetrics(
            "attn_tv_per_layer": list[float], "aic": float, "bic": float, "params": int, "flops": int,
            "flops_unsupported": str, "train_s_per_epoch": float, "images_per_s": float,
            "infer_ms_per_sample": float, "peak_mem_mb": float, "peak_mem_kind": str, "n_train": int, "n_test": int,
-           "fused_members": int},
+           "fused_members": int, **dict.fromkeys(rotation_keys(), float)},
     epoch={"train_loss": float, "train_acc": float, "val_loss": float, "val_acc": float, "lr": float,
            "epoch_s": float, "attn_tv_to_softmax": float, "attn_tv_per_layer": list[float]},
 )
@@ -181,8 +181,7 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
             correct = torch.zeros((), device=device, dtype=torch.long)
             for idx in batch_indices(n_train, batch_size, generator):
                 images = data.x_train[idx]
-                if augment != "none":
-                    images = random_crop_flip(images, generator, data.spec.crop_padding, augment == "crop_flip")
+                images = augment_images(images, generator, augment, data.spec.crop_padding)
                 labels = data.y_train[idx]
                 advance_random_features(model)  # redraws where due, outside the (compilable) forward
                 # the stochastic-depth masks the eager forward would draw from the global RNG, drawn first
@@ -275,6 +274,9 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
     draw_aware = {**draw_aware_accuracy(model, predict_test, data.y_test, cfg.eval_draws),
                   "test_acc_softmax_swap": softmax_swap_accuracy(model, cfg, predict_test, data.y_test),
                   **fidelity_row(model, fidelity_batch(data))}
+    draw_aware.update(rotation_accuracy(model, lambda m, x: predict(m, data, x, cfg, device), data.x_test, data.y_test,
+                                        cfg.eval_draws, cfg.eval_rotations,
+                                        upright=(quality["test_acc"], draw_aware["test_acc_draw_mean"])))
     params = metrics.count_parameters(model)
     example = data.normalize(data.x_test[:2])
     flops, unsupported = count_flops(model, example)
