@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from rpevit import registry  # noqa: E402
 from rpevit.config import TrialConfig  # noqa: E402
-from rpevit.data import DATASET_SPECS, Splits, random_crop_flip  # noqa: E402
+from rpevit.data import DATASET_SPECS, Splits  # noqa: E402
 from rpevit.flops import count_flops  # noqa: E402
 from rpevit.metrics import device_name, synchronize  # noqa: E402
 from rpevit.models import build_model  # noqa: E402

@@ -33,7 +33,7 @@ CHECKPOINT_NAME = "checkpoint.pt"
 FINGERPRINT_VERSION = 1
 # Fields that say where / how fast a run executes, or only how it is evaluated after training,
 # not what it trains: a resume may change them.
-RUNTIME_FIELDS = frozenset({"data_dir", "device", "eval_batch_size", "eval_draws", "compile"})
+RUNTIME_FIELDS = frozenset({"data_dir", "device", "eval_batch_size", "eval_draws", "eval_rotations", "compile"})
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "rng", "history", "epoch")
 
 

@@ -127,7 +127,8 @@ def task_cases() -> list[tuple[str, str, dict]]:
     attentions, pes = sorted(registry.ATTENTIONS), sorted(registry.POSITION_ENCODINGS)
     cases = [(attentions[i % len(attentions)], pe, {}) for i, pe in enumerate(pes)]
     cases += [(a, "ape", {}) for a in attentions if a not in {c[0] for c in cases}]
-    return cases + [("favor", "sparse_cayley_string", {"cayley_solver": "sparse"})]
+    return cases + [("favor", "sparse_cayley_string", {"cayley_solver": "sparse"}),
+                    ("favor", "rope", {"augment": "crop"}), ("softmax", "rotinv", {"augment": "rotate"})]
 
 
 def assert_rows_equal(solo: dict, fused: dict) -> None:

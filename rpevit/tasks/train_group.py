@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from rpevit import checkpoint, metrics
 from rpevit.attention.kernelized import advance_random_features, set_training_length
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.data import Splits, batch_indices, load_splits, random_crop_flip
+from rpevit.data import Splits, augment_images, batch_indices, load_splits
 from rpevit.models import build_model
 from rpevit.models.stacked import StackedModels, vmap_blockers
 from rpevit.registry import register_group_task
@@ -198,10 +198,7 @@ def step_inputs(data: Splits, batches: tuple[Tensor, ...], data_generators: list
     before its forward, member by member, in the same order."""
     images, labels = [], []
     for i, idx in enumerate(batches):
-        x = data.x_train[idx]
-        if augment != "none":
-            x = random_crop_flip(x, data_generators[i], data.spec.crop_padding, augment == "crop_flip")
-        images.append(x)
+        images.append(augment_images(data.x_train[idx], data_generators[i], augment, data.spec.crop_padding))
         labels.append(data.y_train[idx])
     for model in models:
         advance_random_features(model)
