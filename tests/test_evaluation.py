@@ -254,3 +254,24 @@ def test_train_rows_carry_rotation_keys_only_when_asked():
     assert all(math.isfinite(favor[k]) and math.isfinite(favor[f"{k}_draw_mean"]) for k in ROT_KEYS)
     plain = small_run(attention="softmax", pe="ape")
     assert all(math.isnan(plain[k]) and math.isnan(plain[f"{k}_draw_mean"]) for k in ROT_KEYS)
+
+
+def test_validation_draw_mean_is_the_mean_validation_accuracy_over_fresh_draws():
+    """What choices for random-feature models are made on (issue 28): by hand, draw by draw."""
+    from rpevit.data import load_splits
+    from rpevit.tasks.train import predict, validation_draw_mean
+
+    cfg = TrialConfig.from_dict({"dataset": "digits", "attention": "favor", "pe": "rope", "dim": 16, "heads": 2,
+                                 "depth": 1, "num_features": 8, "eval_draws": 3, "device": "cpu"})
+    data = load_splits("digits", val_fraction=0.1)
+    model = build_model(cfg, 1, 10).eval()
+    by_hand, outputs = [], []
+    for draw in (1, 2, 3):
+        with fresh_draw(model, draw):
+            logits = predict(model, data, data.x_val, cfg, torch.device("cpu"))
+        by_hand.append((logits.argmax(-1) == data.y_val).double().mean().item())
+        outputs.append(logits)
+    assert validation_draw_mean(model, data, cfg, torch.device("cpu")) == pytest.approx(sum(by_hand) / 3)
+    assert not torch.allclose(outputs[0], outputs[1])  # the draws really differ
+    softmax = build_model(cfg.replace(attention="softmax"), 1, 10).eval()
+    assert math.isnan(validation_draw_mean(softmax, data, cfg.replace(attention="softmax"), torch.device("cpu")))

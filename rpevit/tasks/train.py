@@ -103,6 +103,7 @@ METRICS = TaskMetrics(
     headline={"test_acc": float, "final_val_acc": float},
     other={"precision": float, "recall": float, "f1": float, "log_likelihood": float,
            "test_acc_draw_mean": float, "test_acc_draw_std": float, "test_acc_draw_min": float,
+           "val_acc_draw_mean": float,
            "test_acc_draw_ensemble": float, "test_acc_softmax_swap": float, "attn_tv_to_softmax": float,
            "attn_tv_per_layer": list[float], "aic": float, "bic": float, "params": int, "flops": int,
            "flops_unsupported": str, "train_s_per_epoch": float, "images_per_s": float,
@@ -257,6 +258,16 @@ def _validation(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.
             "val_acc": (logits.argmax(-1) == data.y_val).float().mean().item()}
 
 
+def validation_draw_mean(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device) -> float:
+    """Validation accuracy of a random-feature model averaged over fresh draws (the draws of the test
+    evaluation): what anything chosen for such a model (a scale, a schedule) is chosen on, so that
+    the test set is read once per trial, at the end. NaN without random features or a validation set."""
+    if len(data.x_val) == 0:
+        return math.nan
+    return draw_aware_accuracy(model, lambda m: predict(m, data, data.x_val, cfg, device), data.y_val,
+                               cfg.eval_draws)["test_acc_draw_mean"]
+
+
 def fidelity_batch(data: Splits) -> Tensor:
     """The fixed, normalised test images of the attention-fidelity metric (the same every epoch)."""
     return data.normalize(data.x_test[:FIDELITY_IMAGES])
@@ -274,6 +285,7 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
     draw_aware = {**draw_aware_accuracy(model, predict_test, data.y_test, cfg.eval_draws),
                   "test_acc_softmax_swap": softmax_swap_accuracy(model, cfg, predict_test, data.y_test),
                   **fidelity_row(model, fidelity_batch(data))}
+    draw_aware["val_acc_draw_mean"] = validation_draw_mean(model, data, cfg, device)
     draw_aware.update(rotation_accuracy(model, lambda m, x: predict(m, data, x, cfg, device), data.x_test, data.y_test,
                                         cfg.eval_draws, cfg.eval_rotations,
                                         upright=(quality["test_acc"], draw_aware["test_acc_draw_mean"])))
