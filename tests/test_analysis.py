@@ -627,3 +627,129 @@ def test_report_gathers_every_section(tmp_path):
     assert pd.read_parquet(parent / "main" / TRIALS_FILE)["status"].eq("ok").all()
     for png in ("gap_closure.png", "efficiency_pareto.png", "token_scaling.png", "kernel_mse_vs_m_0.png"):
         assert png_ok(parent / png) and f"]({png})" in text
+
+
+# ---- issue 31, item 4: a user's own sweep under results/ stays out of the published report
+def test_report_reads_only_the_studies_it_lists_and_names_the_others(tmp_path):
+    parent = tmp_path / "results"
+    write_sweep(parent / "study", "study", train_rows())
+    smoke = [{**config_row(attention="softmax", pe="none", seed=s, dataset="digits"), "test_acc": 0.5 + s / 100}
+             for s in range(2)]  # a variant only the smoke folder has
+    write_sweep(parent / "smoke", "smoke", smoke)
+    (parent / common.STUDIES_FILE).write_text("# the published studies\nstudy\n\nmissing  # not run yet\n")
+    assert common.trial_files(parent) == [parent / "study" / TRIALS_FILE]
+    text = report.build_report(parent)
+    assert "| study | train | 15 |" in text and "| smoke |" not in text
+    assert "| softmax | none |" not in text and "| softmax | ape |" in text  # no smoke row in any table
+    assert "_not read: smoke (not listed in STUDIES" in text.split("## Environment")[0]
+    assert "listed in STUDIES but holding no trials.parquet: missing" in text
+    assert "not read: smoke" in gap_closure.build(parent)  # each script says so too
+    (parent / common.STUDIES_FILE).unlink()  # no list: every folder, as before
+    assert "| smoke | train | 2 |" in report.build_report(parent)
+
+
+def test_a_studies_line_that_is_not_a_folder_name_stops_in_one_line(tmp_path):
+    write_sweep(tmp_path / "study", "study", train_rows()[:3])
+    for line in ("../elsewhere", "a/b", ".hidden", "two words"):
+        (tmp_path / common.STUDIES_FILE).write_text(f"study\n{line}\n")
+        with pytest.raises(SystemExit) as stop:
+            common.read_trials(tmp_path)
+        message = str(stop.value.code)
+        assert message.startswith("error: ") and "\n" not in message and "line 2" in message, message
+        assert repr(line) in message and str(tmp_path / common.STUDIES_FILE) in message
+
+
+# ---- issue 31, item 6: figures a reader can read
+MIN_FONT_PT = 8
+
+
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """Every figure the analysis saves, kept for inspection (saved as before)."""
+    kept = []
+
+    def keep(fig, path):
+        kept.append(fig)
+        return common.save_figure(fig, path)
+
+    for module in (gap_closure, efficiency, string_study, kernel_mse):
+        monkeypatch.setattr(module, "save_figure", keep)
+    return kept
+
+
+def texts_of(fig) -> list:
+    from matplotlib.text import Text
+
+    return [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+
+
+def assert_readable_and_inside(fig) -> None:
+    """Every text at least MIN_FONT_PT; every text placed in an axes' data (labels of bars, interval ends) inside it."""
+    fig.draw_without_rendering()
+    small = [(t.get_text(), t.get_fontsize()) for t in texts_of(fig) if t.get_fontsize() < MIN_FONT_PT]
+    assert not small, small
+    for ax in fig.axes:
+        box = ax.get_window_extent().padded(1)
+        for text in ax.texts:
+            extent = text.get_window_extent()
+            assert box.x0 <= extent.x0 and extent.x1 <= box.x1 and box.y0 <= extent.y0 and extent.y1 <= box.y1, \
+                (text.get_text(), extent, box)
+
+
+def test_gap_closure_figure_names_its_interval_and_n_and_keeps_everything_inside(tmp_path, figures):
+    rows = train_rows() + [{**config_row(attention="favor", pe="luo_rpe", seed=0, dataset="digits"), "test_acc": 0.9}]
+    gap_closure.build(write_sweep(tmp_path / "three", "three", rows))  # favor+luo_rpe: one seed, a bar, no whisker
+    caption = figures[-1]._suptitle.get_text()
+    assert "95% Fieller interval" in caption and "n = 3 seeds" in caption, caption
+    assert "none where a group has fewer than 2 seeds" in caption, caption
+    bars = [c for c in figures[-1].axes[0].containers if hasattr(c, "patches")]
+    assert len(bars) == 2 and sum(c.errorbar is None for c in bars) == 1  # favor: rope, luo_rpe (no draw means)
+    assert_readable_and_inside(figures[-1])
+    gap_closure.build(write_sweep(tmp_path / "one", "one", [r for r in train_rows() if r["seed"] == 0]))
+    fig = figures[-1]
+    caption = fig._suptitle.get_text()
+    assert "95%" not in caption and "no whiskers" in caption, caption
+    assert not [c for ax in fig.axes for c in ax.containers if getattr(c, "errorbar", None) is not None]
+    assert_readable_and_inside(fig)
+
+
+def test_pareto_points_sit_neither_on_an_axis_edge_nor_under_another(tmp_path, figures):
+    rows = [{**r, "test_acc": {"ape": 0.80, "rope": 0.801}[r["pe"]] + r["seed"] / 1000}
+            if r["attention"] == "favor" else r for r in train_rows()]  # favor+ape and favor+rope: one spot
+    rows += [{**r, "pe": "luo_rpe", "test_acc": 0.3} for r in rows if (r["attention"], r["pe"]) == ("favor", "ape")]
+    rows = [{**r, "test_acc_draw_mean": r["test_acc"]} if r["attention"] in ("favor", "relu") else r for r in rows]
+    write_sweep(tmp_path / "main", "main", rows)
+    costs = efficiency.variant_costs(common.load_trials(tmp_path, "train"))
+    assert efficiency.plot_pareto(costs, tmp_path / "pareto.png") is not None
+    fig = figures[-1]
+    assert_readable_and_inside(fig)
+    gap = efficiency.DODGE_PT * fig.dpi / 72 * 0.95
+    seen = 0
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        box = ax.get_window_extent()
+        centres = []
+        for points in ax.collections:
+            if len(points.get_offsets()) and points.get_facecolor().shape[0] and points.get_sizes()[0] < 100:
+                centres += list(points.get_offset_transform().transform(points.get_offsets()))
+        for x, y in centres:  # a marker's half width clear of every edge
+            assert box.x0 + gap / 2 <= x <= box.x1 - gap / 2 and box.y0 + gap / 2 <= y <= box.y1 - gap / 2, (x, y, box)
+        for i, a in enumerate(centres):
+            for b in centres[i + 1:]:
+                assert math.hypot(a[0] - b[0], a[1] - b[1]) >= gap, (a, b)
+        seen += len(centres)
+    assert seen == 3 * len(costs)  # every variant drawn once per cost panel, the collapsed one too
+
+
+def test_string_f_plot_draws_no_interval_from_one_seed(tmp_path, figures):
+    one = pd.DataFrame({"f": [0.1, 0.5], "solver": ["auto", "auto"], "seeds": [1, 1], "acc": [0.9, 0.91],
+                        "acc_text": ["", ""], "values": [np.array([0.9]), np.array([0.91])]})
+    string_study.plot_f({"mnist": one}, tmp_path / "f.png")
+    fig = figures[-1]
+    assert "95%" not in fig._suptitle.get_text() and "no interval" in fig._suptitle.get_text()
+    assert not [c for ax in fig.axes for c in ax.containers]
+    assert_readable_and_inside(fig)
+    three = one.assign(values=[np.array([0.9, 0.91, 0.92]), np.array([0.9, 0.92, 0.91])])
+    string_study.plot_f({"mnist": three}, tmp_path / "f.png")
+    assert "95% t interval" in figures[-1]._suptitle.get_text() and "n = 3 seeds" in figures[-1].axes[0].get_title()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -220,3 +221,174 @@ def test_analysis_says_which_space_json_is_malformed_in_one_line(tmp_path, train
         assert "allowed: the JSON object sweep.py writes" in message, message
     path.write_text(json.dumps({"trial_keys": space.keys}))
     assert len(read_trials(tmp_path).frame) == 1
+
+
+# ---- issue 31, item 12: damaged trials.parquet / epochs.parquet
+DAMAGE = {
+    "truncated": lambda path, good: path.write_bytes(good[: len(good) // 2]),
+    "random": lambda path, good: path.write_bytes(bytes(range(256)) * 8),
+    "empty": lambda path, good: path.write_bytes(b""),
+    "a folder": lambda path, good: path.mkdir(),
+    "another table": lambda path, good: pq.write_table(pa.table({"x": [1, 2]}), path),
+}
+
+
+def damage(path: Path, kind: str) -> bytes:
+    """Replace a results file by a damaged one; returns the good bytes."""
+    good = path.read_bytes()
+    path.unlink()
+    DAMAGE[kind](path, good)
+    return good
+
+
+def finished_sweep(tmp: Path, name: str, row: dict, epochs: list[dict], pes=("ape", "rope")):
+    """A sweep folder as a finished run leaves it: a row and epoch rows per trial, and space.json."""
+    space, writer = sweep_of(tmp, name, list(pes))
+    for i, key in enumerate(space.keys):
+        for epoch in epochs:
+            writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"), Report(EPOCH, key, epoch).to_tune())
+        writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
+                               Report(SUMMARY, key, {**row, **PLACEMENT, "trial_key": key}).to_tune())
+    (tmp / name / "space.json").write_text(json.dumps({"trial_keys": space.keys}))
+    return space
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_analysis_names_a_damaged_trials_file_and_skips_only_its_folder(tmp_path, train_rows, kind, capsys) -> None:
+    from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, report, string_study
+
+    row, epochs = train_rows
+    finished_sweep(tmp_path, "good", row, epochs)
+    finished_sweep(tmp_path, "bad", row, epochs)
+    bad = tmp_path / "bad" / TRIALS_FILE
+    damage(bad, kind)
+    for module in (gap_closure, efficiency, string_study, kernel_mse):  # the scripts, given the bad folder
+        with pytest.raises(SystemExit) as stop:
+            module.build(tmp_path / "bad")
+        message = str(stop.value.code)
+        assert message.startswith(f"error: {bad} cannot be read as a sweep's trials.parquet") and "\n" not in message
+        assert "--resume" in message, message
+    capsys.readouterr()
+    common._WARNED.clear()
+    text = report.build_report(tmp_path)  # the parent: the bad folder is skipped, the rest reported
+    assert "| good | train | 2 | 0 |" in text and "| bad | ? | — | — | skipped: trials.parquet cannot be read |" in text
+    assert "## Accuracy and gap closure" in text and "skipped, trials.parquet cannot be read: bad" in text
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"warning: {bad} cannot be read") and "--resume" in err, err
+    assert os.path.lexists(bad)  # the analysis never moves a file
+
+
+def test_report_script_skips_a_damaged_folder_without_a_traceback(tmp_path, train_rows) -> None:
+    import subprocess
+    import sys
+
+    row, epochs = train_rows
+    finished_sweep(tmp_path, "good", row, epochs)
+    finished_sweep(tmp_path, "bad", row, epochs)
+    damage(tmp_path / "bad" / TRIALS_FILE, "truncated")
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(repo / "analysis" / "report.py"), str(tmp_path)], capture_output=True,
+                          text=True, cwd=tmp_path)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert [ln for ln in done.stderr.splitlines() if ln.startswith("warning:")] == [done.stderr.strip()]
+    one = subprocess.run([sys.executable, str(repo / "analysis" / "gap_closure.py"), str(tmp_path / "bad")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert one.returncode == 1 and one.stderr.count("\n") == 1 and one.stderr.startswith("error: "), one.stderr
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_resume_sets_a_damaged_trials_file_aside_and_reruns_its_trials(tmp_path, train_rows, stop_before_ray,
+                                                                       kind, capsys) -> None:
+    row, epochs = train_rows
+    space = finished_sweep(tmp_path, "s", row, epochs)
+    folder = tmp_path / "s"
+    good = damage(folder / TRIALS_FILE, kind)
+    before = {p.name for p in folder.iterdir()}
+    with pytest.raises(Launched):  # the plan is made: both trials run again (from their checkpoints)
+        run_sweep(space, SweepOptions(results_dir=tmp_path, resume=True))
+    out, err = capsys.readouterr()
+    assert "2 trials, 0 already done, 2 to run" in out, out
+    assert err.count("\n") == 1 and err.startswith(f"warning: {folder / TRIALS_FILE} cannot be read"), err
+    aside = [p for p in folder.iterdir() if p.name.startswith(f"{TRIALS_FILE}.damaged-")]
+    assert len(aside) == 1 and aside[0].name in err and not os.path.lexists(folder / TRIALS_FILE)
+    if kind != "a folder":
+        assert aside[0].read_bytes() != good or kind == "another table"  # the damaged file itself, kept
+    assert {p.name for p in folder.iterdir()} - before - {aside[0].name} <= {".sweep.lock"}
+    writer = ParquetResults(folder, "s", dict(zip(space.keys, space.trials)), {k: i for i, k in enumerate(space.keys)},
+                            task="train")  # what the run starts with: no trial rows, the epoch rows kept
+    assert writer.trial_rows == {} and len(writer.epoch_rows) == 2 * len(epochs)
+
+
+def test_a_damaged_epochs_file_is_set_aside_and_rebuilt_from_the_checkpoints(tmp_path, capsys) -> None:
+    space = expand_space({"name": "e", "fixed": {**TINY, "epochs": 2}, "grid": {"pe": ["ape", "rope"]}},
+                         source="e.yaml")
+    folder = tmp_path / "e"
+    writer = ParquetResults(folder, "e", dict(zip(space.keys, space.trials)), {k: i for i, k in enumerate(space.keys)},
+                            task="train")
+    histories = {}
+    for i, (key, cfg) in enumerate(zip(space.keys, space.trials)):
+        history: list[dict] = []
+        row = registry.TASKS["train"](TrialConfig.from_dict(cfg), checkpoint_dir=folder / "trials" / key, log=None,
+                                      on_epoch=lambda r, _c, h=history: h.append(dict(r)))
+        histories[key] = history
+        for epoch in history:
+            writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"), Report(EPOCH, key, epoch).to_tune())
+        writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
+                               Report(SUMMARY, key, {**row, **PLACEMENT, "trial_key": key}).to_tune())
+    expected = pd.read_parquet(folder / EPOCHS_FILE)
+    damage(folder / EPOCHS_FILE, "random")
+    capsys.readouterr()
+    ParquetResults(folder, "e", {}, {k: i for i, k in enumerate(space.keys)}, task="train")  # a --resume's writer
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "set aside as epochs.parquet.damaged-" in err
+    assert "rebuilt 4 epoch row(s) of 2 trial(s) from their checkpoints" in err, err
+    rebuilt = pd.read_parquet(folder / EPOCHS_FILE)
+    pd.testing.assert_frame_equal(rebuilt, expected)
+    assert len(list(folder.glob(f"{EPOCHS_FILE}.damaged-*"))) == 1
+    assert len(pd.read_parquet(folder / TRIALS_FILE)) == 2  # the trial rows untouched
+
+
+# ---- issue 31, item 13: the results folder fills up (or turns read-only) mid-sweep
+def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path, monkeypatch, capsys) -> None:
+    import errno
+    import sys
+
+    import ray
+
+    repo = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(repo))
+    import sweep as sweep_cli
+    from rpevit.sweep import results
+
+    ray.shutdown()
+    yaml = tmp_path / "full.yaml"
+    yaml.write_text("name: full\ntask: train\nfixed: {dataset: digits, dim: 16, depth: 1, heads: 2, train_subset: 100, "
+                    "epochs: 2, batch_size: 50, eval_draws: 0}\ngrid: {pe: [ape, rope, none]}\n"
+                    "resources: {cpus_per_trial: 1, gpus_per_trial: 0, max_concurrent: 1}\n")
+    argv = ["--space", str(yaml), "--results-dir", str(tmp_path / "res"), "--no-dashboard"]
+    real, writes = results.write_table_atomic, []
+
+    def disk_full_after_two(table, path):  # the first trial's epoch rows land, its row does not: the disk is full
+        writes.append(path)
+        if len(writes) > 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(table, path)
+
+    monkeypatch.setattr(results, "write_table_atomic", disk_full_after_two)
+    assert sweep_cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    folder = tmp_path / "res" / "full"
+    assert len(errors) == 1 and "Traceback" not in out + err, err
+    assert f"cannot write the results of this sweep to {folder} (ENOSPC: No space left on device)" in errors[0]
+    assert errors[0].endswith(f"continue with python sweep.py --space {yaml} --name full --results-dir "
+                              f"{tmp_path / 'res'} --resume"), errors[0]
+    assert len(list((folder / "trials").iterdir())) == 1  # no further trial started
+    assert not list(folder.glob(".*.tmp"))  # no torn temp file left behind
+
+    monkeypatch.setattr(results, "write_table_atomic", real)
+    assert sweep_cli.main([*argv, "--resume"]) == 0
+    trials = pd.read_parquet(folder / TRIALS_FILE)
+    epochs = pd.read_parquet(folder / EPOCHS_FILE)
+    assert len(trials) == 3 and set(trials["status"]) == {"ok"}
+    assert len(epochs) == 6 and not epochs.duplicated(["trial_key", "epoch"]).any()

@@ -4,12 +4,22 @@ RESULTS_DIR is either one sweep folder (holding trials.parquet) or a parent fold
 `<name>/trials.parquet`; every script accepts both and writes its Markdown and PNGs into RESULTS_DIR.
 Only the rows whose trial_key the space.json beside each trials.parquet lists are used (rows of
 trials dropped from an edited space stay in the Parquet file); every script says how many it set aside.
+
+A parent may hold a `STUDIES` file: one sweep folder name per line (`#` comments). Then only the
+folders it lists are read, and every script names the folders it did not read: `results/STUDIES`
+lists the published studies, so a user's own sweep there (`python sweep.py --space
+search_spaces/smoke.yaml` writes `results/smoke/`) never enters the committed report. Without a
+STUDIES file every folder is read. A trials.parquet that cannot be read stops a script given that
+one sweep folder with one line naming it and what to do; under a parent, its folder is skipped with
+that line (on stderr, and in the Markdown) and the rest is reported.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.sweep.protocol import OK
-from rpevit.sweep.results import TRIALS_FILE
+from rpevit.sweep.results import TRIALS_FILE, DamagedResults, read_results_table
 
 try:  # the sweep package's own filter, when it has one (same rule: trial_key listed in space.json)
     from rpevit.sweep.results import current_rows as _sweep_current_rows
@@ -28,6 +38,7 @@ except ImportError:  # older checkout: the local filter below applies the same r
 
 ENVIRONMENT_COLUMNS = ("device_name", "torch_version", "ray_version", "git_commit", "python_version")
 SPACE_FILE = "space.json"
+STUDIES_FILE = "STUDIES"  # in a parent RESULTS_DIR: the sweep folders to read, one per line
 VARIANT = ("dataset", "attention", "pe", "qk_norm", "redraw")  # what one row of a per-variant table is
 RANDOM_FEATURE_ATTENTIONS = ("favor", "relu")  # relu only with relu_projection: random
 # options that make distinct variants of one encoding (the STRING study's f sweep and solver row)
@@ -37,11 +48,87 @@ PE_OPTIONS = {"sparse_cayley_string": ("string_sparsity", "cayley_solver"),
 
 
 def trial_files(results_dir: Path) -> list[Path]:
-    """trials.parquet of one sweep folder, or of every sweep folder directly under a parent."""
+    """trials.parquet of one sweep folder, or of every sweep folder directly under a parent (only
+    those its STUDIES file lists, where it has one)."""
     results_dir = Path(results_dir)
-    if (results_dir / TRIALS_FILE).exists():
+    if os.path.lexists(results_dir / TRIALS_FILE):
         return [results_dir / TRIALS_FILE]
-    return sorted(results_dir.glob(f"*/{TRIALS_FILE}"))
+    found = sorted(results_dir.glob(f"*/{TRIALS_FILE}"))
+    listed = listed_studies(results_dir)
+    return found if listed is None else [p for p in found if p.parent.name in listed]
+
+
+def listed_studies(results_dir: Path) -> list[str] | None:
+    """The folder names results_dir/STUDIES lists (None: no such file). A line that is not one plain
+    folder name stops the script with one line naming the file, the line and what is allowed."""
+    path = Path(results_dir) / STUDIES_FILE
+    if not path.exists():
+        return None
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: {path} cannot be read ({' '.join(str(err).split())[:200]}); allowed: a text file "
+                         f"with one sweep folder name per line, or no file (then every folder is read)") from err
+    names = []
+    for number, line in enumerate(lines, 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        if name in (".", "..") or name.startswith(".") or any(c in name for c in "/\\\0") or " " in name:
+            raise SystemExit(f"error: {path}, line {number}, has value {name!r}; allowed: one sweep folder name per "
+                             f"line (a folder directly under {Path(results_dir)}), '#' comments, blank lines")
+        names.append(name)
+    return names
+
+
+def unlisted_folders(results_dir: Path) -> tuple[list[str], list[str]]:
+    """(folders under a parent holding a trials.parquet that its STUDIES file does not list, folders it
+    lists that hold none); both empty without a STUDIES file."""
+    results_dir = Path(results_dir)
+    listed = listed_studies(results_dir)
+    if listed is None or os.path.lexists(results_dir / TRIALS_FILE):
+        return [], []
+    present = {p.parent.name for p in results_dir.glob(f"*/{TRIALS_FILE}")}
+    return sorted(present - set(listed)), [name for name in listed if name not in present]
+
+
+def studies_note(results_dir: Path) -> str:
+    """One Markdown line on the folders a STUDIES file left out ('' when it left none out)."""
+    skipped, missing = unlisted_folders(results_dir)
+    parts = []
+    if skipped:
+        parts.append(f"not read: {', '.join(skipped)} (not listed in {STUDIES_FILE}, which names the studies "
+                     f"this report is made of)")
+    if missing:
+        parts.append(f"listed in {STUDIES_FILE} but holding no {TRIALS_FILE}: {', '.join(missing)}")
+    return "; ".join(f"_{p}_" for p in parts)
+
+
+_WARNED: set[Path] = set()  # damaged files already named on stderr by this process
+
+
+def damaged_text(err: DamagedResults) -> str:
+    """What a reader does about a trials.parquet the analysis cannot read."""
+    return (f"{err}: its folder is skipped. To rebuild it, run that sweep again with --resume (the driver sets "
+            f"the file aside as {err.path.name}.damaged-<time> and reruns the trials it held from their "
+            f"checkpoints), or restore the file from git or a backup")
+
+
+def read_sweep(path: Path, results_dir: Path) -> pd.DataFrame | None:
+    """One sweep folder's trials.parquet as a frame. A damaged one: SystemExit (one line) when it is
+    the one folder asked for; under a parent None, after one line on stderr (once per file)."""
+    try:
+        table = read_results_table(path)
+    except DamagedResults as err:
+        if path.parent == Path(results_dir):
+            raise SystemExit(f"error: {err}; allowed: the file sweep.py writes. Run that sweep again with --resume "
+                             f"(it sets the file aside as {path.name}.damaged-<time> and reruns the trials it held "
+                             f"from their checkpoints), or restore the file from git or a backup") from None
+        if path not in _WARNED:
+            _WARNED.add(path)
+            print(f"warning: {damaged_text(err)}", file=sys.stderr, flush=True)
+        return None
+    return table.to_pandas() if table is not None else pd.DataFrame()
 
 
 def space_keys(folder: Path) -> set[str] | None:
@@ -83,13 +170,20 @@ class TrialRows:
     set_aside: int = 0  # rows of the selected tasks whose trial_key is not in their space.json
     without_space: tuple[str, ...] = ()  # folders holding no space.json: all their rows kept
     with_space: int = 0  # folders whose rows were filtered by their space.json
+    damaged: tuple[str, ...] = ()  # folders skipped: their trials.parquet cannot be read
+    studies: str = ""  # studies_note: folders a STUDIES file left out
 
     def note(self) -> str:
-        """One Markdown line on which rows were used: set-aside count and unfiltered folders."""
+        """One Markdown line on which rows were used: set-aside count, unfiltered, skipped and unread folders."""
         s = "" if self.set_aside == 1 else "s"
         parts = [f"_{self.set_aside} row{s} set aside: not in the current {SPACE_FILE}_"] if self.with_space else []
         if self.without_space:
             parts.append(f"_no {SPACE_FILE} in {', '.join(self.without_space)}: all rows there kept_")
+        if self.damaged:
+            parts.append(f"_skipped, {TRIALS_FILE} cannot be read: {', '.join(self.damaged)} (see the warning on "
+                         f"stderr)_")
+        if self.studies:
+            parts.append(self.studies)
         return "; ".join(parts)
 
 
@@ -104,9 +198,13 @@ def read_trials(results_dir: Path, tasks: Sequence[str] | None = None) -> TrialR
     """Successful rows of the given tasks (all if None) of every sweep found, keeping only the
     rows their folder's space.json lists (every row where a folder has no space.json)."""
     results_dir = Path(results_dir)
-    frames, set_aside, without = [], 0, []
+    frames, set_aside, without, damaged = [], 0, [], []
     for path in trial_files(results_dir):
-        selected = _select(pd.read_parquet(path), tasks)
+        frame = read_sweep(path, results_dir)
+        if frame is None:
+            damaged.append(path.parent.name)
+            continue
+        selected = _select(frame, tasks)
         if space_keys(path.parent) is None:
             without.append(path.parent.name if path.parent != results_dir else ".")
             kept, dropped = selected, 0
@@ -115,7 +213,8 @@ def read_trials(results_dir: Path, tasks: Sequence[str] | None = None) -> TrialR
         frames.append(kept)
         set_aside += dropped
     frame = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
-    return TrialRows(frame.reset_index(drop=True), set_aside, tuple(without), len(frames) - len(without))
+    return TrialRows(frame.reset_index(drop=True), set_aside, tuple(without), len(frames) - len(without),
+                     tuple(damaged), studies_note(results_dir))
 
 
 def load_trials(results_dir: Path, task: str | None = None) -> pd.DataFrame:
@@ -213,10 +312,12 @@ def pyplot():
 
 def save_figure(fig, path: Path) -> Path:
     """Saved with everything drawn in it, legends placed outside the axes included (bbox "tight"):
-    tight_layout cannot make room for a long outside legend, and warns so; the crop does it."""
+    tight_layout cannot make room for a long outside legend, and warns so; the crop does it. A figure
+    made with a layout engine of its own (`layout="constrained"`) keeps it."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:
+            fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     pyplot().close(fig)
     return path

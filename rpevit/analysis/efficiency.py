@@ -18,6 +18,8 @@ Writes efficiency.md, efficiency_pareto.png and token_scaling.png into RESULTS_D
 from __future__ import annotations
 
 import functools
+import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -279,9 +281,13 @@ def build(results_dir: Path) -> str | None:
                       f"by those of the dataset's softmax+ape or softmax+rope (bench times only). {NOTEBOOK_REFERENCE}",
                       ""]
         if plot_pareto(costs, results_dir / "efficiency_pareto.png") is not None:
-            parts += ["Accuracy (the mean over fresh draws for random-feature models) against cost; ringed points "
-                      "form the Pareto front (no variant is both at least as "
-                      "accurate and at most as costly).", "", "![accuracy vs cost](efficiency_pareto.png)", ""]
+            parts += ["Accuracy (the mean over fresh draws for random-feature models) against cost. Colour: "
+                      "attention; marker: encoding; light: qk_norm l2; black rim: random features never redrawn. "
+                      "Ringed, numbered and named above each panel: the Pareto front (no variant is both at least "
+                      f"as accurate and at most as costly). Variants more than {fmt(PARETO_Y_SPAN)} points below "
+                      "the best sit in the strip under each panel (a broken accuracy axis); markers that would "
+                      "cover each other are set side by side by a marker width, not moved in cost.", "",
+                      "![accuracy vs cost](efficiency_pareto.png)", ""]
     alone = bench_cost_table(bench) if not bench.empty else pd.DataFrame()
     if not alone.empty:
         for (sweep, dataset), g in alone.groupby(["sweep", "dataset"]):
@@ -313,61 +319,209 @@ def variant_label(r: pd.Series) -> str:
     return f"{r['attention']}+{r['pe']}" + (f" ({', '.join(extra)})" if extra else "")
 
 
+ATTENTION_COLOURS = {"softmax": "C0", "favor": "C1", "relu": "C2", "relu-identity": "C3"}
+PE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p", "d", "H", "8")
+MARKER_SIZE = 55  # points^2: about 7.5 pt across
+DODGE_PT = 8.0  # markers closer than this (points) on the page are set side by side, DODGE_PT apart
+FONT = {"tick": 9, "label": 10, "title": 10, "note": 8}
+
+
+def pe_family(pe: str) -> str:
+    """The encoding without its variant options: 'sparse_cayley_string (string_sparsity=0.1, ...)' -> its name."""
+    return pe.split(" (")[0]
+
+
+def short_label(r: pd.Series) -> str:
+    """A point's name on the plot: attention+pe, with f (and a sparse solve) for sparse Cayley, qk l2 and
+    'no redraw' where they apply."""
+    parts = [f"{r['attention']}+{pe_family(r['pe'])}"]
+    if "string_sparsity=" in r["pe"]:
+        parts.append("f=" + r["pe"].split("string_sparsity=")[1].split(",")[0].rstrip(")"))
+    parts += ["sparse solve"] * ("cayley_solver=sparse" in r["pe"])
+    parts += ["qk l2"] * (r["qk_norm"] != "none") + ["no redraw"] * not_redrawn(r)
+    return " ".join(parts)
+
+
+def not_redrawn(r: pd.Series) -> bool:
+    """A random-feature variant trained on one draw (redraw off)."""
+    return r["attention"] in ("favor", "relu") and r["redraw"] == "off"
+
+
+def dodge(points: np.ndarray, step: float = DODGE_PT, bounds: tuple[float, float, float, float] | None = None
+          ) -> np.ndarray:
+    """(dx, dy) offsets (page points, as `points`) that set markers which would cover each other around their
+    spot: each point takes the nearest free place of a hexagonal ring pattern (0; 6 places at `step`; 12 at
+    2 step; ...; sideways places before vertical ones) that keeps it `step` from every point placed before
+    it and inside `bounds` (x0, y0, x1, y1: the axes less a marker's half width), so coincident points form
+    a small cluster where they are and none is pushed onto an axis edge. Points already apart keep offset 0."""
+    rings = [(0.0, 0.0)]
+    for ring in range(1, 8):
+        rings += [(ring * step * math.cos(a), ring * step * math.sin(a))
+                  for a in np.linspace(0, 2 * math.pi, 6 * ring, endpoint=False)]
+    rings.sort(key=lambda d: d[0] ** 2 + 4 * d[1] ** 2)  # sideways first: an accuracy axis may be short
+    offsets = np.zeros((len(points), 2))
+    placed: list[np.ndarray] = []
+    for i, point in enumerate(points):
+        if not np.isfinite(point).all():
+            continue
+        for dx, dy in rings:
+            candidate = point + (dx, dy)
+            if bounds is not None and (dx or dy) and not (bounds[0] <= candidate[0] <= bounds[2]
+                                                          and bounds[1] <= candidate[1] <= bounds[3]):
+                continue
+            if all(math.hypot(*(candidate - other)) >= step * 0.999 for other in placed):
+                offsets[i] = (dx, dy)
+                break
+        placed.append(point + offsets[i])
+    return offsets
+
+
 def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
     """One panel per dataset and cost that has positive values; accuracy is JUDGED_ACC, so a random-feature
-    model sits at its mean over fresh draws; log cost axes where the cost spans LOG_AXIS_MIN_RATIO or more. The
-    accuracy axis spans PARETO_Y_SPAN points below the best, so a collapsed variant (a redraw-off model on fresh
-    draws: 20-30 %) does not squash the front; such variants are drawn as ▼ at the lower edge and counted.
-    None if no cost has any values."""
+    model sits at its mean over fresh draws; log cost axes where the cost spans LOG_AXIS_MIN_RATIO or more.
+    Colour: attention; marker: encoding; light face: qk_norm l2; black rim: random features never redrawn.
+    The accuracy axis spans PARETO_Y_SPAN points below the best, so a collapsed variant (a redraw-off model on
+    fresh draws: 20-30 %) does not squash the front: such variants are drawn at their own accuracy in a strip
+    below (a broken axis), none on an axis edge. Markers that would cover each other are set side by side
+    (`dodge`: an offset of a marker width on the page, not a change of cost); the Pareto front is ringed,
+    joined and labelled. None if no cost has any values."""
     metrics = [(c, label) for c, label in PARETO_COSTS if c in costs.columns and (costs[c] > 0).any()]
     if not metrics:
         return None
     plt = pyplot()
+    from matplotlib.lines import Line2D
+    from matplotlib.transforms import offset_copy
+
     datasets = sorted(costs["dataset"].unique())
-    fig, axes = plt.subplots(len(datasets), len(metrics), figsize=(5 * len(metrics), 4 * len(datasets)),
-                             squeeze=False)
-    for row_axes, dataset in zip(axes, datasets):
+    families = sorted({pe_family(pe) for pe in costs["pe"]})
+    markers = {f: PE_MARKERS[i % len(PE_MARKERS)] for i, f in enumerate(families)}
+    fig = plt.figure(figsize=(4.4 * len(metrics), 5.2 * len(datasets) + 1.2), layout="constrained")
+    grid = fig.add_gridspec(2 * len(datasets), len(metrics), height_ratios=[4, 1.2] * len(datasets))
+    panels = []
+    for d, dataset in enumerate(datasets):
         g = costs[costs["dataset"] == dataset].reset_index(drop=True)
-        for ax, (col, label) in zip(row_axes, metrics):
-            cost, acc = g[col].to_numpy(float), 100 * g[JUDGED_ACC].to_numpy(float)
-            front = pareto_front(cost, acc)
-            floor = max(np.nanmin(acc), np.nanmax(acc) - PARETO_Y_SPAN) - 0.05 * min(PARETO_Y_SPAN, np.ptp(acc))
-            for i, r in g.iterrows():
-                marker = {"softmax": "o", "favor": "s", "relu": "^"}.get(r["attention"], "D")
-                below = acc[i] < floor
-                dot = ax.scatter(np.nan if below else cost[i], acc[i], marker=marker, s=40, label=variant_label(r))
-                if below:  # same colour, at the edge; the legend keeps the variant's own marker
-                    ax.scatter(cost[i], floor, marker="v", s=40, color=dot.get_facecolor(), clip_on=False)
-                if front[i]:
-                    ax.scatter(cost[i], acc[i], s=160, facecolors="none", edgecolors="k")
-            order = np.argsort(cost[front])
-            ax.plot(cost[front][order], acc[front][order], "k--", lw=0.8)
-            log = np.nanmax(cost) / np.nanmin(cost[cost > 0]) >= LOG_AXIS_MIN_RATIO
+        acc = 100 * g[JUDGED_ACC].to_numpy(float)
+        top = np.nanmax(acc) if np.isfinite(acc).any() else math.nan
+        floor = np.nanmin(acc[acc >= top - PARETO_Y_SPAN]) if math.isfinite(top) else math.nan  # lowest near the best
+        low = acc < floor
+        pad = 0.08 * max(top - floor, 0.5)
+        for m, (col, label) in enumerate(metrics):
+            ax = fig.add_subplot(grid[2 * d, m])
+            strip = fig.add_subplot(grid[2 * d + 1, m], sharex=ax)
+            cost = g[col].to_numpy(float)
+            shown = np.isfinite(cost) & (cost > 0) & np.isfinite(acc)
+            positive = cost[shown]
+            if not len(positive):  # nothing to place: say so inside the panel
+                ax.text(0.5, 0.5, f"no {label} with an accuracy", ha="center", va="center", transform=ax.transAxes,
+                        fontsize=FONT["note"])
+                ax.set_title(f"{dataset}: accuracy against {label}", fontsize=FONT["title"])
+                strip.set_visible(False)
+                continue
+            log = positive.max() / positive.min() >= LOG_AXIS_MIN_RATIO
             ax.set_xscale("log" if log else "linear")
-            ax.set_xlabel(f"{label}{' (log)' if log else ''}")
-            ax.set_ylabel("test accuracy % (draw mean for random features)")
-            below = int((acc < floor).sum())
-            ax.set_ylim(floor, None)
-            ax.set_title(dataset)
-            if below:
-                ax.text(0.02, 0.04, f"▼ {below} variants below {floor:.1f} %", transform=ax.transAxes, fontsize=7)
-        row_axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5), ncol=1 + (len(g) - 1) // 24)
+            if log:
+                ax.set_xlim(positive.min() / 1.25, positive.max() * 1.25)
+            else:
+                span = max(positive.max() - positive.min(), 0.05 * positive.max())
+                ax.set_xlim(positive.min() - 0.08 * span, positive.max() + 0.08 * span)
+            ax.set_ylim(floor - pad, top + pad)
+            ax.set_title(f"{dataset}: accuracy against {label}", fontsize=FONT["title"])
+            ax.tick_params(labelsize=FONT["tick"])
+            strip.tick_params(labelsize=FONT["tick"])
+            if m == 0:
+                ax.set_ylabel("test accuracy %\n(draw mean for random features)", fontsize=FONT["label"])
+            if (low & shown).any():
+                lows = acc[low & shown]
+                lpad = max(2.0, 0.25 * (lows.max() - lows.min()))
+                strip.set_ylim(lows.min() - lpad, lows.max() + lpad)
+                ax.spines["bottom"].set_visible(False)
+                strip.spines["top"].set_visible(False)
+                ax.tick_params(axis="x", which="both", bottom=False, labelbottom=False)
+                for axis, y in ((ax, 0), (strip, 1)):  # the break marks of the broken accuracy axis
+                    axis.plot([0, 1], [y, y], transform=axis.transAxes, ls=(0, (4, 3)), color="0.5", lw=0.8,
+                              clip_on=False)
+                strip.set_xlabel(f"{label}{' (log)' if log else ''}", fontsize=FONT["label"])
+                if m == 0:
+                    strip.set_ylabel(f"more than {fmt(PARETO_Y_SPAN)}\npoints below", fontsize=FONT["note"])
+            else:
+                strip.set_visible(False)
+                ax.set_xlabel(f"{label}{' (log)' if log else ''}", fontsize=FONT["label"])
+            panels.append((ax, strip, g, cost, acc, shown, low))
+    handles = [Line2D([], [], ls="", marker="o", ms=8, color=c, label=a) for a, c in ATTENTION_COLOURS.items()
+               if a in set(costs["attention"])]
+    handles += [Line2D([], [], ls="", marker=markers[f], ms=8, color="0.35", label=f) for f in families]
+    handles += [Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.35", markeredgecolor="0.35",
+                       label="filled: qk_norm none"),
+                Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.88", markeredgecolor="0.35",
+                       label="light: qk_norm l2"),
+                Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.35", markeredgecolor="k", mew=2,
+                       label="black rim: features never redrawn"),
+                Line2D([], [], ls="--", marker="o", ms=11, markerfacecolor="none", markeredgecolor="k", color="k",
+                       lw=0.8, label="ringed, numbered: Pareto front (named above)")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=FONT["tick"], frameon=False)
+    fig.draw_without_rendering()  # the layout is final: page positions for the dodge
+    for ax, strip, g, cost, acc, shown, low in panels:
+        front = pareto_front(np.where(shown, cost, np.nan), acc)
+        moved: dict[int, np.ndarray] = {}  # point -> its dodge offset (page points)
+        for axis, rows in ((ax, shown & ~low), (strip, shown & low)):
+            idx = np.flatnonzero(rows)
+            if not len(idx):
+                continue
+            page = axis.transData.transform(np.column_stack([cost[idx], acc[idx]])) * 72 / fig.dpi
+            box = axis.get_window_extent()
+            half = DODGE_PT / 2
+            bounds = (box.x0 * 72 / fig.dpi + half, box.y0 * 72 / fig.dpi + half, box.x1 * 72 / fig.dpi - half,
+                      box.y1 * 72 / fig.dpi - half)
+            offsets = dict(zip(idx, dodge(page, bounds=bounds)))
+            moved.update(offsets)
+            for i in idx:
+                r = g.loc[i]
+                colour = ATTENTION_COLOURS.get(r["attention"], "C4")
+                where = offset_copy(axis.transData, fig=fig, x=offsets[i][0], y=offsets[i][1], units="points")
+                face = colour if r["qk_norm"] == "none" else (*plt.matplotlib.colors.to_rgb(colour), 0.2)
+                axis.scatter(cost[i], acc[i], s=MARKER_SIZE, marker=markers[pe_family(r["pe"])], transform=where,
+                             facecolors=[face], edgecolors="k" if not_redrawn(r) else colour,
+                             linewidths=1.8 if not_redrawn(r) else 1.0, zorder=3)
+        on_front = np.flatnonzero(front)
+        on_front = on_front[np.argsort(cost[on_front])]
+        for number, i in enumerate(on_front, 1):  # numbered rings; the names go under the panel's title
+            axis = strip if low[i] else ax
+            where = offset_copy(axis.transData, fig=fig, x=moved[i][0], y=moved[i][1], units="points")
+            axis.scatter(cost[i], acc[i], s=3.2 * MARKER_SIZE, facecolors="none", edgecolors="k", transform=where,
+                         zorder=4)
+            axis.annotate(str(number), (cost[i], acc[i]), xycoords=where, xytext=(0, 7), textcoords="offset points",
+                          ha="center", va="bottom", fontsize=FONT["note"], fontweight="bold", zorder=5)
+        names = [f"{n} {short_label(g.loc[i])}" for n, i in enumerate(on_front, 1)]
+        ax.set_title(ax.get_title() + "\n" + textwrap.fill("Pareto front: " + ", ".join(names), 62),
+                     fontsize=FONT["title"])
+        order = np.flatnonzero(front & ~low)
+        order = order[np.argsort(cost[order])]
+        ax.plot(cost[order], acc[order], "k--", lw=0.8, zorder=2)
     return save_figure(fig, path)
 
 
 def plot_scaling(bench: pd.DataFrame, path: Path) -> Path:
+    """Forward time against N on log-log axes per variant: colour and marker by attention, line style by
+    encoding, so lines that run together stay apart."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(8, 5.2))
     keys = scaling_groups(bench)
-    for values, g in bench.groupby(keys):
+    styles = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
+    pes = sorted(bench["pe"].astype(str).unique())
+    for n, (values, g) in enumerate(bench.groupby(keys)):
+        row = dict(zip(keys, values))
         g = g.groupby("tokens")["forward_ms"].median().reset_index().sort_values("tokens")
-        n, t = g["tokens"].to_numpy(float), g["forward_ms"].to_numpy(float)
-        slope = loglog_slope(n[-LARGE_N_POINTS:], t[-LARGE_N_POINTS:])
-        ax.loglog(n, t, "o-", label=f"{' '.join(map(str, values))} (slope {fmt(slope, 3)})")
-    ax.set_xlabel("tokens N (log)")
-    ax.set_ylabel("forward ms per batch (log)")
-    ax.set_title(f"token scaling; slope fitted on the largest {LARGE_N_POINTS} N")
-    ax.legend(fontsize=7)
+        n_tokens, t = g["tokens"].to_numpy(float), g["forward_ms"].to_numpy(float)
+        slope = loglog_slope(n_tokens[-LARGE_N_POINTS:], t[-LARGE_N_POINTS:])
+        attention = str(row["attention"])
+        ax.loglog(n_tokens, t, marker={"softmax": "o", "favor": "s", "relu": "^"}.get(attention, "D"),
+                  ls=styles[pes.index(str(row["pe"])) % len(styles)], color=ATTENTION_COLOURS.get(attention, f"C{n}"),
+                  markerfacecolor="none", markeredgewidth=1.5, ms=7, label=f"{' '.join(map(str, values))} (slope {fmt(slope, 3)})")
+    ax.set_xlabel("tokens N (log)", fontsize=10)
+    ax.set_ylabel("forward ms per batch (log)", fontsize=10)
+    ax.tick_params(labelsize=9)
+    ax.set_title(f"token scaling; slope fitted on the largest {LARGE_N_POINTS} N", fontsize=10)
+    ax.legend(fontsize=9)
     return save_figure(fig, path)
 
 

@@ -41,6 +41,7 @@ gap_closure.png into RESULTS_DIR.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -473,58 +474,103 @@ def build(results_dir: Path) -> str | None:
 
 # ---------------------------------------------------------------- figure
 G_AXIS_LIMIT = 5.0
+FONT = {"tick": 9, "label": 10, "title": 11, "note": 8}  # points; the figure is ~13 in wide, shown at page width
+
+
+def interval_caption(intervals: list[Interval]) -> str:
+    """What the whiskers are, with the seed counts n of the groups behind them; no whiskers with one seed."""
+    bounded = [iv for iv in intervals if iv.bounded]
+    counts = sorted({k for iv in bounded for k in iv.n})
+    if not bounded:
+        return "no whiskers: fewer than 2 seeds in a group, so no interval"
+    n = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}–{counts[-1]}"
+    missing = " (none where a group has fewer than 2 seeds)" if len(bounded) < len(intervals) else ""
+    return (f"whiskers: 95% Fieller interval of G, per comparison (not Holm-adjusted), n = {n} seeds per group"
+            f"{missing}")
 
 
 def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) -> Path:
-    """Bars of G per configuration and pe with 95% Fieller intervals, one panel per dataset: draw mean
-    solid, training draw hatched; undefined G drawn as an 'n/a' label, and a G whose interval is unbounded
-    (the gap not resolved at 95%) as an 'unbounded' label, without a bar: no finite bar could stand for it.
-    The axis stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does not flatten every other bar;
-    an interval end beyond it is written at the edge."""
+    """Bars of G per configuration and pe, one panel per dataset (stacked): draw mean solid, training draw
+    hatched, with 95% Fieller intervals where every group has 2 or more seeds (the caption says so, with
+    n). A configuration whose gap gives no G on an accuracy gets one note saying why inside its slot
+    instead of a bar per encoding; a single missing G is marked 'n/a', and a G whose interval is
+    unbounded (the gap not resolved at 95%) 'unbounded', without a bar: no finite bar could stand for
+    it. The axis stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does not flatten every other
+    bar; an interval end beyond it is written at the edge. Everything is drawn inside the axes."""
     plt = pyplot()
     datasets = sorted({c[0] for c in assessed[TRAIN_DRAW]})
-    widest = max(sum(c[0] == d for c in assessed[TRAIN_DRAW]) for d in datasets)
-    fig, axes = plt.subplots(1, len(datasets), figsize=(max(6.5, 1.8 * widest) * len(datasets), 5), squeeze=False)
-    for ax, dataset in zip(axes[0], datasets):
+    fig, axes = plt.subplots(len(datasets), 1, figsize=(13, 4.8 * len(datasets)), squeeze=False, layout="constrained")
+    all_pes = sorted({pe for a in assessed[TRAIN_DRAW].values() for pe in a.closures})
+    colours = {pe: f"C{j}" for j, pe in enumerate(all_pes)}
+    drawn: list[Interval] = []
+    for ax, dataset in zip(axes[:, 0], datasets):
         configs = [c for c in assessed[TRAIN_DRAW] if c[0] == dataset]
         ax.set_ylim(-G_AXIS_LIMIT, G_AXIS_LIMIT)
+        ax.set_xlim(-0.5, len(configs) - 0.5)
         pes = sorted({pe for c in configs for pe in assessed[TRAIN_DRAW][c].closures})
         width = 0.8 / max(1, 2 * len(pes))
-        labelled: set[str] = set()
+        ticks = []
         for i, config in enumerate(configs):
-            for j, pe in enumerate(pes):
-                for k, (metric, hatch) in enumerate(((DRAW_MEAN, None), (TRAIN_DRAW, "//"))):
-                    closure = assessed[metric][config].closures.get(pe)
-                    if closure is None:
+            notes = []
+            for k, (metric, hatch) in enumerate(((DRAW_MEAN, None), (TRAIN_DRAW, "//"))):
+                assessment = assessed[metric][config]
+                closures = assessment.closures
+                if not any(math.isfinite(c.G.point) and not c.G.unbounded for c in closures.values()):
+                    notes.append(f"{SHORT[metric]}: {no_G_reason(assessment, config[1])}")
+                    continue
+                for j, pe in enumerate(pes):
+                    if pe not in closures:
                         continue
                     xpos = i + (2 * j + k - (2 * len(pes) - 1) / 2) * width
-                    label = f"{pe} ({SHORT[metric]})"
-                    if draw_bar(ax, xpos, width, closure.G, f"C{j}", hatch, None if label in labelled else label):
-                        labelled.add(label)
+                    if draw_bar(ax, xpos, width, closures[pe].G, colours[pe], hatch, None):
+                        drawn.append(closures[pe].G)
+            _, b, q, r = config
+            ticks.append("\n".join([b, f"qk_norm {q}", f"redraw {r}".replace(" until", "\nuntil"),
+                                    *(line for note in notes for line in textwrap.wrap(f"[{note}]", 24))]))
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(1, color="k", lw=0.8, ls="--")
-        ticks = [f"{b}\nqk {q}\nredraw {r}".replace(" until", "\nuntil") for _, b, q, r in configs]
-        ax.set_xticks(range(len(configs)), ticks, fontsize=7)
-        ax.set_ylabel("gap closure G (1 = softmax+ape reached)")
-        ax.set_title(f"{dataset}: G per Performer configuration and pe (95% Fieller interval, per comparison)")
-        if labelled:
-            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+        ax.set_xticks(range(len(configs)), ticks, fontsize=FONT["tick"])
+        ax.tick_params(axis="y", labelsize=FONT["tick"])
+        ax.set_ylabel("gap closure G\n(1 = softmax+ape reached, 0 = b+ape)", fontsize=FONT["label"])
+        ax.set_title(f"{dataset}: G of each Performer configuration b and encoding pe", fontsize=FONT["title"])
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=colours[pe], label=pe) for pe in all_pes]
+    handles += [Patch(facecolor="white", edgecolor="k", label="solid: draw mean (judged)"),
+                Patch(facecolor="white", edgecolor="k", hatch="//", label="hatched: training draw")]
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=FONT["tick"],
+               frameon=False)
+    fig.suptitle(interval_caption(drawn), fontsize=FONT["label"])
     return save_figure(fig, path)
 
 
+def no_G_reason(assessment: Assessment, backend: str) -> str:
+    """Why a configuration shows no G bar on an accuracy, in a few words (from the gap's state)."""
+    gap = assessment.gap
+    if gap.state == "missing":
+        return "no G, " + (gap.why.split(" (")[0] or "not measured")
+    if gap.state == "one seed":
+        return f"no G, one seed and a gap below {fmt(100 * MIN_GAP)} points"
+    if any(c.G.unbounded for c in assessment.closures.values()):
+        return "G unbounded: gap not resolved at 95%"
+    return "no G, " + GAP_OUTCOME[gap.state].format(backend=backend)
+
+
 def draw_bar(ax, xpos: float, width: float, G: Interval, color: str, hatch: str | None, label: str | None) -> bool:
-    """One G bar with its interval, or an 'n/a' label; True if a bar (and so its legend label) was drawn."""
+    """One G bar with its interval, or an 'n/a' / 'unbounded' label; True if a bar (and so its legend label)
+    was drawn. Whiskers only for a bounded interval (every group with 2 or more seeds)."""
     if not math.isfinite(G.point) or G.unbounded:  # no G, or any G of either sign is compatible with the seeds
-        ax.text(xpos, 0.02, "unbounded" if G.unbounded else "n/a", ha="center", va="bottom", fontsize=6, rotation=90)
+        ax.text(xpos, 0.1, "unbounded" if G.unbounded else "n/a", ha="center", va="bottom",
+                fontsize=FONT["note"], rotation=90)
         return False
     err = [[G.point - G.lo], [G.hi - G.point]] if G.bounded else None
-    ax.bar(xpos, G.point, width, yerr=err, capsize=2, color=color, hatch=hatch,
-           alpha=0.6 if hatch else 1.0, label=label)
+    ax.bar(xpos, G.point, width, yerr=err, capsize=2, color=color, hatch=hatch, alpha=0.6 if hatch else 1.0,
+           label=label)
     for end in (G.lo, G.hi):
         if math.isfinite(end) and abs(end) > G_AXIS_LIMIT:
             ax.annotate(f"{end:.3g}", (xpos, math.copysign(G_AXIS_LIMIT, end)), xytext=(2, 0),
-                        textcoords="offset points", ha="left", va="top" if end > 0 else "bottom", fontsize=6,
-                        rotation=90, annotation_clip=False)
+                        textcoords="offset points", ha="left", va="top" if end > 0 else "bottom",
+                        fontsize=FONT["note"], rotation=90, annotation_clip=False)
     return True
 
 

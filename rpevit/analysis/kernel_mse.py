@@ -142,11 +142,23 @@ def limits_table(frame: pd.DataFrame) -> str:
                            "trig: bias² floor", "trig: bias / K", "Gaussian rows: limit"], rows)
 
 
+PROJECTION_STYLE = {"gaussian": ("o", "-"), "orthogonal": ("s", "--"), "rademacher": ("^", "-."),
+                    "orthogonal_rademacher": ("D", ":")}
+
+
 def plot_versus_m(g: pd.DataFrame, title: str, path: Path) -> Path:
+    """Rows: estimator; one panel per projection (Monte Carlo with +-2 SE bars, the closed form, the m -> infinity
+    limit, the Performer bound), and a last panel overlaying the closed forms of all projections, each with
+    its own marker and line style so that none hides another. One legend for the figure."""
     plt = pyplot()
+    from matplotlib.lines import Line2D
+
     estimators = [e for e in ESTIMATORS if e in set(g["kmse_estimator"])]
-    fig, axes = plt.subplots(len(estimators), len(PROJECTIONS) + 1, figsize=(20, 3.8 * len(estimators)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(estimators), len(PROJECTIONS) + 1, figsize=(16, 3.6 * len(estimators) + 0.8),
+                             squeeze=False, layout="constrained")
+    draws = sorted({int(d) for d in g["kmse_draws"]})
+    draws_text = f"{draws[0]}" if len(draws) == 1 else f"{draws[0]}–{draws[-1]}"
+    kinds = {}
     for row_axes, est in zip(axes, estimators):
         for j, proj in enumerate(PROJECTIONS):
             ax = row_axes[j]
@@ -155,31 +167,46 @@ def plot_versus_m(g: pd.DataFrame, title: str, path: Path) -> Path:
                 ax.set_visible(False)
                 continue
             m = s["kmse_features"].to_numpy(float)
-            ax.errorbar(m, s["mse_mc"], yerr=2 * s["mse_mc_se"], fmt="o", ms=4, capsize=2, color=f"C{j}",
-                        label="Monte Carlo ± 2 SE")
-            ax.plot(m, s["mse_closed"], "-", color="k", label="closed form")
+            kinds["mc"] = ax.errorbar(m, s["mse_mc"], yerr=2 * s["mse_mc_se"], fmt="o", ms=4, capsize=2,
+                                      color=f"C{j}")
+            kinds["closed"], = ax.plot(m, s["mse_closed"], "-", color="k")
             limit = s["limit_mse"].iloc[0]
             if limit > 0:
-                ax.axhline(limit, color="r", ls="--", label=f"m → ∞: bias² = {fmt(limit, 3)}")
+                kinds["limit"] = ax.axhline(limit, color="r", ls="--")
+                ax.annotate(f"bias² = {fmt(limit, 3)}", (0.97, limit), xycoords=("axes fraction", "data"),
+                            xytext=(0, 3), textcoords="offset points", ha="right", va="bottom", fontsize=8,
+                            color="r")
             if s["mse_bound"].notna().any():
-                ax.plot(m, s["mse_bound"], ":", color="gray", label="Performer Thm 2 bound (m ≤ d)")
+                kinds["bound"], = ax.plot(m, s["mse_bound"], ":", color="gray")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_title(f"{est} / {proj}", fontsize=10)
-            ax.set_xlabel("m features")
-            ax.set_ylabel("MSE")
-            ax.legend(fontsize=7)
+            ax.set_xlabel("m features", fontsize=9)
+            ax.tick_params(labelsize=8)
+            if j == 0:
+                ax.set_ylabel(f"{est}: MSE", fontsize=9)
         ax = row_axes[-1]
         for j, proj in enumerate(PROJECTIONS):
             s = g[(g["kmse_estimator"] == est) & (g["kmse_projection"] == proj)].sort_values("kmse_features")
             if not s.empty:
-                ax.plot(s["kmse_features"], s["mse_closed"], "o-", ms=3, color=f"C{j}", label=proj)
+                marker, style = PROJECTION_STYLE[proj]
+                ax.plot(s["kmse_features"], s["mse_closed"], marker=marker, ls=style, ms=5, color=f"C{j}",
+                        markerfacecolor="none", label=proj)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_title(f"{est}: closed forms compared", fontsize=10)
-        ax.set_xlabel("m features")
-        ax.legend(fontsize=7)
-    fig.suptitle(title)
+        ax.set_xlabel("m features", fontsize=9)
+        ax.tick_params(labelsize=8)
+    labels = {"mc": f"Monte Carlo ± 2 SE (≈95%, {draws_text} draws per point)", "closed": "closed form",
+              "limit": "m → ∞ limit: bias²", "bound": "Performer Thm 2 bound (m ≤ d)"}
+    handles = [Line2D([], [], marker="o", ls="", color="0.3") if k == "mc" else kinds[k] for k in labels if k in kinds]
+    names = [labels[k] for k in labels if k in kinds]
+    for j, proj in enumerate(PROJECTIONS):  # the comparison panels' lines
+        marker, style = PROJECTION_STYLE[proj]
+        handles.append(Line2D([], [], marker=marker, ls=style, ms=5, color=f"C{j}", markerfacecolor="none"))
+        names.append(f"closed form, {proj} (last column)")
+    fig.legend(handles, names, loc="outside lower center", ncol=4, fontsize=9, frameon=False)
+    fig.suptitle(title, fontsize=11)
     return save_figure(fig, path)
 
 

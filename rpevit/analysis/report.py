@@ -8,6 +8,9 @@ includes the rotation-invariant concentration study if analysis/rotinv_concentra
 output into RESULTS_DIR or a folder below it, and states where the rows were produced (device,
 torch / ray / python versions, git commit, from the rows).
 Only rows listed in each folder's space.json are used; the Trials table counts those set aside.
+Where RESULTS_DIR holds a STUDIES file, only the folders it lists are read (results/STUDIES: the
+published studies), and the report names the folders it left out; a folder whose trials.parquet
+cannot be read is skipped with one line (stderr and the Trials table), not the whole report.
 """
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ import pandas as pd
 
 from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study
 from rpevit.analysis.common import (SPACE_FILE, cli, column, current_rows, environment_table, fmt, markdown_table,
-                                    read_trials, space_keys, trial_files, write_markdown)
+                                    read_sweep, read_trials, space_keys, studies_note, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import unix_seconds
+from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 
 ROTINV_FILE = "rotinv_concentration.md"
 THREAD_HOURS_NOTE = ("Thread-hours: per Tune trial, last finish − first start times its torch threads, over the "
@@ -48,7 +51,10 @@ def status_table(results_dir: Path) -> str:
     thread-hours its trials took and how many were resumed after a stop."""
     rows = []
     for path in trial_files(results_dir):
-        frame = pd.read_parquet(path)
+        frame = read_sweep(path, results_dir)
+        if frame is None:  # named on stderr by read_sweep
+            rows.append([path.parent.name, "?", "—", "—", f"skipped: {TRIALS_FILE} cannot be read", "—", "—"])
+            continue
         current, stale = current_rows(frame, path.parent)
         counts = current["status"].value_counts()
         tasks = ", ".join(sorted(frame["task"].dropna().astype(str).unique())) if "task" in frame else "?"
@@ -80,8 +86,10 @@ def build_report(results_dir: Path) -> str:
     sections = [gap_closure.build(results_dir), string_study.build(results_dir), efficiency.build(results_dir),
                 kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
+    read_from = studies_note(results_dir)
     head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),
-            "", THREAD_HOURS_NOTE, "", "## Environment the successful rows were produced on", "", trials.note(), "",
+            "", THREAD_HOURS_NOTE, "", *([read_from, ""] if read_from else []),
+            "## Environment the successful rows were produced on", "", trials.note(), "",
             environment_table(trials.frame), ""]
     body = [s for s in sections if s]
     if not body:

@@ -195,27 +195,39 @@ def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
 
 
 def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
-    """Accuracy against f (log axis), mean and 95% t interval over seeds: one panel per dataset, each with
-    its own accuracy axis (a shared one flattens every curve: the datasets sit ~40 points apart)."""
+    """Accuracy against f (log axis), mean over seeds with its 95% t interval where f has 2 or more seeds (none
+    drawn with one: the title says which): one panel per dataset, each with its own accuracy axis (a shared one
+    flattens every curve: the datasets sit ~40 points apart)."""
     curves = {d: fs[fs["solver"] != "sparse"].sort_values("f") for d, fs in per_dataset.items()}
     curves = {d: dense for d, dense in curves.items() if len(dense) > 1}
     if not curves:
         return None
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(curves), figsize=(4.5 * len(curves), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.8 * len(curves), 4.2), squeeze=False)
+    with_interval = False
     for ax, (dataset, dense) in zip(axes[0], curves.items()):
         intervals = [mean_interval(v) for v in dense["values"]]
-        err = [[100 * (iv.point - iv.lo) if iv.bounded else 0.0 for iv in intervals],
-               [100 * (iv.hi - iv.point) if iv.bounded else 0.0 for iv in intervals]]
-        ax.errorbar(dense["f"], 100 * dense["acc"], yerr=err, fmt="o-", capsize=3)
+        f, acc = dense["f"].to_numpy(float), 100 * dense["acc"].to_numpy(float)
+        ax.plot(f, acc, "o-", color="C0")
+        bounded = [i for i, iv in enumerate(intervals) if iv.bounded]
+        if bounded:
+            with_interval = True
+            ax.errorbar(f[bounded], acc[bounded], fmt="none", ecolor="C0", capsize=3,
+                        yerr=[[100 * (intervals[i].point - intervals[i].lo) for i in bounded],
+                              [100 * (intervals[i].hi - intervals[i].point) for i in bounded]])
         ax.set_xscale("log")
-        ax.set_xticks(list(dense["f"]), [fmt(f, 3) for f in dense["f"]])
+        ax.set_xticks(list(f), [fmt(x, 3) for x in f])
         ax.minorticks_off()
-        ax.set_xlabel("f, fraction of learned entries of S (log)")
-        ax.set_ylabel("test accuracy %")
-        ax.set_title(f"{dataset} (n = {', '.join(sorted({str(len(v)) for v in dense['values']}))} seeds)",
-                     fontsize=10)
-    fig.suptitle("sparse-S Cayley-STRING: accuracy against f (mean over seeds, bars: 95% t interval)", fontsize=10)
+        ax.margins(x=0.08, y=0.1)
+        ax.tick_params(labelsize=9)
+        ax.set_xlabel("f, fraction of learned entries of S (log)", fontsize=10)
+        ax.set_ylabel("test accuracy %", fontsize=10)
+        counts = sorted({len(v) for v in dense["values"]})
+        seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}–{counts[-1]}"
+        missing = "" if len(bounded) == len(intervals) else "; no bar where f has one seed"
+        ax.set_title(f"{dataset} (n = {seeds} seeds per f{missing})", fontsize=10)
+    what = "bars: 95% t interval over seeds" if with_interval else "one seed per f: no interval"
+    fig.suptitle(f"sparse-S Cayley-STRING: accuracy against f (mean over seeds; {what})", fontsize=10)
     return save_figure(fig, path)
 
 

@@ -14,6 +14,18 @@ column no schema knows is kept, appended after the fixed ones (tests keep that l
 
 Rows of trials that are not in the sweep's current space (its YAML was edited since they ran)
 stay in the files; `current_rows()` filters them by the trial keys of `space.json`.
+
+Damaged files (issue 31, items 12 and 13). A trials.parquet / epochs.parquet that cannot be read
+(truncated, random bytes, empty, a folder, another table) raises `DamagedResults`, one line naming
+the file and why. The driver (under the sweep lock) sets such a file aside as
+`<name>.damaged-<time>` (kept, never read again) and goes on with what is left: the trials it held
+have no row, so `--resume` reruns them from their checkpoints (a finished one is only evaluated
+again); a damaged epochs.parquet is rebuilt from the epoch histories in the trial checkpoints.
+The analysis never renames anything: it names the file and skips its folder
+(rpevit.analysis.common). A write that fails (disk full, a read-only folder) raises
+`ResultsWriteError`, one line naming the folder and the OS error; the runner stops the sweep
+there and prints the command that continues it (deadline.resume_command). Rows not yet written are not
+lost: each trial's epochs are in its checkpoint, and `--resume` reports them again.
 """
 from __future__ import annotations
 
@@ -23,6 +35,7 @@ import math
 import numbers
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +47,7 @@ import pyarrow.parquet as pq
 from ray.tune import Callback
 
 from rpevit import registry
-from rpevit.config import TrialConfig, field_types
+from rpevit.config import ConfigError, TrialConfig, field_types
 from rpevit.registry import TaskMetrics
 from rpevit.sweep.protocol import EPOCH, FAILED, OK, SUMMARY, VARIANT_FAILED, Report, members_of
 
@@ -185,10 +198,105 @@ def _alive(pid: int) -> bool:
     return True
 
 
+REQUIRED_COLUMNS = {TRIALS_FILE: ("trial_key", "status"), EPOCHS_FILE: ("trial_key", "epoch")}
+
+
+class DamagedResults(ConfigError):
+    """A trials.parquet / epochs.parquet that cannot be read as one; the message names it and why."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        self.path, self.reason = Path(path), reason
+        super().__init__(f"{path} cannot be read as a sweep's {Path(path).name} ({reason})")
+
+
+class ResultsWriteError(ConfigError):
+    """The driver could not write a results file (disk full, a read-only folder, ...): one line naming
+    the folder and the OS error, and (`command`) how to continue the sweep once that is fixed."""
+
+    def __init__(self, folder: Path, err: OSError, command: str | None = None) -> None:
+        self.folder, self.err, self.command = Path(folder), err, command
+        what = os.strerror(err.errno) if err.errno else (err.strerror or str(err))
+        name = errno_name(err.errno)
+        super().__init__(f"cannot write the results of this sweep to {folder} ({name + ': ' if name else ''}{what}); "
+                         f"the sweep stopped and starts no further trials; nothing is lost (a trial without a row "
+                         f"runs again from its checkpoint): free space or make the folder writable, then continue "
+                         f"with {command or '--resume'}")
+
+
+def errno_name(number: int | None) -> str:
+    import errno as errno_module
+
+    return errno_module.errorcode.get(number, "") if number else ""
+
+
+def one_line(err: BaseException, limit: int = 200) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())[:limit]
+
+
+def read_results_table(path: Path) -> pa.Table | None:
+    """The table of a trials.parquet / epochs.parquet, None where there is no such file; DamagedResults
+    where there is one that cannot be read as one (truncated, random bytes, empty, a folder, a table
+    without the columns every such file has)."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    if path.is_dir():
+        raise DamagedResults(path, "it is a folder, not a Parquet file")
+    try:
+        table = pq.read_table(path, use_pandas_metadata=True)
+    except (pa.ArrowException, OSError, ValueError, EOFError) as err:  # ArrowInvalid, thrift errors, ...
+        raise DamagedResults(path, one_line(err)) from err
+    missing = [c for c in REQUIRED_COLUMNS.get(path.name, ()) if c not in table.column_names]
+    if missing:
+        raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
+    return table
+
+
+def set_aside(path: Path, reason: str) -> Path:
+    """Rename a damaged results file (or folder) to `<name>.damaged-<time>` beside it, keeping it; returns
+    the new path. ConfigError (one line) where even that is not possible."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = path.with_name(f"{path.name}.damaged-{stamp}"), 1
+    while os.path.lexists(target):
+        n += 1
+        target = path.with_name(f"{path.name}.damaged-{stamp}-{n}")
+    try:
+        os.rename(path, target)
+    except OSError as err:
+        raise ConfigError(f"{path} cannot be read as a sweep's {path.name} ({reason}) and cannot be set aside "
+                          f"({err.strerror or err}); allowed: a readable file or none: move it out of the way "
+                          f"(keep it), then run the same command again") from err
+    return target
+
+
+def read_table_or_set_aside(path: Path, consequence: str) -> tuple[pa.Table | None, Path | None]:
+    """(the table, None), or for a damaged file (None, where it was set aside) after one line on stderr
+    naming it, why, where it went and `consequence` (what the sweep does about it). Driver only, under
+    the sweep's lock: nothing else may be writing the folder."""
+    try:
+        return read_results_table(path), None
+    except DamagedResults as err:
+        moved = set_aside(err.path, err.reason)
+        print(f"warning: {err}; set aside as {moved.name} (kept, not read again); {consequence}", file=sys.stderr,
+              flush=True)
+        return None, moved
+
+
+TRIALS_LOST = ("the trials it held have no row now, so this run (with --resume) runs them again from their "
+               "checkpoints: a finished one is only evaluated again")
+
+
 def write_table_atomic(table: pa.Table, path: Path) -> None:
     tmp = temp_name(path)
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # a torn temp file of a write that failed (disk full): nothing to keep
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
 
 
 def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
@@ -199,12 +307,17 @@ def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows as Arrow stores them (ints stay ints, timestamps datetimes), not via pandas floats."""
-    return pq.read_table(path).to_pylist() if path.exists() else []
+    """Rows as Arrow stores them (ints stay ints, timestamps datetimes), not via pandas floats;
+    DamagedResults for a file that cannot be read."""
+    table = read_results_table(path)
+    return table.to_pylist() if table is not None else []
 
 
 def load_trials(out_dir: Path) -> pd.DataFrame:
-    return pd.read_parquet(out_dir / TRIALS_FILE) if (out_dir / TRIALS_FILE).exists() else pd.DataFrame()
+    """The sweep's trials.parquet as a frame (empty without one). Driver only: a damaged file is set
+    aside (read_table_or_set_aside) and its trials count as not run."""
+    table, _ = read_table_or_set_aside(Path(out_dir) / TRIALS_FILE, TRIALS_LOST)
+    return table.to_pandas() if table is not None else pd.DataFrame()
 
 
 def unix_seconds(times: pd.Series) -> pd.Series:
@@ -271,13 +384,52 @@ class ParquetResults(Callback):
         self.trials = trials  # trial_key -> config dict
         self.order = order  # trial_key -> index in the space
         self.on_change = on_change
-        self.trial_rows = {r["trial_key"]: r for r in read_rows(self.out_dir / TRIALS_FILE)}
-        self.epoch_rows = {(r["trial_key"], int(r["epoch"])): r for r in read_rows(self.out_dir / EPOCHS_FILE)}
+        self.write_error: ResultsWriteError | None = None  # set when a flush failed: the sweep is stopping
+        remove_stale_temps(self.out_dir)  # a sweep starts or resumes here, under its lock
+        table, _ = read_table_or_set_aside(self.out_dir / TRIALS_FILE, TRIALS_LOST)
+        self.trial_rows = {r["trial_key"]: r for r in (table.to_pylist() if table is not None else [])}
+        try:
+            self.epoch_rows = {(r["trial_key"], int(r["epoch"])): r for r in read_rows(self.out_dir / EPOCHS_FILE)}
+            rebuilt = None
+        except DamagedResults as err:
+            moved = set_aside(err.path, err.reason)
+            self.epoch_rows = {}
+            rebuilt = self.rebuild_epochs()
+            print(f"warning: {err}; set aside as {moved.name} (kept, not read again); rebuilt "
+                  f"{len(self.epoch_rows)} epoch row(s) of {rebuilt} trial(s) from their checkpoints (trials without "
+                  f"one report theirs again when they run)", file=sys.stderr, flush=True)
         known = [c.get("task") for c in trials.values()] + [r.get("task") for r in self.trial_rows.values()]
         self.task = task or next((t for t in known if t), TrialConfig.task)
         self._dirty_epochs = False
         self._last_flush = 0.0
-        remove_stale_temps(self.out_dir)  # a sweep starts or resumes here, under its lock
+        if rebuilt is not None:
+            self.flush()
+
+    def rebuild_epochs(self) -> int:
+        """Epoch rows from the history in each trial's checkpoint (`trials/<key>/checkpoint.pt`), for the
+        trials this writer knows a config of (the space's pending ones, and every one with a row); loaded
+        safely and only where the checkpoint matches that config (rpevit.checkpoint). Returns how many
+        trials gave rows."""
+        from rpevit import checkpoint
+
+        names = set(field_types())
+        configs = {**self.trial_rows, **self.trials}
+        found = 0
+        for key, values in configs.items():
+            path = self.out_dir / "trials" / key / checkpoint.CHECKPOINT_NAME
+            if not path.is_file() or path.is_symlink():
+                continue
+            try:
+                cfg = TrialConfig.from_dict({n: v for n, v in values.items() if n in names and not _missing(v)})
+                state = checkpoint.load(path)
+                checkpoint.check_matches(state, cfg, path, extend_epochs=True)
+                history = [dict(row) for row in state["history"]]
+            except Exception:  # noqa: BLE001 - a checkpoint that cannot give rows gives none; its trial reruns
+                continue
+            for row in history:
+                self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, "trial_key": key, **row}
+            found += bool(history)
+        return found
 
     # ---- Tune hooks (driver thread) ----
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -317,25 +469,40 @@ class ParquetResults(Callback):
         }
 
     def on_experiment_end(self, trials, **info) -> None:
-        self.flush()
+        if self.write_error is None:
+            self.flush()
+        # else: Tune is cleaning up after the failed write, whose error is on its way to the runner
 
     # ---- writing ----
     def flush(self) -> None:
+        """Rewrite both files; ResultsWriteError (one line: the folder, the OS error) when the folder
+        cannot take them. The rows stay in memory either way."""
+        try:
+            self._write()
+        except OSError as err:  # disk full, read-only folder, quota, ...
+            self.write_error = ResultsWriteError(self.out_dir, err)
+            raise self.write_error from None
+        self.write_error = None
+        self._dirty_epochs = False
+        self._last_flush = time.monotonic()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _write(self) -> None:
+        """epochs.parquet first, then trials.parquet: a trial's row is on disk only once its epoch rows
+        are, so a write that fails between the two (disk full) leaves the trial without a row, and
+        --resume reruns it from its checkpoint, reporting every epoch again."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        if self.epoch_rows or self.task == "train":  # train sweeps always have an epochs file
+            rows = sorted(self.epoch_rows.values(),
+                          key=lambda r: (self.order.get(r["trial_key"], math.inf), int(r["epoch"])))
+            write_table_atomic(to_table(rows, epochs_schema(self.task)), self.out_dir / EPOCHS_FILE)
         if self.trial_rows:
             rows = sorted(self.trial_rows.values(), key=lambda r: self.order.get(r["trial_key"], math.inf))
             for r in rows:  # rows of keys outside the current space keep their old index
                 if r["trial_key"] in self.order:
                     r["trial_index"] = self.order[r["trial_key"]]
             write_table_atomic(to_table(rows, trials_schema(self.task)), self.out_dir / TRIALS_FILE)
-        if self.epoch_rows or self.task == "train":  # train sweeps always have an epochs file
-            rows = sorted(self.epoch_rows.values(),
-                          key=lambda r: (self.order.get(r["trial_key"], math.inf), int(r["epoch"])))
-            write_table_atomic(to_table(rows, epochs_schema(self.task)), self.out_dir / EPOCHS_FILE)
-        self._dirty_epochs = False
-        self._last_flush = time.monotonic()
-        if self.on_change is not None:
-            self.on_change()
 
 
 def _error_text(trial) -> str:

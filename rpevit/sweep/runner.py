@@ -45,8 +45,8 @@ from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.protocol import FAILED, OK, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
-from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, load_trials, select_keys,
-                                  trial_seconds, unix_seconds)
+from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, ResultsWriteError,
+                                  load_trials, select_keys, trial_seconds, unix_seconds)
 from rpevit.sweep.space import Resources, Space, SpaceError, check_name
 from rpevit.sweep.trainable import StartBarrier, run_trial
 
@@ -235,6 +235,12 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
     try:
         with _environ({NO_TUNE_LOGGERS_ENV: "1"}), _quiet(TUNE_ANALYSIS_LOGGER):  # Parquet is the result
             tuner.fit()
+    except Exception:  # Tune wraps a callback's error in a TuneError holding its traceback as text
+        if writer.write_error is None:
+            raise
+        # disk full / read-only folder (issue 31, item 13): one line (sweep.py), with the command that continues
+        raise ResultsWriteError(out_dir, writer.write_error.err, deadlines.resume_command(
+            space.source, space.name, opts.results_dir, opts.data_dir, opts.resume_flags)) from None
     finally:
         if barrier is not None:
             ray.kill(barrier)

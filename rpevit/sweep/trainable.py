@@ -23,11 +23,21 @@ trainable re-reports on a resume so the driver's Parquet never misses an epoch (
 Checkpoints are read with weights_only=True and only by the config that wrote them
 (rpevit.checkpoint), so a planted or foreign checkpoint fails the trial with a message instead of
 running code or being continued under another config.
+
+TensorBoard (issue 31, item 3): every epoch row a trial reports also goes, as scalars at step =
+epoch, into an event file of its own, `results/<sweep>/tensorboard/<trial_key>/` (a fused group:
+one folder per member), written here in the worker (`EpochBoard`): `tensorboard --logdir
+results/<sweep>/tensorboard`. The folder is rewritten from the checkpointed history whenever the
+trial (re)starts, so a resumed or retried trial shows each epoch once. TensorBoard is optional for
+a trial: without the `tensorboard` package, or when the folder cannot be written, the trial logs
+one line and trains on.
 """
 from __future__ import annotations
 
 import errno
 import gc
+import math
+import numbers
 import os
 import random
 import socket
@@ -109,13 +119,14 @@ def run_single(spec: TrialSpec, member: Member) -> None:
     cfg = TrialConfig.from_dict(member.cfg, source=f"trial {key}")
     ckpt_dir = Path(spec.checkpoint_root) / key
     history = checkpointed_history(ckpt_dir, cfg)
-    for row in history:  # epochs finished before a kill / retry
-        report_epoch(key, row)
-    with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
-        started_at = time.time()
-        log(describe(key, placement))
-        summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
-                                           on_epoch=lambda row, _dir=None: report_epoch(key, row))
+    with epoch_reporter(spec, member) as report:
+        for row in history:  # epochs finished before a kill / retry
+            report(row)
+        with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
+            started_at = time.time()
+            log(describe(key, placement))
+            summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
+                                               on_epoch=lambda row, _dir=None: report(row))
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
 
@@ -127,7 +138,12 @@ def run_fused(spec: TrialSpec) -> None:
 
     The worker is seeded from the first member's seed; each member's own randomness comes from
     generators seeded by its own seed inside the group runner, so this does not matter."""
-    members, configs, resumed = [], [], {}
+    with ExitStack() as boards:  # each member's TensorBoard folder, closed when the group is done
+        _run_fused(spec, boards)
+
+
+def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
+    members, configs, resumed, reports = [], [], {}, {}
     for member in spec.members:
         cfg = TrialConfig.from_dict(member.cfg, source=f"trial {member.trial_key}")
         try:  # a foreign or broken checkpoint fails its member only
@@ -138,8 +154,9 @@ def run_fused(spec: TrialSpec) -> None:
         members.append(member)
         configs.append(cfg)
         resumed[member.trial_key] = len(history)
+        reports[member.trial_key] = boards.enter_context(epoch_reporter(spec, member))
         for row in history:
-            report_epoch(member.trial_key, row)
+            reports[member.trial_key](row)
     if not members:
         return
     folders = [Path(spec.checkpoint_root) / m.trial_key for m in members]
@@ -155,7 +172,7 @@ def run_fused(spec: TrialSpec) -> None:
         log(f"fused group of {len(members)}: " + ", ".join(m.trial_key for m in members) + " - "
             + describe(members[0].trial_key, placement))
         outcomes = run_group(configs, checkpoint_dirs=folders, log=log,
-                             on_epoch=lambda i, row, _dir=None: report_epoch(members[i].trial_key, row))
+                             on_epoch=lambda i, row, _dir=None: reports[members[i].trial_key](row))
     finished_at = time.time()
     for member, outcome in zip(members, outcomes):
         if isinstance(outcome, BaseException):
@@ -223,6 +240,85 @@ def timing_schedule(keys: list[str], repeats: int, interleave: bool, warmup: boo
 # ---------------------------------------------------------------- reporting to the driver
 def report_epoch(key: str, row: dict) -> None:
     tune.report(Report(EPOCH, key, dict(row)).to_tune())
+
+
+TENSORBOARD_DIR = "tensorboard"  # results/<sweep>/tensorboard/<trial_key>/: one event file per trial
+EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event files
+
+
+def tensorboard_dir(spec: TrialSpec, key: str) -> Path:
+    """results/<sweep>/tensorboard/<trial_key> (checkpoint_root is results/<sweep>/trials)."""
+    return Path(spec.checkpoint_root).parent / TENSORBOARD_DIR / key
+
+
+@contextmanager
+def epoch_reporter(spec: TrialSpec, member: Member) -> Iterator[Callable[[dict], None]]:
+    """report(row): one epoch row to the driver (epochs.parquet) and to the member's TensorBoard folder."""
+    board = EpochBoard(tensorboard_dir(spec, member.trial_key), member.trial_key, member.label)
+    try:
+        def report(row: dict) -> None:
+            board.add(row)
+            report_epoch(member.trial_key, row)
+
+        yield report
+    finally:
+        board.close()
+
+
+class EpochBoard:
+    """The TensorBoard event file of one trial: each epoch row's finite numbers as scalars, step = epoch.
+
+    Opened at the trial's first epoch row (a task without epochs leaves no folder). Idempotent across
+    restarts: opening removes the event files an earlier start of the trial left in its folder, and
+    the trial writes its checkpointed history before its new epochs (run_single / run_fused), so a
+    resumed or retried trial holds every epoch once. Only `events.out.tfevents.*` files are removed,
+    and nothing is written through a symbolic link. Never fails the trial: without the `tensorboard`
+    package, or when the folder cannot be written, it says so in one line and writes nothing more."""
+
+    def __init__(self, folder: Path, key: str, label: str = "") -> None:
+        self.folder, self.key, self.label = Path(folder), key, label
+        self.writer, self.tried = None, False
+
+    def _open(self) -> None:
+        self.tried = True
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
+        except ImportError as err:
+            print(f"trial {self.key}: no TensorBoard events ({err}); `pip install tensorboard` for them", flush=True)
+            return
+        try:
+            for path in (self.folder.parent, self.folder):
+                if path.is_symlink():
+                    raise OSError(f"{path} is a symbolic link")
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with os.scandir(self.folder) as entries:
+                stale = [Path(e.path) for e in entries if e.name.startswith(EVENTS_PREFIX)
+                         and e.is_file(follow_symlinks=False)]
+            for path in stale:  # an earlier start's epochs: this start writes them all again
+                path.unlink()
+            self.writer = SummaryWriter(log_dir=str(self.folder), flush_secs=5)
+            if self.label:
+                self.writer.add_text("trial", f"{self.label} (trial_key {self.key})", 0)
+        except OSError as err:
+            print(f"trial {self.key}: no TensorBoard events in {self.folder} ({err})", flush=True)
+            self.writer = None
+
+    def add(self, row: dict) -> None:
+        if not self.tried:
+            self._open()
+        if self.writer is None or "epoch" not in row:
+            return
+        step = int(row["epoch"])
+        for name, value in row.items():
+            if name != "epoch" and isinstance(value, numbers.Real) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                self.writer.add_scalar(name, float(value), step)
+        self.writer.flush()  # once per epoch: a live tensorboard sees the epoch now
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def report_summary(member: Member, row: dict) -> None:
