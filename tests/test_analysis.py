@@ -44,7 +44,9 @@ def write_sweep(out_dir: Path, name: str, rows: list[dict]) -> Path:
 
 
 def config_row(**fields) -> dict:
-    return {**TrialConfig.from_dict(fields).to_dict(), **ENV}
+    """A stored row's config; redraw_interval 0 (one training draw) unless given, as these rows were
+    built before the default became 100."""
+    return {**TrialConfig.from_dict({"redraw_interval": 0, **fields}).to_dict(), **ENV}
 
 
 # softmax+ape 0.91, favor+ape 0.80, favor+rope 0.85 -> G = 0.05 / 0.11; relu+ape = softmax+ape -> no gap
