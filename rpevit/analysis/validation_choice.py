@@ -1,0 +1,112 @@
+"""Choices made on the validation split (issue 28): which candidate of a knob wins on validation,
+and what its test accuracy is, beside the value the project chose before (on test).
+
+    python analysis/validation_choice.py results/luo_scale_val_digits     # luo_scale
+    python analysis/validation_choice.py results/redraw_val_mnist         # the redraw schedule
+
+The knob is whatever varies across the rows besides the cell (attention, pe) and the seed: luo_scale,
+or (redraw_interval, redraw_until). Per cell and candidate, the validation accuracy a row is judged
+by is `val_acc_draw_mean` (the mean over fresh draws) for random-feature backends and
+`final_val_acc` otherwise; the chosen candidate is the one with the highest mean over seeds. Its
+test accuracy (judged_accuracy: draw mean for random features) is then read once. Whether the
+chosen candidate beats the earlier choice on validation is a Welch comparison, Holm-corrected over
+the cells: claimed only when the corrected interval excludes 0, else "not resolved with n seeds".
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from rpevit.analysis import stats
+from rpevit.analysis.common import (column, has_random_features, judged_accuracy, load_trials, markdown_table,
+                                    script_main)
+
+CELL = ("dataset", "attention", "pe")
+KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"))
+EARLIER = {("luo_scale",): (10.0,), ("redraw_interval", "redraw_until"): (100, 0.8)}  # chosen on test before
+
+
+def validation_accuracy(frame: pd.DataFrame) -> pd.Series:
+    """What a row is chosen on: the validation draw mean for random-feature rows, final_val_acc otherwise."""
+    draw_mean = pd.to_numeric(column(frame, "val_acc_draw_mean"), errors="coerce")
+    return draw_mean.where(has_random_features(frame), pd.to_numeric(frame["final_val_acc"], errors="coerce"))
+
+
+def knob_of(frame: pd.DataFrame) -> tuple[str, ...]:
+    """The knob the rows vary (KNOBS), found from the data: the first whose columns take several values."""
+    for knob in KNOBS:
+        if all(k in frame for k in knob) and len(frame[list(knob)].drop_duplicates()) > 1:
+            return knob
+    raise ValueError(f"the rows vary none of {', '.join('/'.join(k) for k in KNOBS)}; allowed: a sweep of one of them")
+
+
+def choices(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[dict]]:
+    """(knob, one record per cell: its candidates' validation and test figures, the chosen one)."""
+    frame = frame.assign(val=validation_accuracy(frame), test=judged_accuracy(frame))
+    knob = knob_of(frame)
+    earlier = EARLIER[knob]
+    records = []
+    for cell, rows in frame.groupby(list(CELL)):
+        candidates = {}
+        for value, group in rows.groupby(list(knob)):
+            value = value if isinstance(value, tuple) else (value,)
+            candidates[value] = {"val": stats.mean_interval(group["val"]), "test": stats.mean_interval(group["test"]),
+                                 "val_seeds": group["val"].to_numpy(), "test_seeds": group["test"].to_numpy()}
+        measured = {v: c for v, c in candidates.items() if math.isfinite(c["val"].point)}
+        chosen = max(measured, key=lambda v: measured[v]["val"].point) if measured else None
+        records.append({"cell": cell, "candidates": candidates, "chosen": chosen,
+                        "earlier": earlier if earlier in candidates else None})
+    return knob, records
+
+
+def build(results_dir: Path) -> str | None:
+    frame = load_trials(results_dir, task="train")
+    if frame.empty:
+        return None
+    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame)
+    name = " / ".join(knob)
+    label = lambda value: ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)  # noqa: E731
+    lines = [f"Knob: **{name}**; the earlier choice (made on test): {label(EARLIER[knob])}. Validation accuracy is "
+             "the draw mean over fresh draws for random-feature backends (val_acc_draw_mean), final_val_acc "
+             "otherwise; test accuracy is read once per trial and judged the same way. Intervals: 95% t (n).", ""]
+    table = []
+    family = {}
+    for record in records:
+        cell = " / ".join(str(c) for c in record["cell"])
+        for value, c in sorted(record["candidates"].items()):
+            mark = (" **chosen on validation**" if value == record["chosen"] else "") + \
+                   (" (earlier choice)" if value == record["earlier"] else "")
+            table.append([cell, label(value) + mark, c["val"].text(100, 4), c["test"].text(100, 4)])
+        chosen, earlier = record["chosen"], record["earlier"]
+        if chosen is not None and earlier is not None and chosen != earlier:
+            a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
+            family[cell] = lambda level, a=a, b=b: stats.welch(a, b, level)
+    lines.append(markdown_table(["cell", name, "validation accuracy %", "test accuracy %"], table))
+    lines.append("")
+    judged = stats.judge_family(family) if family else {}
+    for record in records:
+        cell = " / ".join(str(c) for c in record["cell"])
+        chosen, earlier = record["chosen"], record["earlier"]
+        if chosen is None:
+            lines.append(f"- {cell}: no candidate has a validation accuracy.")
+        elif earlier is None or chosen == earlier:
+            lines.append(f"- {cell}: validation chooses {label(chosen)}"
+                         + (", the earlier choice: it does not change." if chosen == earlier else "."))
+        else:
+            verdict = judged[cell]
+            word = verdict.word("better on validation than the earlier choice", "worse")
+            lines.append(f"- {cell}: validation chooses {label(chosen)}, not the earlier {label(earlier)}; its margin on "
+                         f"validation is {verdict.nominal.text(100, 3)} points, Holm over {verdict.k} cell(s): {word}. "
+                         f"Test accuracy: {record['candidates'][chosen]['test'].text(100, 4)} against "
+                         f"{record['candidates'][earlier]['test'].text(100, 4)}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    script_main(__doc__, build, "validation_choice.md", "A choice made on validation", "trials")
+
+
+if __name__ == "__main__":
+    main()

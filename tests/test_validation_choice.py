@@ -1,0 +1,50 @@
+"""The validation-choice report on constructed rows with known answers: the candidate with the best
+mean validation accuracy is chosen (draw mean for random-feature rows), its test figure is read, and
+a change of choice is claimed only when the Holm-corrected Welch interval excludes 0."""
+from __future__ import annotations
+
+from rpevit.analysis import validation_choice
+from tests.test_analysis import config_row, write_sweep
+
+# (attention, luo_scale) -> per-seed validation accuracy; favor is judged on its validation draw mean
+VAL = {("softmax", 3.0): [0.950, 0.952, 0.951], ("softmax", 10.0): [0.940, 0.941, 0.942],
+       ("favor", 3.0): [0.90, 0.95, 0.93], ("favor", 10.0): [0.92, 0.91, 0.93]}
+TEST = {("softmax", 3.0): 0.96, ("softmax", 10.0): 0.95, ("favor", 3.0): 0.94, ("favor", 10.0): 0.93}
+
+
+def rows() -> list[dict]:
+    out = []
+    for (attention, scale), values in VAL.items():
+        for seed, val in enumerate(values):
+            row = {**config_row(attention=attention, pe="luo_rpe", luo_scale=scale, seed=seed, dataset="digits",
+                                redraw_interval=100 if attention == "favor" else 0),
+                   "test_acc": 0.5, "test_acc_draw_mean": float("nan"), "final_val_acc": 0.5,
+                   "val_acc_draw_mean": float("nan")}
+            if attention == "favor":  # one-draw figures say the opposite: they must not be what is chosen on
+                row.update(final_val_acc=1.0 - val, val_acc_draw_mean=val, test_acc=0.99,
+                           test_acc_draw_mean=TEST[(attention, scale)])
+            else:
+                row.update(final_val_acc=val, test_acc=TEST[(attention, scale)])
+            out.append(row)
+    return out
+
+
+def test_the_validation_choice_by_hand(tmp_path):
+    out = write_sweep(tmp_path / "luo", "luo", rows())
+    text = validation_choice.build(out)
+    assert "Knob: **luo_scale**" in text
+    # softmax: 3 wins on validation by 0.01 with tiny spread: Holm (k=2) resolves it
+    softmax = next(line for line in text.splitlines() if line.startswith("- digits / softmax"))
+    assert "validation chooses 3, not the earlier 10" in softmax and "better on validation" in softmax
+    assert "96 [" in softmax  # its test figure: 0.96 on every seed
+    # favor: 3 has the higher validation DRAW mean (0.9267 vs 0.92) but a wide spread: not resolved
+    favor = next(line for line in text.splitlines() if line.startswith("- digits / favor"))
+    assert "validation chooses 3" in favor and "not resolved with 3 seeds" in favor
+    assert "93 [" in favor  # the earlier choice's test draw mean, beside
+    assert "**chosen on validation**" in text and "(earlier choice)" in text
+
+
+def test_no_change_is_said_plainly(tmp_path):
+    kept = [r for r in rows() if not (r["attention"] == "softmax" and r["luo_scale"] == 3.0)]
+    text = validation_choice.build(write_sweep(tmp_path / "kept", "kept", kept))
+    assert "- digits / softmax / luo_rpe: validation chooses 10, the earlier choice: it does not change." in text
