@@ -41,3 +41,17 @@ def test_the_default_redraws_as_the_studies_do_and_old_keys_stay():
                   "cifar10_cpu"):
         committed = json.loads((ROOT / "results" / study / "space.json").read_text())["trial_keys"]
         assert set(committed) <= set(load_space(ROOT / "search_spaces" / f"{study}.yaml").keys), study
+
+
+def test_the_ray_token_is_made_private(tmp_path):
+    import os
+    import stat
+
+    from rpevit.sweep.runner import private_token_file
+
+    token = tmp_path / "auth_token"
+    token.write_text("secret")
+    token.chmod(0o644)
+    assert private_token_file(token) == token
+    assert stat.S_IMODE(os.stat(token).st_mode) == 0o600
+    assert private_token_file(tmp_path / "missing") == tmp_path / "missing"  # nothing there: nothing done

@@ -216,6 +216,9 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
     # a trial whose own worker is still starting to another trial's finished one (defeating SPREAD).
     reuse = opts.reuse and len(items) > slots
     barrier, warmups = _warmup_trials(slots if reuse else 0)
+    if warmups:
+        print(f"Tune's table below counts {len(items) + len(warmups)} trials: the {len(items)} of this sweep and "
+              f"{len(warmups)} warm-up trial(s) that only start one worker per slot (no rows)", flush=True)
     trainable = tune.with_resources(run_trial, tune.PlacementGroupFactory([bundle], strategy="SPREAD"))
     writer = ParquetResults(out_dir, space.name, {space.keys[i]: plan.configs[i] for i in plan.pending},
                             {k: i for i, k in enumerate(space.keys)}, task=space.task)
@@ -491,11 +494,28 @@ def _init_ray(opts: SweepOptions, gpus: float, address: str | None, owner: str |
                   f"from the network", file=sys.stderr, flush=True)
     url = getattr(ctx, "dashboard_url", None)
     resources = ray.cluster_resources()
+    token_file = private_token_file()
     auth = ("" if not url or os.environ.get("RAY_AUTH_MODE", "token") == "disabled" else
-            "  (Ray token auth: paste the token of $RAY_AUTH_TOKEN or ~/.ray/auth_token when asked)")
+            f"  (Ray token auth: open the URL and paste the token from $RAY_AUTH_TOKEN or {token_file} when asked)")
     where = f"joined {address}" if address else "started locally on 127.0.0.1"
     print(f"ray {where}: {resources.get('CPU', 0):g} CPU, {resources.get('GPU', 0):g} GPU, "
           f"{len(ray.nodes())} node(s); dashboard: {'http://' + url if url else 'off'}{auth}", flush=True)
+
+
+RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x writes its dashboard token
+
+
+def private_token_file(path: Path = RAY_TOKEN_FILE) -> Path:
+    """Ray writes its auth token readable by every user (0644): anyone on the machine could then use
+    the dashboard and submit jobs. Make it the owner's alone (0600); returns the path."""
+    path = path.expanduser()
+    try:
+        if path.is_file() and not path.is_symlink() and path.stat().st_uid == os.getuid():
+            path.chmod(0o600)
+    except OSError as err:
+        print(f"warning: could not make {path} private ({err.strerror or err}); chmod 600 it by hand",
+              file=sys.stderr, flush=True)
+    return path
 
 
 class Progress(Callback):
