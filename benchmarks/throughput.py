@@ -186,6 +186,9 @@ def main() -> None:
     parser.add_argument("--compile", default="on", choices=("on", "cudagraphs"), help="the compiled modes' setting")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--variants", action="store_true",
+                        help="also time each of all12's 12 variants solo eager and fused (largest k) + compiled: "
+                             "their speed-ups, and the projection from their own rates")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -229,8 +232,34 @@ def main() -> None:
               f"({best['mode']}, {best['images_per_s']:.0f} images/s): {hours:.2f} h on this device; {source}")
         results["models"][key] = {"config": MODELS[key], "rows": rows, "best": best["mode"],
                                   "projected_all12_cifar10_hours": hours, "projection_source": source}
+        if args.variants:
+            results["models"][key]["variants"] = time_variants(key, biggest, args.compile, device, steps, warmup)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+def time_variants(key: str, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int) -> list[dict]:
+    """Each all12 variant solo eager and fused k + compiled, side by side; the projected hours of the
+    CIFAR-10 half from these rates (each variant at its own fused rate)."""
+    rows, hours = [], 0.0
+    print(f"  per variant (solo eager vs fused k={k} + compiled {compile_mode}):", flush=True)
+    for attention, pe in ALL12:
+        row = {"variant": f"{attention}+{pe}"}
+        try:
+            solo = measure(MODELS[key], 1, "off", device, steps, warmup, attention, pe)
+            fused = measure(MODELS[key], k, compile_mode, device, steps, warmup, attention, pe)
+            row.update(solo_images_per_s=solo["images_per_s"], fused_images_per_s=fused["images_per_s"],
+                       speedup=fused["images_per_s"] / solo["images_per_s"])
+            hours += STUDY_IMAGES / len(ALL12) / fused["images_per_s"] / 3600
+            print(f"    {row['variant']:<26} {row['solo_images_per_s']:>9.0f} -> {row['fused_images_per_s']:>9.0f} "
+                  f"images/s ({row['speedup']:.2f}x)", flush=True)
+        except Exception as err:  # noqa: BLE001 - reported, the other variants still run
+            row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+            hours = math.nan
+            print(f"    {row['variant']:<26} failed: {row['error']}", flush=True)
+        rows.append(row)
+    print(f"  projected all12 CIFAR-10 half at each variant's fused rate: {hours:.2f} h on this device", flush=True)
+    return rows + [{"projected_all12_cifar10_hours": hours}]
 
 
 def format_row(row: dict, solo: dict) -> str:
