@@ -25,6 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOAT_FIELDS = [name for name, hint in field_types().items() if hint is float]
 
 
+def assert_refused_in_one_line(capsys, cases: list) -> None:
+    """Each `sweep.py --space ... --dry-run` of cases exits 2 with one `error:` line holding every word."""
+    for argv, words in cases:
+        assert sweep.main(["--space", *argv, "--dry-run"]) == 2, argv
+        out, err = capsys.readouterr()
+        assert err.startswith("error: ") and err.count("\n") == 1 and "trial_key" not in out, (argv, err)
+        for word in words:
+            assert word in err, (argv, word, err)
+
+
 @pytest.mark.parametrize("name", FLOAT_FIELDS)
 def test_nan_and_inf_in_any_float_field_are_refused(name: str) -> None:
     for bad in (math.nan, math.inf, -math.inf):
@@ -137,12 +147,7 @@ def test_sweep_dry_run_refuses_what_a_trial_would_refuse(tmp_path, capsys) -> No
     ]
     if not torch.cuda.is_available():
         cases.append(([str(space), "--set", "device=cuda"], ["'device'", "'cuda'", "allowed: cpu, auto"]))
-    for argv, words in cases:
-        assert sweep.main(["--space", *argv, "--dry-run"]) == 2, argv
-        out, err = capsys.readouterr()
-        assert err.startswith("error: ") and err.count("\n") == 1 and "trial_key" not in out, (argv, err)
-        for word in words:
-            assert word in err, (argv, word, err)
+    assert_refused_in_one_line(capsys, cases)
 
 
 @pytest.mark.parametrize("name", ["..", ".", ".hidden", "a/b", "../up", "", "x" * 101])
@@ -202,12 +207,7 @@ def test_sweep_options_that_ray_or_tune_would_misread_are_refused(tmp_path, caps
         ([str(space), "--results-dir", str(a_file / "sub")], ["--results-dir", "is a file", "allowed"]),
         ([str(space), "--set", 'data_dir="a\\0b"'], ["'data_dir'", "'a\\x00b'", "NUL", "allowed"]),
     ]
-    for argv, words in cases:
-        assert sweep.main(["--space", *argv, "--dry-run"]) == 2, argv
-        out, err = capsys.readouterr()
-        assert err.startswith("error: ") and err.count("\n") == 1 and "trial_key" not in out, (argv, err)
-        for word in words:
-            assert word in err, (argv, word, err)
+    assert_refused_in_one_line(capsys, cases)
     assert not (a_file.is_dir()) and a_file.read_text() == "x"
     for fine in (["--max-failures", "0"], ["--cpus-per-trial", "0.0001"]):
         assert sweep.main(["--space", str(digits), "--dry-run", *fine]) == 0, fine
