@@ -28,6 +28,7 @@ from rpevit.sweep import deadline as dl
 from rpevit.sweep.results import TRIALS_FILE, to_table, trials_schema, write_table_atomic
 from rpevit.sweep.runner import SweepOptions, execute_sweep, summarize
 from rpevit.sweep.space import expand_space
+from tests.test_sweep_reuse import two_cpu_ray  # noqa: F401 - the fixture: a 2-CPU Ray for the test
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 200, "epochs": 2,
@@ -196,15 +197,7 @@ def test_a_fused_summary_counts_each_group_once(tmp_path, capsys):
 
 
 # ---- real sweeps ----
-@pytest.fixture
-def local_ray():
-    ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_path, local_ray, capsys):
+def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_path, two_cpu_ray, capsys):
     space = expand_space({"name": "dl", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]},
                          source="dl.yaml")
     # measured rows of the same recipes (seed 100: not in this space, set aside, still measurements): 100 s each
@@ -235,7 +228,7 @@ def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_pa
     # the resume that completes the rest: test_the_command_line_prints_the_resume_command_that_finishes_the_sweep
 
 
-def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp_path, local_ray, capsys):
+def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp_path, two_cpu_ray, capsys):
     space = expand_space({"name": "probe", "fixed": TINY, "grid": {"pe": ["ape", "rope", "none"]}},
                          source="probe.yaml")
     outcome = execute_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False, deadline="30m",
