@@ -88,6 +88,60 @@ def peak_memory_mb(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process_max_rss"
 
 
+def step_peak_memory_mb(fn: Callable[[], object], device: torch.device) -> tuple[float, str]:
+    """(MiB, what it measures): the peak memory of one fn() call above the memory held when it starts,
+    i.e. its working set (activations, gradients, temporaries), without the process's baseline.
+
+    CUDA: the allocator's peak above `memory_allocated()` at the start. CPU on Linux: the process's
+    resident-set high-water mark, reset through /proc/self/clear_refs after freed memory is handed
+    back (`malloc_trim`), minus the resident set at the start. Elsewhere: NaN, kind "unavailable".
+    """
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return (torch.cuda.max_memory_allocated(device) - before) / 2**20, "cuda_step_peak_allocated"
+    status = Path("/proc/self/status")
+    try:
+        _trim_heap()
+        before = _status_kib(status, "VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")
+    except (OSError, ValueError):
+        fn()
+        return math.nan, "unavailable"
+    fn()
+    return max(0.0, (_status_kib(status, "VmHWM") - before) / 1024), "rss_step_peak"
+
+
+def _status_kib(status: Path, field: str) -> float:
+    """A memory field of /proc/<pid>/status in KiB (ValueError when absent)."""
+    for line in status.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return float(line.split()[1])
+    raise ValueError(f"{status} has no {field} line")
+
+
+def _trim_heap() -> None:
+    """Collect cycles and hand glibc's freed heap back to the OS, so the resident set measures live memory."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: the resident set may then include freed heap
+        pass
+
+
+def release_cached_memory(device: torch.device) -> None:
+    """After an out-of-memory: collect the dropped tensors and hand the allocator's cache back."""
+    import gc
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
