@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import ConfigError, TrialConfig, resolve_values
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FINGERPRINT_VERSION = 1
@@ -181,14 +181,15 @@ def check_matches(state: dict[str, Any], cfg: TrialConfig, path: Path, *, extend
     """Refuse to continue a checkpoint under a config that does not describe the run it holds.
 
     Fields added to TrialConfig after the checkpoint was written are compared with their defaults
-    (the value the older code effectively ran with).
+    (the value the older code effectively ran with); both sides resolved (rpevit.config.resolve_values),
+    so a checkpoint written under `batch_size: 0` continues under the recipe's value it ran with.
     """
     stored = stored_fingerprint(state, path)
-    theirs = stored.get("fields", {})
-    defaults = {f.name: f.default for f in fields(TrialConfig)}
+    theirs = resolve_values(stored.get("fields", {}))  # placeholders compare as the values they ran with
+    ours = resolve_values(cfg.to_dict())
     differ = []
     for name in run_fields():
-        then, now = theirs.get(name, defaults[name]), getattr(cfg, name)
+        then, now = theirs[name], ours[name]
         if then != now:
             differ.append(f"field {name!r} has value {now!r} here but {then!r} in the checkpoint")
     if differ:

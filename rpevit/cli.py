@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     extend_epochs = args.pop("extend_epochs")
     given = {k: v for k, v in args.items() if v is not None}
     try:
-        cfg = TrialConfig.from_dict(given, source="command line")
+        cfg = TrialConfig.from_dict(given, source="command line").resolved()  # the row says what ran
         check_runnable(cfg, checkpoint_dir=checkpoint_dir, extend_epochs=extend_epochs)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

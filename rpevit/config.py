@@ -33,21 +33,28 @@ class ConfigError(ValueError):
     """A trial config that cannot run; the message names field, value and allowed values."""
 
 
+def field_error(source: str, name: str, value: Any, allowed: str) -> ConfigError:
+    """The one-line refusal of a field's value: where, the field, the value, what is allowed."""
+    return ConfigError(f"{source}: field {name!r} has value {value!r}; allowed: {allowed}")
+
+
 SECTIONS = ("task", "data", "model", "attention", "pe", "optim", "runtime", "bench", "kernel_mse")
 DATASET_DEFAULT = "the dataset's default"  # what a field's `dataset_default` sentinel means
 
 
 def _field(default: Any, section: str, help: str, *, choices: tuple[str, ...] = (), ge: float | None = None,
            gt: float | None = None, le: float | None = None, lt: float | None = None,
-           dataset_default: float | None = None, note: str = "") -> Any:
+           dataset_default: float | None = None, note: str = "", cost_free: bool = False) -> Any:
     """A TrialConfig field whose metadata says what validate() and both CLIs need to know.
 
     `section` groups it (SECTIONS), `help` is its one-line help text, `choices` or the bounds
     `ge` / `gt` / `le` / `lt` say what is allowed, `dataset_default` is a sentinel outside those
     bounds meaning DATASET_DEFAULT, and `note` is appended to the allowed text. Keeping the rule
     beside the field means a new field is checked and documented without editing validate().
+    `cost_free`: a value the computation uses without changing its shape or its operations (a scale,
+    an eps, a schedule), so one bench row measures the cost of every value (rpevit.analysis.efficiency).
     """
-    metadata: dict[str, Any] = {"section": section, "help": help}
+    metadata: dict[str, Any] = {"section": section, "help": help, "cost_free": cost_free}
     if choices:
         metadata["choices"] = choices
     bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt, "dataset_default": dataset_default}
@@ -114,25 +121,26 @@ class TrialConfig:
     # and collapses on fresh draws (MNIST favor+ape: 98.7 % on its draw, 29 % over fresh ones)
     redraw_interval: int = _field(100, "attention", "training steps between random-feature redraws",
                                   ge=0, note="0 = never: one draw for the whole run, which the model can fit; "
-                                  "see docs/random_features.md")
+                                  "see docs/random_features.md", cost_free=True)
     # the draw is frozen for the last stretch so the final weights are adapted to the draw they
     # are evaluated with (docs/random_features.md)
     redraw_until: float = _field(0.8, "attention", "fraction of training steps after which the draw is frozen",
-                                 ge=0, le=1)
+                                 ge=0, le=1, cost_free=True)
     qk_norm: str = _field("none", "attention", "l2: unit q and k with a learned per-head temperature "
                           "(Luo et al. 2021, section 3.3)", choices=("none", "l2"))
     feature_type: str = _field("orthogonal", "attention", "random projection rows: orthogonal blocks or iid "
                                "Gaussian", choices=("orthogonal", "iid"))
     relu_projection: str = _field("random", "attention", "Performer-ReLU features: ReLU(W x) with random W, or "
                                   "ReLU(x)", choices=("random", "identity"))
-    kernel_eps: float = _field(1e-3, "attention", "eps added to Performer-ReLU features", gt=0)
+    kernel_eps: float = _field(1e-3, "attention", "eps added to Performer-ReLU features", gt=0, cost_free=True)
 
     # position encoding options
-    rope_base: float = _field(100.0, "pe", "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0)
+    rope_base: float = _field(100.0, "pe", "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0,
+                              cost_free=True)
     luo_path: str = _field("auto", "pe", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense "
                            "matrix (auto: by token count)", choices=("auto", "fft", "dense"))
     luo_scale: float = _field(10.0, "pe", "the Luo bias table is luo_scale x a raw parameter "
-                              "(rpevit/pe/relative_bias.py)", gt=0)
+                              "(rpevit/pe/relative_bias.py)", gt=0, cost_free=True)
     string_sparsity: float = _field(0.1, "pe", "f, fraction of learned above-diagonal entries of S "
                                     "(sparse_cayley_string)", gt=0, le=1)
     cayley_solver: str = _field("auto", "pe", "sparse_cayley_string solve: dense LU or sparse CG (auto: the "
@@ -203,16 +211,14 @@ class TrialConfig:
     # ---- construction and validation ----
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> "TrialConfig":
-        """Build and validate; unknown keys and wrong types are errors, not silently dropped."""
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(values) - set(known))
+        """Build and validate; unknown keys and wrong types are errors, not silently dropped. The one
+        constructor from values (CLI, spaces, stored rows): field types resolved once per process, fast
+        enough to expand and validate a sweep of 10^5 trials in seconds."""
+        types = field_types()
+        unknown = sorted(set(values) - set(types))
         if unknown:
-            raise ConfigError(
-                f"{source}: unknown field(s) {unknown}; allowed fields: {', '.join(sorted(known))}"
-            )
-        hints = typing.get_type_hints(cls)
-        coerced = {k: _coerce(k, v, hints[k], source) for k, v in values.items()}
-        cfg = cls(**coerced)
+            raise ConfigError(f"{source}: unknown field(s) {unknown}; allowed fields: {', '.join(sorted(types))}")
+        cfg = cls(**{k: _coerce(k, v, types[k], source) for k, v in values.items()})
         cfg.validate(source=source)
         return cfg
 
@@ -221,6 +227,11 @@ class TrialConfig:
 
     def replace(self, **changes: Any) -> "TrialConfig":
         return TrialConfig.from_dict({**self.to_dict(), **changes})
+
+    def resolved(self) -> "TrialConfig":
+        """This config with every "use the recipe" placeholder replaced by what runs (resolve_values):
+        what results store and trial keys hash, so two spellings of one computation are one trial."""
+        return dataclasses.replace(self, **resolve_values(self.to_dict()))
 
     @property
     def pe_names(self) -> list[str]:
@@ -236,10 +247,8 @@ class TrialConfig:
 
     def validate(self, *, source: str = "config") -> None:
         """Per-field rules from the field metadata, then the rules that relate several fields."""
-        _load_registry()
-        bad = lambda name, value, allowed: ConfigError(  # noqa: E731
-            f"{source}: field {name!r} has value {value!r}; allowed: {allowed}"
-        )
+        load_registry()
+        bad = lambda name, value, allowed: field_error(source, name, value, allowed)  # noqa: E731
         _check_values(self, bad)
         for name, table in _REGISTRY_FIELDS:
             names = self.pe_names if name == "pe" else [getattr(self, name)]
@@ -253,16 +262,9 @@ class TrialConfig:
             raise bad("pe", self.pe, "each encoding at most once in a combination")
         if self.dim % self.heads:
             raise bad("dim", self.dim, f"a multiple of heads={self.heads}")
-        if self.task == "kernel_mse" and self.kmse_dim < 2:
-            raise bad("kmse_dim", self.kmse_dim, "an integer >= 2 (x and y span a plane)")
-        if self.task == "kernel_mse" and self.kmse_angle > 3.141592653589794:
-            raise bad("kmse_angle", self.kmse_angle, "radians in [0, pi]")
-        if self.task == "train":
-            spec = self.spec
-            image = self.image_size or spec.image_size
-            if image != spec.image_size:
-                raise bad("image_size", self.image_size,
-                          f"0 or {spec.image_size} for dataset {self.dataset!r} (train uses native size)")
+        task_check = registry.TASK_CHECKS.get(self.task)  # the task's own rules, beside the task
+        if task_check is not None:
+            task_check(self, source)
         image, patch = self.resolved_image_size, self.resolved_patch_size
         if patch <= 0 or image % patch:
             raise bad("patch_size", self.patch_size, f"a divisor of image_size={image}")
@@ -304,28 +306,71 @@ def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
     )
 
 
+# Fields whose placeholder resolves from the dataset's recipe (DatasetSpec): 0 (-1 for warm-up, "auto"
+# for augment) means "the recipe's value". Placeholders that choose where or how a computation runs,
+# not what it computes, stay as requested: device and amp (the row's device_name says what ran),
+# luo_path and cayley_solver (algorithms of one result, proven equal in the tests).
+RECIPE_FIELDS = ("image_size", "patch_size", "batch_size", "lr", "warmup_epochs", "augment")
+
+
+def resolve_values(values: dict[str, Any]) -> dict[str, Any]:
+    """Every field of a config dict (defaults where absent) with its placeholders resolved: the
+    RECIPE_FIELDS from the dataset's recipe, and each encoding's own (PositionEncoding.resolve_options,
+    e.g. rotinv_basis auto -> bernstein or monomial); the options of encodings the trial does not use
+    at their defaults (they change nothing, so they must not tell two trials apart). Idempotent; a dict, so rows of old results
+    (which stored the placeholders) resolve with it too, without constructing a TrialConfig."""
+    from rpevit.data import DATASET_SPECS
+
+    load_registry()
+    out = {**_DEFAULT_VALUES, **{k: v for k, v in values.items() if k in _DEFAULT_VALUES}}
+    spec = DATASET_SPECS.get(out["dataset"])
+    if spec is not None:
+        for name in RECIPE_FIELDS:
+            value = out[name]
+            placeholder = value == "auto" if name == "augment" else (value < 0 if name == "warmup_epochs" else value == 0)
+            if placeholder:
+                out[name] = getattr(spec, name)
+    used = [name.strip() for name in str(out["pe"]).split("+")]
+    options = encoding_options()
+    in_use = {option for name in used for option in options.get(name, ())}
+    for name, names in options.items():  # an encoding the trial does not use: its options do not apply
+        if name not in used:
+            out.update({option: _DEFAULT_VALUES[option] for option in names if option not in in_use})
+    for name in used:
+        encoding = registry.POSITION_ENCODINGS.get(name)
+        if encoding is not None:
+            out.update(encoding.resolve_options(out))
+    return out
+
+
+_ENCODING_OPTIONS: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
+
+
+def encoding_options() -> dict[str, tuple[str, ...]]:
+    """pe name -> the config fields its class takes (rpevit.models.factory.init_parameters), cached per
+    set of registered encodings (a throwaway one registered later gets its own entry)."""
+    load_registry()
+    key = tuple(registry.POSITION_ENCODINGS)
+    if key not in _ENCODING_OPTIONS:
+        from rpevit.models.factory import CONTEXT, init_parameters
+
+        _ENCODING_OPTIONS[key] = {
+            name: tuple(p for p in init_parameters(cls) if p in _DEFAULT_VALUES and p not in CONTEXT)
+            for name, cls in registry.POSITION_ENCODINGS.items()}
+    return _ENCODING_OPTIONS[key]
+
+
 @functools.lru_cache(maxsize=1)
 def field_types() -> dict[str, Any]:
     """Field name -> type (int, float, str) of TrialConfig, resolved once (sweeps validate 10^4+ trials)."""
     return typing.get_type_hints(TrialConfig)
 
 
-def build_config(values: dict[str, Any], *, source: str = "config") -> "TrialConfig":
-    """TrialConfig.from_dict with the field types resolved once: the same checks and messages,
-    fast enough to expand and validate a sweep of 10^5 trials in seconds."""
-    types = field_types()
-    unknown = sorted(set(values) - set(types))
-    if unknown:
-        raise ConfigError(f"{source}: unknown field(s) {unknown}; allowed fields: {', '.join(sorted(types))}")
-    cfg = TrialConfig(**{k: _coerce(k, v, types[k], source) for k, v in values.items()})
-    cfg.validate(source=source)
-    return cfg
-
-
+_DEFAULT_VALUES = {f.name: f.default for f in fields(TrialConfig)}
 _REGISTRY_LOADED: list[bool] = []
 
 
-def _load_registry() -> None:
+def load_registry() -> None:
     """registry.load_all() once per process: it rescans the packages on every call."""
     if not _REGISTRY_LOADED:
         registry.load_all()
@@ -416,7 +461,7 @@ def field_help(name: str) -> str:
     """One line for a CLI: the field's help text, default and allowed values (from its metadata)."""
     f = {f.name: f for f in fields(TrialConfig)}[name]
     if name in dict(_REGISTRY_FIELDS):
-        _load_registry()
+        load_registry()
         allowed = registered_names(name) + (" (joined by '+')" if name == "pe" else "")
     else:
         allowed = allowed_values(f.metadata, field_types()[name])

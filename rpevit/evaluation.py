@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rpevit.attention.base import softmax_attention_matrix, total_variation
+from rpevit.attention.base import RandomFeatureBackend, softmax_attention_matrix, total_variation
 from rpevit.config import TrialConfig
 from rpevit.data import rotate_images
 from rpevit.models.factory import build_attention
@@ -44,7 +44,7 @@ ROTATIONS = (*(str(d) for d in QUARTER_TURNS), "random")  # the test rotations, 
 
 def random_feature_layers(model: nn.Module) -> list[nn.Module]:
     """Attention backends of the model whose output depends on a random draw."""
-    return [m for m in model.modules() if getattr(m, "random_features", False) is True]
+    return [m for m in model.modules() if isinstance(m, RandomFeatureBackend) and m.random_features]
 
 
 @contextmanager

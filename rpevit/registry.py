@@ -18,6 +18,8 @@ POSITION_ENCODINGS: dict[str, type] = {}
 TASKS: dict[str, Callable] = {}
 METRICS: dict[str, "TaskMetrics"] = {}
 GROUP_TASKS: dict[str, Callable] = {}  # task -> its fused-group runner (`fuse: seeds` spaces)
+TIMING_TASKS: set[str] = set()  # tasks whose rows are timings (register_task(..., timing=True))
+TASK_CHECKS: dict[str, Callable] = {}  # task -> its config rules (register_task(..., check=fn))
 
 
 @dataclass(frozen=True)
@@ -58,12 +60,20 @@ def register_pe(name: str) -> Callable[[T], T]:
     return add
 
 
-def register_task(name: str, metrics: TaskMetrics | None = None) -> Callable[[T], T]:
+def register_task(name: str, metrics: TaskMetrics | None = None, *, timing: bool = False,
+                  check: Callable | None = None) -> Callable[[T], T]:
     """A task: `fn(cfg, *, checkpoint_dir=None, on_epoch=None, log=print) -> summary row`, with the
-    metrics its rows carry (besides the config, environment and placement columns)."""
+    metrics its rows carry (besides the config, environment and placement columns). `timing`: its rows
+    are times, so each trial gets a whole node and a space may ask for repeats (rpevit.sweep.space).
+    `check(cfg, source)`: the task's own config rules, raising ConfigError (TrialConfig.validate calls
+    it, as it calls each encoding's and backend's check_config)."""
 
     def add(fn: T) -> T:
         METRICS[name] = metrics or TaskMetrics()
+        if timing:
+            TIMING_TASKS.add(name)
+        if check is not None:
+            TASK_CHECKS[name] = check
         return _register(TASKS, "task", name)(fn)
 
     return add

@@ -209,15 +209,40 @@ def test_relu_identity_has_no_projection_and_eps_positive():
     torch.testing.assert_close(backend(q, k, v), v.mean(dim=-2, keepdim=True).expand_as(v))
 
 
-def test_auto_luo_path_switches_to_fft_at_the_threshold(monkeypatch):
+def test_auto_luo_path_switches_to_fft_at_the_measured_crossover(monkeypatch):
     from rpevit.pe import relative_bias
 
     calls = []
     original = relative_bias.toeplitz_fft_matvec
     monkeypatch.setattr(relative_bias, "toeplitz_fft_matvec", lambda *a: calls.append(a[1].shape[2]) or original(*a))
-    monkeypatch.setattr(relative_bias, "LUO_FFT_MIN_TOKENS", 16)
+    monkeypatch.setattr(relative_bias, "crossover_table", lambda: {"cpu": {"fft_from_tokens": 16,
+                                                                           "measured_tokens": [4, 16, 64]}})
     backend = build("favor")
     for grid in [(3, 5), (4, 4)]:
         q, k, v = qkv(n=grid[0] * grid[1])
         backend(q, k, v, RelativeBias(torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1, dtype=torch.float64), grid))
     assert calls == [16]  # 15 tokens: dense; 16 tokens: fft
+
+
+def test_auto_luo_path_rules_without_a_measured_crossing(monkeypatch):
+    from rpevit.pe import relative_bias
+
+    monkeypatch.setattr(relative_bias, "crossover_table", lambda: {"cpu": {"fft_from_tokens": None,
+                                                                           "measured_tokens": [64, 1024]}})
+    auto = relative_bias.auto_luo_path
+    assert [auto(n, "cpu") for n in (64, 1024, 1025)] == ["dense", "dense", "fft"]  # beyond the measurements: fft
+    fallback = relative_bias.LUO_FFT_MIN_TOKENS  # a device kind the table lacks
+    assert [auto(n, "cuda") for n in (fallback - 1, fallback)] == ["dense", "fft"]
+
+
+def test_the_committed_crossover_table_is_well_formed():
+    from rpevit.pe import relative_bias
+
+    table = relative_bias.crossover_table()
+    for kind, entry in table.items():
+        assert kind in ("cpu", "cuda"), kind
+        n = entry["measured_tokens"]
+        assert n == sorted(n) and len(n) == len(entry["dense_ms_per_image"]) == len(entry["fft_ms_per_image"])
+        start = entry["fft_from_tokens"]
+        if start is not None:  # the FFT path is faster from `start` on at every measured N
+            assert all(f < d for t, d, f in zip(n, entry["dense_ms_per_image"], entry["fft_ms_per_image"]) if t >= start)

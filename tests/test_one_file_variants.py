@@ -216,3 +216,74 @@ def test_one_file_adds_a_task_whose_metrics_reach_the_cli_and_the_parquet_schema
                            Report(SUMMARY, space.keys[0], {**row, "trial_key": space.keys[0]}).to_tune())
     table = pd.read_parquet(tmp_path / TRIALS_FILE)
     assert table["weights"].dtype == "int64" and int(table["weights"].iloc[0]) == row["weights"]
+
+
+# ---- the analysis reads what variants declare: an encoding's options and a backend's random draws
+OPTIONED_ENCODING = textwrap.dedent('''
+    """A throwaway encoding with an option (an existing config field), in one file."""
+    import torch
+    from torch import Tensor
+
+    from rpevit.pe.base import PositionEncoding
+    from rpevit.registry import register_pe
+
+
+    @register_pe("throwaway_based")
+    class Based(PositionEncoding):
+        hook = "token"
+
+        def __init__(self, *, rope_base: float = 100.0, **context) -> None:
+            super().__init__(**context)
+            self.base = rope_base
+
+        def add_to_tokens(self, x: Tensor) -> Tensor:
+            return x + 0.01 * torch.sin(self.positions[:, :1].to(x) / self.base)
+''')
+
+RANDOM_FEATURE_BACKEND = textwrap.dedent('''
+    """A throwaway random-feature backend (trigonometric features of the softmax kernel), in one file."""
+    import torch
+    from torch import Tensor
+
+    from rpevit.attention.features import trig_random_features
+    from rpevit.attention.kernelized import KernelizedAttention
+    from rpevit.registry import register_attention
+
+
+    @register_attention("throwaway_trig")
+    class TrigAttention(KernelizedAttention):
+        def feature_map(self, x: Tensor, is_query: bool) -> Tensor:
+            return trig_random_features(x, self.projection.to(x.dtype)) ** 2 + 1e-3
+''')
+
+
+def test_the_report_groups_a_new_encodings_options_and_judges_a_new_random_feature_backend(tmp_path):
+    from rpevit.analysis import common, gap_closure
+    from rpevit.attention.base import RandomFeatureBackend
+    from tests.test_analysis import config_row, write_sweep
+
+    tables = (registry.POSITION_ENCODINGS, registry.ATTENTIONS)
+    with imported_file(tmp_path, "throwaway_based", OPTIONED_ENCODING, tables), \
+            imported_file(tmp_path, "throwaway_trig", RANDOM_FEATURE_BACKEND, tables):
+        rows = []
+        for seed in range(2):
+            for attention, pe, base, acc, draw_mean in (("softmax", "throwaway_based", 50.0, 0.9, None),
+                                                         ("softmax", "throwaway_based", 200.0, 0.7, None),
+                                                         ("throwaway_trig", "ape", 100.0, 0.95, 0.6),
+                                                         ("softmax", "ape", 100.0, 0.8, None)):
+                row = {**config_row(attention=attention, pe=pe, rope_base=base, seed=seed, redraw_interval=100),
+                       "test_acc": acc + seed / 100}
+                if draw_mean is not None:
+                    row["test_acc_draw_mean"] = draw_mean + seed / 100
+                rows.append(row)
+        out = write_sweep(tmp_path / "sweep", "sweep", rows)
+        frame = common.load_trials(out, task="train")
+        labelled = common.with_variant(frame)
+        assert set(labelled["pe"]) == {"throwaway_based (rope_base=50)", "throwaway_based (rope_base=200)", "ape"}
+        trig = frame["attention"] == "throwaway_trig"
+        assert issubclass(registry.ATTENTIONS["throwaway_trig"], RandomFeatureBackend)
+        assert common.has_random_features(frame).tolist() == trig.tolist()
+        assert common.judged_accuracy(frame)[trig].round(4).tolist() == [0.6, 0.61]  # the draw mean, not test_acc
+        text = gap_closure.build(out)
+        assert "throwaway_based (rope_base=50)" in text and "throwaway_based (rope_base=200)" in text
+        assert "| throwaway_trig | ape | none | every 100 until 0.8 | 2 |" in text

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +94,23 @@ def test_bench_task_reports_costs() -> None:
     row = time_variant(cfg, log=None)
     assert row["tokens"] == 16 and row["flops"] > 0 and row["flops_unsupported"] == ""
     assert row["forward_ms"] > 0 and row["train_step_ms"] > 0 and row["infer_ms"] > 0
+    assert row["out_of_memory"] is False and row["train_ms_per_image"] == row["train_step_ms"] / 4
+    assert row["step_mem_kind"] in ("rss_step_peak", "unavailable") and not row["step_mem_mb"] < 0
+
+
+@pytest.mark.skipif(Path("/proc/sys/vm/overcommit_memory").exists()
+                    and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1",
+                    reason="with overcommit always on, an impossible allocation succeeds and the kernel kills later")
+def test_bench_records_out_of_memory_as_an_outcome() -> None:
+    """favor+luo_rpe on the dense path at N = 262,144 tokens needs N x N matrices of hundreds of GiB: the
+    allocation fails at once, and the row says so instead of the trial failing."""
+    from rpevit.tasks.bench import combine_repeats, time_variant
+
+    cfg = TrialConfig.from_dict({"task": "bench", "dataset": "cifar10", "image_size": 2048, "patch_size": 4,
+                                 "dim": 16, "depth": 1, "heads": 4, "attention": "favor", "pe": "luo_rpe",
+                                 "luo_path": "dense", "bench_batch": 1, "bench_warmup": 1, "bench_iters": 1})
+    row = time_variant(cfg, log=None)
+    assert row["out_of_memory"] is True and row["tokens"] == 262144
+    assert math.isnan(row["train_step_ms"]) and row["step_mem_kind"] == "out_of_memory"
+    ok = {**row, "out_of_memory": False, "train_step_ms": 5.0}
+    assert combine_repeats([ok, row])["out_of_memory"] is True  # out of memory in any run: the variant is

@@ -16,6 +16,7 @@ that line (on stderr, and in the Markdown) and the rest is reported.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -28,23 +29,37 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from rpevit import config, registry
+from rpevit.attention.base import RandomFeatureBackend
 from rpevit.sweep.protocol import OK
-from rpevit.sweep.results import TRIALS_FILE, DamagedResults, read_results_table
+from rpevit.sweep import migrate, results
+from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, DamagedResults, read_results_table
 
-try:  # the sweep package's own filter, when it has one (same rule: trial_key listed in space.json)
-    from rpevit.sweep.results import current_rows as _sweep_current_rows
-except ImportError:  # older checkout: the local filter below applies the same rule
-    _sweep_current_rows = None
 
-ENVIRONMENT_COLUMNS = ("device_name", "torch_version", "ray_version", "git_commit", "python_version")
-SPACE_FILE = "space.json"
+ENVIRONMENT_COLUMNS = tuple(name for name, _ in results.ENVIRONMENT_COLUMNS)  # where a row was produced
 STUDIES_FILE = "STUDIES"  # in a parent RESULTS_DIR: the sweep folders to read, one per line
 VARIANT = ("dataset", "attention", "pe", "qk_norm", "redraw")  # what one row of a per-variant table is
-RANDOM_FEATURE_ATTENTIONS = ("favor", "relu")  # relu only with relu_projection: random
-# options that make distinct variants of one encoding (the STRING study's f sweep and solver row)
-PE_OPTIONS = {"sparse_cayley_string": ("string_sparsity", "cayley_solver"),
-              "reflection_string": ("reflection_block", "reflection_count"),
-              "rotinv": ("rotinv_mode", "rotinv_basis", "rotinv_degree")}
+
+
+def cost_options() -> tuple[str, ...]:
+    """The config fields that change what one image costs besides the shape: every option a registered
+    backend or encoding takes (rpevit.models.factory.init_parameters), less those its field marks
+    `cost_free` (a scale, an eps, a redraw schedule): a new option is matched between bench and train
+    rows with no edit here."""
+    from rpevit.config import TrialConfig, field_types
+    from rpevit.models.factory import CONTEXT, init_parameters
+
+    registry.load_all()
+    free = {f.name for f in dataclasses.fields(TrialConfig) if f.metadata.get("cost_free")}
+    names = set(field_types()) - set(CONTEXT) - free
+    classes = [*registry.ATTENTIONS.values(), *registry.POSITION_ENCODINGS.values()]
+    return tuple(dict.fromkeys(p for cls in classes for p in init_parameters(cls) if p in names))
+
+
+def attention_class(name: Any) -> type | None:
+    """The registered backend class of an `attention` value (None for a name no longer registered)."""
+    registry.load_all()
+    return registry.ATTENTIONS.get(str(name))
 
 
 def trial_files(results_dir: Path) -> list[Path]:
@@ -128,7 +143,7 @@ def read_sweep(path: Path, results_dir: Path) -> pd.DataFrame | None:
             _WARNED.add(path)
             print(f"warning: {damaged_text(err)}", file=sys.stderr, flush=True)
         return None
-    return table.to_pandas() if table is not None else pd.DataFrame()
+    return migrate.resolved_frame(table.to_pandas()) if table is not None else pd.DataFrame()
 
 
 def space_keys(folder: Path) -> set[str] | None:
@@ -153,13 +168,8 @@ def current_rows(frame: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, int]:
     """Rows whose trial_key the folder's space.json lists, and how many were set aside. A space
     that was edited after a sweep ran leaves rows of trials it no longer contains in trials.parquet;
     mixing them in would average configurations the space no longer describes."""
-    if _sweep_current_rows is not None:
-        return _sweep_current_rows(frame, Path(folder))
-    keys = space_keys(folder)
-    if keys is None or "trial_key" not in frame.columns:
-        return frame, 0
-    keep = frame["trial_key"].isin(keys)
-    return frame[keep], int((~keep).sum())
+    space_keys(folder)  # a space.json that is not the runner's stops the script with one line
+    return results.current_rows(frame, Path(folder))
 
 
 @dataclass
@@ -230,9 +240,16 @@ def column(frame: pd.DataFrame, name: str, default: Any = math.nan) -> pd.Series
 
 
 def has_random_features(frame: pd.DataFrame) -> pd.Series:
-    """Rows whose attention draws random features (FAVOR+; Performer-ReLU with a random projection)."""
-    relu_identity = (frame["attention"] == "relu") & (column(frame, "relu_projection", "random") == "identity")
-    return frame["attention"].isin(RANDOM_FEATURE_ATTENTIONS) & ~relu_identity
+    """Rows whose attention draws random features, as its backend class declares for the row's config
+    (AttentionBackend.draws_random_features: FAVOR+; Performer-ReLU with a random projection; any
+    RandomFeatureBackend registered later)."""
+    if frame.empty:
+        return pd.Series(dtype=bool, index=frame.index)
+    draws = []
+    for row in frame.to_dict("records"):
+        cls = attention_class(row.get("attention"))
+        draws.append(bool(cls is not None and cls.draws_random_features(row)))
+    return pd.Series(draws, index=frame.index, dtype=bool)
 
 
 def judged_accuracy(frame: pd.DataFrame) -> pd.Series:
@@ -252,11 +269,12 @@ def redraw_label(random_features: bool, interval: float, until: float) -> str:
 
 
 def pe_labels(frame: pd.DataFrame) -> pd.Series:
-    """`pe`, with the PE_OPTIONS of that encoding that take more than one value among its rows of the
+    """`pe`, with the options of that encoding (rpevit.config.encoding_options: its class's `__init__`)
+    that take more than one value among its rows of the
     frame: 'sparse_cayley_string (string_sparsity=0.05, cayley_solver=auto)', so that the f sweep
     and the solver row are separate variants, not averaged together."""
     labels = frame["pe"].astype(str).copy()
-    for pe, options in PE_OPTIONS.items():
+    for pe, options in config.encoding_options().items():
         rows = frame["pe"] == pe
         varying = [o for o in options if o in frame.columns and frame.loc[rows, o].nunique(dropna=False) > 1]
         if rows.any() and varying:
@@ -276,8 +294,10 @@ def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
     interval = pd.to_numeric(column(out, "redraw_interval", 0), errors="coerce")
     until = pd.to_numeric(column(out, "redraw_until"), errors="coerce")
     out["redraw"] = [redraw_label(r, i, u) for r, i, u in zip(random, interval, until)]
-    identity = (out["attention"] == "relu") & ~random
-    out["attention"] = out["attention"].where(~identity, "relu-identity")
+    drawing_kind = out["attention"].map(lambda name: isinstance(attention_class(name), type) and issubclass(
+        attention_class(name), RandomFeatureBackend))
+    identity = drawing_kind.astype(bool) & ~random  # a random-feature backend configured not to draw
+    out["attention"] = out["attention"].where(~identity, out["attention"].astype(str) + "-identity")
     return out
 
 

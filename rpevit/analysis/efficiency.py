@@ -1,4 +1,4 @@
-"""What each variant costs, and how its time grows with the token count N.
+"""What each variant costs.
 
     python analysis/efficiency.py RESULTS_DIR
 
@@ -10,10 +10,9 @@ memory come from `bench` rows of the same model where there are any (a bench tri
 itself: train s/epoch = its training-step time per image x the train rows' images per epoch);
 otherwise from the train rows, and the `timing` column says when those trials ran side by side with
 others (contended: their times are not comparable).
-From `bench` trials (if any): time against N on log-log axes per (attention, pe), with the fitted
-slope of log time on log N over all N and over the three largest N (small N is dominated by
-fixed overheads, so the large-N slope is the one to compare with 1 (linear) and 2 (quadratic)).
-Writes efficiency.md, efficiency_pareto.png and token_scaling.png into RESULTS_DIR.
+From `bench` trials at one model size: each variant's cost alone on the machine. Bench sweeps that
+vary the token count N are token_scaling.py's.
+Writes efficiency.md and efficiency_pareto.png into RESULTS_DIR.
 """
 from __future__ import annotations
 
@@ -25,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (VARIANT, column, fmt, judged_accuracy, markdown_table, pyplot, read_trials,
-                                    save_figure, script_main, with_variant)
+from rpevit.analysis.common import (VARIANT, column, cost_options, fmt, judged_accuracy, markdown_table, pyplot,
+                                    read_trials, save_figure, script_main, with_variant)
+from rpevit.analysis.token_scaling import scaling_rows
 
 from rpevit import registry
 from rpevit.data import DATASET_SPECS
@@ -41,16 +41,12 @@ LOG_AXIS_MIN_RATIO = 10.0  # a cost spanning less than this factor is drawn on a
 # config fields that change what one image costs: a bench row stands for a train variant when all the
 # ones that apply to it agree (shape fields always; an option only if the variant's classes take it)
 SHAPE_FIELDS = ("image_size", "patch_size", "dim", "depth", "heads", "mlp_ratio", "amp")
-MODEL_FIELDS = (*SHAPE_FIELDS, "num_features", "feature_type", "relu_projection", "luo_path", "string_sparsity",
-                "cayley_solver", "reflection_block", "reflection_count", "rotinv_mode", "rotinv_degree",
-                "rotinv_basis", "rotinv_draws")
 BENCH_TIMING = "bench (alone)"
 CONTENDED = "train, contended (trials ran side by side)"
 ONE_AT_A_TIME = "train (one trial at a time)"
 UNKNOWN_TIMES = "train, possibly contended (no start/end times)"
 PARETO_COSTS = (("flops", "FLOPs per image"), ("train_s_per_epoch", "train s / epoch"),
                 ("infer_ms_per_sample", "inference ms / sample"))
-SCALING_TIMES = ("forward_ms", "train_step_ms", "infer_ms")
 # (label, attention, pe) of the rows each variant's times are divided by, per dataset
 REFERENCES = (("softmax+ape", "softmax", "ape"), ("rope", "softmax", "rope"))
 RATIO_TIMES = (("train", "train_s_per_epoch"), ("infer", "infer_ms_per_sample"))
@@ -58,7 +54,6 @@ NOTEBOOK_REFERENCE = ("For comparison, the reference notebook this project start
                       "CPU) "
                       "measured Cayley-STRING at 5.5x RoPE's time per epoch on MNIST and 18.7x on CIFAR-10, and "
                       "sparse Cayley-STRING at f = 1 up to 221x.")
-LARGE_N_POINTS = 3
 
 
 def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
@@ -69,13 +64,6 @@ def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
         dominated = (cost <= cost[i]) & (acc >= acc[i]) & ((cost < cost[i]) | (acc > acc[i]))
         keep[i] = keep[i] and not dominated.any()
     return keep
-
-
-def loglog_slope(n: np.ndarray, t: np.ndarray) -> float:
-    """Least-squares slope of log t on log n (NaN with fewer than two distinct n)."""
-    if len(np.unique(n)) < 2:
-        return float("nan")
-    return float(np.polyfit(np.log(n), np.log(t), 1)[0])
 
 
 def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -96,7 +84,7 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     table = table.reset_index()
     if bench is not None and not bench.empty:
         measured = bench_costs(bench)
-        shapes = groups[[c for c in MODEL_FIELDS if c in frame.columns]].agg(lambda v: tuple(v.unique()))
+        shapes = groups[[c for c in model_field_names() if c in frame.columns]].agg(lambda v: tuple(v.unique()))
         for i, row in table.iterrows():
             found = matching_bench(measured, row, shapes.loc[tuple(row[list(VARIANT)])])
             if found is not None:
@@ -197,21 +185,28 @@ def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:
     """Median training ms per image, inference ms per sample and peak memory per bench model."""
     b = with_resolved_shape(with_variant(bench))
     b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
-    keys = [*VARIANT, *(c for c in MODEL_FIELDS if c in b.columns)]
+    keys = [*VARIANT, *(c for c in model_field_names() if c in b.columns)]
     values = [c for c in ("train_ms_per_image", "infer_ms_per_sample", "peak_mem_mb") if c in b.columns]
     return b.groupby(keys, dropna=False)[values].median().reset_index()
 
 
+def model_field_names() -> tuple[str, ...]:
+    """Config fields that change what one image costs: the shape, and every option a registered backend
+    or encoding takes that is not `cost_free` (common.cost_options), so a bench row stands for a train
+    variant when the ones that apply to it agree."""
+    return (*SHAPE_FIELDS, *cost_options())
+
+
 @functools.lru_cache(maxsize=None)
 def model_fields(attention: str, pe: str) -> tuple[str, ...]:
-    """The MODEL_FIELDS that change the cost of (attention, pe): the shape, and the options that the
+    """The model_field_names() that change the cost of (attention, pe): the shape, and the options that the
     backend's and the encodings' classes declare (rpevit.models.factory.init_parameters), so that a
     rotinv option recorded differently in two sweeps does not keep softmax+ape rows apart."""
     registry.load_all()
     classes = [registry.ATTENTIONS.get(attention.removesuffix("-identity"))]
     classes += [registry.POSITION_ENCODINGS.get(name) for name in pe.split(" (")[0].split("+")]
     declared = {name for cls in classes if cls is not None for name in init_parameters(cls)}
-    return tuple(f for f in MODEL_FIELDS if f in SHAPE_FIELDS or f in declared)
+    return tuple(f for f in model_field_names() if f in SHAPE_FIELDS or f in declared)
 
 
 def matching_bench(measured: pd.DataFrame, variant: pd.Series, shape: pd.Series) -> pd.Series | None:
@@ -228,36 +223,6 @@ def matching_bench(measured: pd.DataFrame, variant: pd.Series, shape: pd.Series)
     for name, values in shape.items():
         mask &= (measured[name] == values[0]).to_numpy() if name in measured.columns else False
     return measured[mask].iloc[0] if mask.any() else None
-
-
-def scaling_rows(bench: pd.DataFrame) -> pd.DataFrame:
-    """The bench rows of sweeps that vary the token count N (token_scaling*.yaml): a cost bench at
-    one model size (bench_mnist_cpu.yaml, ...) has no slope to fit."""
-    if bench.empty or "tokens" not in bench.columns:
-        return bench.iloc[0:0]
-    varies = bench.groupby("sweep")["tokens"].transform("nunique") > 1
-    return bench[varies]
-
-
-def scaling_groups(bench: pd.DataFrame) -> list[str]:
-    """(attention, pe), and the sweep too when several bench sweeps (other models / machines) are present."""
-    return (["sweep"] if bench["sweep"].nunique() > 1 else []) + ["attention", "pe"]
-
-
-def scaling_slopes(bench: pd.DataFrame) -> pd.DataFrame:
-    """Per variant: slopes of each timing against N, over all N and over the largest N."""
-    rows = []
-    times = [c for c in SCALING_TIMES if c in bench.columns]
-    keys = scaling_groups(bench)
-    for values, g in bench.groupby(keys):
-        g = g.groupby("tokens")[times].median().reset_index().sort_values("tokens")
-        row = {**dict(zip(keys, values)), "N": f"{int(g['tokens'].min())}..{int(g['tokens'].max())}"}
-        for col in times:
-            n, t = g["tokens"].to_numpy(float), g[col].to_numpy(float)
-            row[f"{col} slope (all N)"] = loglog_slope(n, t)
-            row[f"{col} slope (largest {LARGE_N_POINTS} N)"] = loglog_slope(n[-LARGE_N_POINTS:], t[-LARGE_N_POINTS:])
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def build(results_dir: Path) -> str | None:
@@ -303,13 +268,6 @@ def build(results_dir: Path) -> str | None:
             parts += ["`peak_mem_mb` on CPU is the worker process's maximum resident memory (`peak_mem_kind` "
                       "process_max_rss), reset before each run but floored by what the process already holds: "
                       "differences below that floor do not show.", ""]
-    scaling = scaling_rows(bench)
-    if not scaling.empty:
-        slopes = scaling_slopes(scaling)
-        parts += ["### Token scaling (bench trials): slope of log time against log N", "",
-                  markdown_table(list(slopes.columns), slopes.itertuples(index=False)), "",
-                  "![token scaling](token_scaling.png)", ""]
-        plot_scaling(scaling, results_dir / "token_scaling.png")
     return "\n".join(parts)
 
 
@@ -497,31 +455,6 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
         order = np.flatnonzero(front & ~low)
         order = order[np.argsort(cost[order])]
         ax.plot(cost[order], acc[order], "k--", lw=0.8, zorder=2)
-    return save_figure(fig, path)
-
-
-def plot_scaling(bench: pd.DataFrame, path: Path) -> Path:
-    """Forward time against N on log-log axes per variant: colour and marker by attention, line style by
-    encoding, so lines that run together stay apart."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 5.2))
-    keys = scaling_groups(bench)
-    styles = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 3)))
-    pes = sorted(bench["pe"].astype(str).unique())
-    for n, (values, g) in enumerate(bench.groupby(keys)):
-        row = dict(zip(keys, values))
-        g = g.groupby("tokens")["forward_ms"].median().reset_index().sort_values("tokens")
-        n_tokens, t = g["tokens"].to_numpy(float), g["forward_ms"].to_numpy(float)
-        slope = loglog_slope(n_tokens[-LARGE_N_POINTS:], t[-LARGE_N_POINTS:])
-        attention = str(row["attention"])
-        ax.loglog(n_tokens, t, marker={"softmax": "o", "favor": "s", "relu": "^"}.get(attention, "D"),
-                  ls=styles[pes.index(str(row["pe"])) % len(styles)], color=ATTENTION_COLOURS.get(attention, f"C{n}"),
-                  markerfacecolor="none", markeredgewidth=1.5, ms=7, label=f"{' '.join(map(str, values))} (slope {fmt(slope, 3)})")
-    ax.set_xlabel("tokens N (log)", fontsize=10)
-    ax.set_ylabel("forward ms per batch (log)", fontsize=10)
-    ax.tick_params(labelsize=9)
-    ax.set_title(f"token scaling; slope fitted on the largest {LARGE_N_POINTS} N", fontsize=10)
-    ax.legend(fontsize=9)
     return save_figure(fig, path)
 
 

@@ -2,7 +2,8 @@
 
     python analysis/report.py RESULTS_DIR
 
-Runs the sections of gap_closure.py (draw-aware verdict and tables), string_study.py, efficiency.py, kernel_mse.py
+Runs the sections of gap_closure.py (draw-aware verdict and tables), string_study.py, efficiency.py,
+token_scaling.py, kernel_mse.py
 and rotation.py (test-time rotations) whose trials are present (each writes its PNGs into RESULTS_DIR),
 includes the rotation-invariant concentration study if analysis/rotinv_concentration.py wrote its
 output into RESULTS_DIR or a folder below it, and states where the rows were produced (device,
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study
+from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study, token_scaling
 from rpevit.analysis.common import (SPACE_FILE, cli, column, current_rows, environment_table, fmt, markdown_table,
                                     read_sweep, read_trials, space_keys, studies_note, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
@@ -84,7 +85,7 @@ def rotinv_section(results_dir: Path) -> str | None:
 
 def build_report(results_dir: Path) -> str:
     sections = [gap_closure.build(results_dir), string_study.build(results_dir), efficiency.build(results_dir),
-                kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
+                token_scaling.build(results_dir), kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     read_from = studies_note(results_dir)
     head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),

@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main, with_variant
-from rpevit.analysis.efficiency import MODEL_FIELDS, SHAPE_FIELDS, model_fields, with_resolved_shape
+from rpevit.analysis.efficiency import SHAPE_FIELDS, model_field_names, model_fields, with_resolved_shape
 from rpevit.analysis.stats import Interval, Judged, judge_family, mean_interval, welch
 
 REFERENCE = "rope"
@@ -86,7 +86,7 @@ def bench_ratios(bench: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     b = with_resolved_shape(bench[(bench["attention"] == "softmax") & bench["pe"].isin(STRING_PES)])
     b = b[b.get("qk_norm", pd.Series("none", index=b.index)).fillna("none") == "none"]
-    keys = ["dataset", "pe", *(c for c in MODEL_FIELDS if c in b.columns)]
+    keys = ["dataset", "pe", *(c for c in model_field_names() if c in b.columns)]
     times = b.groupby(keys, dropna=False)[["train_step_ms", "infer_ms_per_sample"]].median().reset_index()
     shape = ["dataset", *(c for c in SHAPE_FIELDS if c in times.columns)]
     refs = times.loc[times["pe"] == REFERENCE, [*shape, "train_step_ms", "infer_ms_per_sample"]]

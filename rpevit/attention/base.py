@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -142,6 +142,13 @@ class AttentionBackend(nn.Module):
         return False
 
     @classmethod
+    def draws_random_features(cls, config: Mapping[str, Any]) -> bool:
+        """Whether a trial of this backend with `config` (a config dict or a stored row) depends on a
+        random draw: what the analysis judges by the mean over fresh draws. False here; see
+        RandomFeatureBackend."""
+        return False
+
+    @classmethod
     def check_config(cls, cfg: "TrialConfig", source: str) -> None:
         """Raise ConfigError if this backend cannot run with cfg."""
 
@@ -151,3 +158,37 @@ class AttentionBackend(nn.Module):
         O(N^2): for fidelity metrics and tests on small N, never on the training path.
         """
         raise NotImplementedError
+
+
+class RandomFeatureBackend(AttentionBackend, ABC):
+    """A backend whose output depends on a random draw of its feature projection (FAVOR+, Performer-
+    ReLU with a random projection). What the rest of the system relies on, declared here:
+
+    - `projection`: the current draw, a persistent buffer (checkpoints and eval reuse it);
+    - `draw_projection(draw, salt)`: the draw-th projection, reproducible from the trial seed and the
+      layer; salt 0 the training draws, other salts the fresh draws of the evaluation;
+    - `use_draw(projection)`: swap a draw in (rpevit.evaluation judges a model over fresh draws);
+    - `advance_step()`: one training step begins (redraw where due; the trainer calls it outside the
+      compiled forward: rpevit.attention.kernelized.advance_random_features);
+    - `draws_random_features(config)`: True for the configs that draw (the analysis then ranks rows
+      by their mean over fresh draws: rpevit.analysis.common.has_random_features).
+    A new backend of this kind, in one file, is judged, redrawn and reported as FAVOR+ is.
+    """
+
+    projection: Tensor
+
+    @classmethod
+    def draws_random_features(cls, config: Mapping[str, Any]) -> bool:
+        return True
+
+    @abstractmethod
+    def draw_projection(self, draw: int, salt: int = 0) -> Tensor:
+        """The draw-th projection of this layer (reproducible)."""
+
+    @abstractmethod
+    def use_draw(self, projection: Tensor) -> None:
+        """Make `projection` the current draw."""
+
+    @abstractmethod
+    def advance_step(self) -> None:
+        """One training step begins: redraw if due, then count the step."""

@@ -7,13 +7,13 @@ block-Toeplitz FFT sums (rpevit/pe/relative_bias.py), a low-rank c as feature te
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from rpevit.attention.base import AttentionBackend, Modulation, linear_attention, normalize_rows
+from rpevit.attention.base import Modulation, RandomFeatureBackend, linear_attention, normalize_rows
 from rpevit.attention.features import iid_gaussian, orthogonal_gaussian, positive_random_features
 from rpevit.registry import register_attention
 
@@ -24,7 +24,7 @@ def projection_seed(seed: int, layer: int, draw: int, salt: int = 0) -> int:
     return (int(state[0]) << 31) ^ int(state[1])
 
 
-class KernelizedAttention(AttentionBackend):
+class KernelizedAttention(RandomFeatureBackend):
     """The shared core: features phi(q d^-1/4), phi(k d^-1/4), then linear attention with modulation.
 
     Subclasses define `feature_map(x, is_query) -> (b h n m)`.
@@ -61,6 +61,10 @@ class KernelizedAttention(AttentionBackend):
     @property
     def random_features(self) -> bool:
         return self.uses_projection
+
+    @classmethod
+    def draws_random_features(cls, config: Mapping[str, Any]) -> bool:
+        return cls.uses_projection
 
     def draw_projection(self, draw: int, salt: int = 0) -> Tensor:
         """(m, d) Gaussian rows (orthogonal blocks or iid), reproducible from (seed, layer, draw, salt).
@@ -120,9 +124,19 @@ class ReluAttention(KernelizedAttention):
     """Performer-ReLU: phi(x) = ReLU(W x) + eps with random W, or ReLU(x) + eps (`relu_projection: identity`)."""
 
     def __init__(self, *, relu_projection: str = "random", kernel_eps: float = 1e-3, **context: Any) -> None:
-        self.uses_projection = relu_projection == "random"
+        self.uses_projection = self.projects(relu_projection)
         super().__init__(**context)
         self.eps = kernel_eps
+
+    @staticmethod
+    def projects(relu_projection: Any) -> bool:
+        """ReLU(W x) draws W; ReLU(x) (`relu_projection: identity`) draws nothing. A stored row without
+        the column ran with the default, random."""
+        return relu_projection != "identity"
+
+    @classmethod
+    def draws_random_features(cls, config: Mapping[str, Any]) -> bool:
+        return cls.projects(config.get("relu_projection"))
 
     def feature_map(self, x: Tensor, is_query: bool) -> Tensor:
         if self.uses_projection:
@@ -134,7 +148,7 @@ def advance_random_features(model: torch.nn.Module) -> None:
     """Start a training step in every kernelized layer of `model` (redraws where due; see
     KernelizedAttention): call once per training step, before the forward, in train mode."""
     for module in model.modules():
-        if isinstance(module, KernelizedAttention):
+        if isinstance(module, RandomFeatureBackend):
             module.advance_step()
 
 

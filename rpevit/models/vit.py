@@ -47,9 +47,8 @@ class Attention(nn.Module):
     tau_h is a learned per-head temperature, stored as its log and never decayed. It starts at 1,
     Luo et al.'s normalised attention exp(cos(q, k)) with the RPE supplying sharpness, where FAVOR+
     is accurate: bounded |q| and |k| bound the estimator's variance, which grows like
-    exp(|q + k|^2). Measured on random unit directions (head dim 16, 64 tokens), mean row-wise
-    total variation of FAVOR+ to exact softmax at m = 64 / 256 / 1024 features: tau 1: 0.085 /
-    0.053 / 0.029; tau 4: 0.36 / 0.30 / 0.25 (tests/test_qk_norm.py). The model raises tau where
+    exp(|q + k|^2); a higher tau costs fidelity to softmax (docs/random_features.md, item 5, has the
+    measured total variation; tests/test_training_protocol.py the bound). The model raises tau where
     sharpness pays, at that price in fidelity (the attn_tv_to_softmax metric shows it).
 
     `backend` and `encodings` build this layer's backend and q/k- and score-hook encodings

@@ -23,7 +23,7 @@ signature and passes exactly those, so a new encoding declares what it needs and
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -59,6 +59,12 @@ class PositionEncoding(nn.Module):
     @classmethod
     def check_config(cls, cfg: "TrialConfig", source: str) -> None:
         """Raise ConfigError if this encoding cannot run with cfg (e.g. head dim parity)."""
+
+    @classmethod
+    def resolve_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """The values this encoding's `auto` options take in a config (a full config dict): what the
+        stored results say ran (rpevit.config.resolve_values). None by default."""
+        return {}
 
     def seed_generator(self, salt: int = 0) -> torch.Generator:
         """A CPU generator from the trial seed, distinct per layer and class: fixed random patterns.

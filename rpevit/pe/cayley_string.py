@@ -34,16 +34,6 @@ def cayley_orthogonal(skew: Tensor) -> Tensor:
     return torch.linalg.solve_ex(eye + skew, eye - skew, check_errors=False).result
 
 
-def sparse_solver_is_faster(head_dim: int, sparsity: float) -> bool:
-    """The `auto` rule for `cayley_solver`, from benchmarks/cayley_solvers.py on a 2-core CPU.
-
-    Measured with `.venv/bin/python benchmarks/cayley_solvers.py` (forward + backward of P, 1
-    thread): the dense LU won every cell of d in {16..512} x f in {0.01..1.0} (closest: d = 256,
-    f = 0.01, sparse 1.07x the dense time), so auto = dense everywhere. Not measured on a GPU.
-    """
-    return False
-
-
 class _StringBase(AxialRoPE):
     """RoPE(r) P: `rotate` is RoPE's, P = `self.orthogonal()` (h, d, d) is the head transform."""
 
@@ -87,9 +77,8 @@ class SparseCayleyString(_StringBase):
         self.register_buffer("rows", upper_rows[picks])  # (h, k), persistent: part of the model
         self.register_buffer("cols", upper_cols[picks])
         self.skew_entries = nn.Parameter(torch.zeros(h, count))
-        self.solver = "sparse" if cayley_solver == "sparse" or (
-            cayley_solver == "auto" and sparse_solver_is_faster(d, string_sparsity)
-        ) else "dense"
+        # `auto` is the dense LU: it won every measured cell on the CPU (docs/mechanisms.md, STRING)
+        self.solver = "sparse" if cayley_solver == "sparse" else "dense"
         self.solve_log: list[SolveInfo] = []  # CG iterations / residual of the latest sparse solve
         # read by rpevit.models.stacked.vmap_blockers: a fused group then steps its members in turn
         self.vmap_blocker = (SPARSE_SOLVE_NOT_FUNCTIONAL if self.solver == "sparse" else None)

@@ -16,7 +16,9 @@ little; an ALiBi-like distance-decaying initialisation alone reached 0.820.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,20 +32,46 @@ from rpevit.attention.toeplitz import fast_fft_size, toeplitz_dense_matrix, toep
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
-# From this many tokens on, `luo_path: auto` uses the FFT path. Measured on the 2-core CPU with
-#   .venv/bin/python benchmarks/attention_scaling.py --luo-crossover --threads 1 [--tokens 1024 4096]
-# (favor+luo_rpe forward+backward, batch 1, 4 heads, head dim 32, m = 64): dense/fft time was
-# 0.01-0.06 for N = 16..1024 and 0.30 at N = 4096 (3.5 s vs 11.4 s). The FFT sums run over
-# F = m (d + 1) = 2112 channels on a ~4N padded grid, so they only pay off at large N; the ratio
-# grew ~N^1.2 between 1024 and 4096, which puts the crossing near 11k tokens (extrapolated).
+# `luo_path: auto` follows measurements: luo_crossover.json beside this file holds, per device kind
+# (cpu, cuda), the N from which the FFT path's training step was faster than the dense path's in the
+# token-scaling study (analysis/token_scaling.py --write-crossover writes it; docs/mechanisms.md).
+CROSSOVER_FILE = Path(__file__).with_name("luo_crossover.json")
+# A device kind the table has no entry for takes the FFT path from this many tokens on (the rule before
+# the table: an extrapolated CPU crossing at head dim 32; docs/mechanisms.md has the measurements).
 LUO_FFT_MIN_TOKENS = 10_000
+
+
+def _read_crossover_file() -> dict[str, dict]:
+    return json.loads(CROSSOVER_FILE.read_text()) if CROSSOVER_FILE.exists() else {}
+
+
+_CROSSOVER = _read_crossover_file()  # read once, at import: a compiled forward must not touch files
+
+
+def crossover_table() -> dict[str, dict]:
+    """The committed dense/FFT crossover per device kind ({} when the file is absent)."""
+    return _CROSSOVER
+
+
+def auto_luo_path(tokens: int, device_type: str) -> str:
+    """The path `auto` takes at N tokens on a device kind: "fft" from the measured crossover on, "dense"
+    below it. Where dense won at every measured N (fft_from_tokens null), dense up to the largest
+    measured N and fft beyond it (the dense path's memory grows as N^2, the FFT path's as N); a device
+    kind with no entry: fft from LUO_FFT_MIN_TOKENS."""
+    entry = crossover_table().get(device_type)
+    if entry is None:
+        return "fft" if tokens >= LUO_FFT_MIN_TOKENS else "dense"
+    start = entry["fft_from_tokens"]
+    if start is None:
+        return "fft" if tokens > max(entry["measured_tokens"]) else "dense"
+    return "fft" if tokens >= start else "dense"
 
 
 @dataclass
 class RelativeBias(Modulation):
     """Luo et al. 2021: c_ij = exp(b[h, r_j - r_i]); `table` is b, shape (h, 2H-1, 2W-1).
 
-    `path` (kernelized backends): "fft", "dense", or "auto" (fft from LUO_FFT_MIN_TOKENS tokens on).
+    `path` (kernelized backends): "fft", "dense", or "auto" (the measured crossover: auto_luo_path).
     """
 
     table: Tensor
@@ -71,8 +99,7 @@ class RelativeBias(Modulation):
         weights positive and <= 1. `fft`: one Toeplitz FFT sum over F = m (d + 1) channels (the
         numerator's m d and the denominator's m together); `dense`: the explicit masked matrix.
         """
-        path = self.path if self.path != "auto" else (
-            "fft" if phi_q.shape[-2] >= LUO_FFT_MIN_TOKENS else "dense")
+        path = self.path if self.path != "auto" else auto_luo_path(phi_q.shape[-2], phi_q.device.type)
         table = self.table.to(phi_q.dtype)
         weights = torch.exp(table - table.amax(dim=(-2, -1), keepdim=True).detach())  # h, 2H-1, 2W-1
         if path == "dense":

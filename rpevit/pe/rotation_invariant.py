@@ -180,6 +180,10 @@ class RotationInvariantRPE(PositionEncoding):
             self.register_buffer("selector", binomial_selector(degree).float(), persistent=False)
 
     @classmethod
+    def resolve_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        return {"rotinv_basis": resolved_basis(values["rotinv_basis"], values["rotinv_mode"])}
+
+    @classmethod
     def check_config(cls, cfg: TrialConfig, source: str) -> None:
         if resolved_basis(cfg.rotinv_basis, cfg.rotinv_mode) == "bernstein" and cfg.rotinv_mode == "random":
             raise ConfigError(

@@ -38,7 +38,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,8 @@ from rpevit.sweep.protocol import EPOCH, FAILED, OK, SUMMARY, VARIANT_FAILED, Re
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 SPACE_FILE = "space.json"
+KEY_SCHEME = "resolved"  # space.json's "key_scheme" once a folder's keys hash resolved configs (migrate.py)
+STORED_KEY = "stored_trial_key"  # in memory only: the key a row was stored under (migrate.resolved_frame)
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
 
 F64, I64, STR, BOOL = pa.float64(), pa.int64(), pa.string(), pa.bool_()
@@ -299,13 +301,6 @@ def write_table_atomic(table: pa.Table, path: Path) -> None:
         raise
 
 
-def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
-    """A DataFrame, atomically (kept for callers that write their own frames)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
-
-
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """Rows as Arrow stores them (ints stay ints, timestamps datetimes), not via pandas floats;
     DamagedResults for a file that cannot be read."""
@@ -313,9 +308,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return table.to_pylist() if table is not None else []
 
 
-def load_trials(out_dir: Path) -> pd.DataFrame:
-    """The sweep's trials.parquet as a frame (empty without one). Driver only: a damaged file is set
-    aside (read_table_or_set_aside) and its trials count as not run."""
+def driver_trials(out_dir: Path) -> pd.DataFrame:
+    """The sweep's trials.parquet as a frame (empty without one), every row of it. Driver only: a
+    damaged file is set aside (read_table_or_set_aside) and its trials count as not run. (The
+    analysis reads rows with rpevit.analysis.common.load_trials: the current, successful ones.)"""
     table, _ = read_table_or_set_aside(Path(out_dir) / TRIALS_FILE, TRIALS_LOST)
     return table.to_pandas() if table is not None else pd.DataFrame()
 
@@ -353,11 +349,24 @@ def current_keys(results_dir: str | os.PathLike) -> list[str] | None:
     return keys
 
 
-def select_keys(frame: pd.DataFrame, keys: list[str] | set[str] | None) -> tuple[pd.DataFrame, int]:
-    """(rows whose trial_key is in keys, how many were set aside); everything if keys is None."""
-    if keys is None or frame.empty or "trial_key" not in frame.columns:
+def space_key_scheme(results_dir: str | os.PathLike) -> str | None:
+    """The key scheme a folder's space.json records: KEY_SCHEME, or None (written before keys hashed
+    resolved configs, or no readable space.json; rpevit.sweep.migrate)."""
+    folder = Path(results_dir)
+    folder = folder.parent if folder.suffix == ".parquet" else folder
+    try:
+        scheme = json.loads((folder / SPACE_FILE).read_text(encoding="utf-8")).get("key_scheme")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return scheme if isinstance(scheme, str) else None
+
+
+def select_keys(frame: pd.DataFrame, keys: list[str] | set[str] | None,
+                column: str = "trial_key") -> tuple[pd.DataFrame, int]:
+    """(rows whose `column` (trial_key) is in keys, how many were set aside); everything if keys is None."""
+    if keys is None or frame.empty or column not in frame.columns:
         return frame, 0
-    mask = frame["trial_key"].isin(set(keys))
+    mask = frame[column].isin(set(keys))
     return frame[mask], int((~mask).sum())
 
 
@@ -368,22 +377,23 @@ def current_rows(frame: pd.DataFrame, results_dir: str | os.PathLike) -> tuple[p
     the trial keys of the space the sweep last ran with. Rows of other keys are from an earlier
     version of the YAML (say, another `epochs`): they stay in the files but are neither done for
     the current space nor part of its analysis. Without a space.json nothing is set aside. The
-    kept frame keeps the original index.
+    kept frame keeps the original index. A space.json of the older key scheme lists the keys rows were
+    stored under (STORED_KEY, kept by rpevit.sweep.migrate.resolved_frame).
     """
-    return select_keys(frame, current_keys(results_dir))
+    keys = current_keys(results_dir)
+    older = space_key_scheme(results_dir) != KEY_SCHEME and STORED_KEY in frame.columns
+    return select_keys(frame, keys, STORED_KEY if older else "trial_key")  # older space.json: stored keys
 
 
 class ParquetResults(Callback):
     """Collects epoch and summary rows from trials, and failures from Tune, into Parquet."""
 
     def __init__(self, out_dir: Path, sweep: str, trials: dict[str, dict[str, Any]],
-                 order: dict[str, int], on_change: Callable[[], None] | None = None,
-                 task: str | None = None) -> None:
+                 order: dict[str, int], task: str | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.sweep = sweep
         self.trials = trials  # trial_key -> config dict
         self.order = order  # trial_key -> index in the space
-        self.on_change = on_change
         self.write_error: ResultsWriteError | None = None  # set when a flush failed: the sweep is stopping
         remove_stale_temps(self.out_dir)  # a sweep starts or resumes here, under its lock
         table, _ = read_table_or_set_aside(self.out_dir / TRIALS_FILE, TRIALS_LOST)
@@ -485,8 +495,6 @@ class ParquetResults(Callback):
         self.write_error = None
         self._dirty_epochs = False
         self._last_flush = time.monotonic()
-        if self.on_change is not None:
-            self.on_change()
 
     def _write(self) -> None:
         """epochs.parquet first, then trials.parquet: a trial's row is on disk only once its epoch rows

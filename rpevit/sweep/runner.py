@@ -15,7 +15,7 @@ Guarantees the runner adds around that (README, "Reliability"):
 Throughput: Tune reuses workers (`reuse_actors`, SweepOptions.reuse; trainable.py resets the
 process state between trials) and writes no per-trial logger files, so a tiny trial costs a
 fraction of a second outside the task instead of a process start; the summary prints that
-figure. Timing tasks (space.TIMING_TASKS) reserve a whole node per trial instead (see space.py).
+figure. Timing tasks (registry.TIMING_TASKS) reserve a whole node per trial instead (see space.py).
 """
 from __future__ import annotations
 
@@ -43,10 +43,11 @@ from rpevit.data import FOLDERLESS_DATASETS, resolve_data_dir
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
+from rpevit.sweep import migrate
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.protocol import FAILED, OK, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
 from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults, ResultsWriteError,
-                                  load_trials, select_keys, trial_seconds, unix_seconds)
+                                  driver_trials, select_keys, trial_seconds, unix_seconds)
 from rpevit.sweep.space import Resources, Space, SpaceError, check_name
 from rpevit.sweep.trainable import StartBarrier, run_trial
 
@@ -140,6 +141,9 @@ def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> SweepOutcome
     start or join Ray, check the trial fits, run the Tuner (with a deadline: what fits), print the summary."""
     deadline = deadlines.as_deadline(opts.deadline)  # a --deadline text is parsed now (sweep.py did it already)
     deadlines.check_estimate(opts.deadline_estimate, deadline)
+    migrated = migrate.migrate_folder(out_dir, space)  # results of the older key scheme (rpevit.sweep.migrate)
+    if migrated:
+        print(migrated, flush=True)
     plan = plan_sweep(space, opts, out_dir)
     write_space_file(out_dir, space)
     res = plan.resources
@@ -164,7 +168,7 @@ def _run_locked(space: Space, opts: SweepOptions, out_dir: Path) -> SweepOutcome
 def plan_sweep(space: Space, opts: SweepOptions, out_dir: Path) -> SweepPlan:
     """Resume bookkeeping: refuse to overwrite a started sweep without --resume; trials with a row of
     the current space are done (failed ones too, unless retry_failed); the rest are pending."""
-    everything = load_trials(out_dir)
+    everything = driver_trials(out_dir)
     started = not everything.empty or any((out_dir / "trials").glob(f"*/{CHECKPOINT_NAME}"))
     if started and not opts.resume:
         raise SpaceError(f"{out_dir} already holds results of sweep {space.name!r}; pass --resume to "
@@ -190,7 +194,8 @@ def plan_sweep(space: Space, opts: SweepOptions, out_dir: Path) -> SweepPlan:
 def write_space_file(out_dir: Path, space: Space) -> None:
     """space.json (atomically): the trial keys analysis uses to tell current rows from stale ones."""
     tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"name": space.name, "source": space.source, "trial_keys": space.current_keys}, indent=1))
+    tmp.write_text(json.dumps({"name": space.name, "source": space.source, "key_scheme": migrate.KEY_SCHEME,
+                               "trial_keys": space.current_keys}, indent=1))
     os.replace(tmp, out_dir / SPACE_FILE)
 
 
@@ -583,7 +588,7 @@ def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, starte
     """Print the result table of this space's trials, the throughput of this run (its trials: those
     started after `started_after`, a Unix time), where the files are, and how to continue. With a
     deadline, trials it left are not a failure (exit code 0 if nothing failed)."""
-    table, _ = select_keys(load_trials(out_dir), space.keys)  # never rows of an older space
+    table, _ = select_keys(driver_trials(out_dir), space.keys)  # never rows of an older space
     opts = opts or SweepOptions()
     left = {space.keys[i] for i in deadline.left} if deadline is not None else set()
     if table.empty:

@@ -22,7 +22,7 @@ Format (every key but `fixed`/`grid` optional):
     fuse: seeds                 # trials differing only in seed train as one fused group (one Tune
                                 # trial, stacked parameters: rpevit/tasks/train_group.py)
 
-Timing tasks (TIMING_TASKS: `bench`) never share a node with other trials: the runner reserves
+Timing tasks (registered with `timing=True`: `bench`) never share a node with other trials: the runner reserves
 the whole node for each (cpus_per_trial is then the measurement's thread count). `timing:`
 asks for repeats (the row holds the median, plus min / max of train_step_ms), interleaved in
 rounds over all variants inside one worker (A B C, A B C, ...) so that slow drift of the
@@ -54,14 +54,13 @@ from typing import Any
 import yaml
 
 from rpevit import registry
-from rpevit.config import ConfigError, TrialConfig, build_config
+from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values
 from rpevit.tasks.train_group import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
                   "sample_seed", "seeds", "exclude", "include", "resources", "timing", "fuse")
 FUSE_MODES = ("seeds",)  # `fuse: seeds`: trials that differ only in seed train as one group
-TIMING_TASKS = ("bench",)  # tasks whose rows are timings: whole node per trial, `timing:` allowed
 SAMPLERS = ("choice", "uniform", "loguniform", "randint")
 KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what a trial computes
 DEFAULT_MAX_TRIALS = 10_000  # a sweep bigger than this is almost surely a typo; --max-trials raises it
@@ -119,9 +118,10 @@ class Timing:
         values = {} if values is None else values  # `timing:` with nothing under it
         if not isinstance(values, dict):
             raise SpaceError(f"{source}: 'timing' has value {values!r}; allowed: a mapping of {', '.join(allowed)}")
-        if values and task not in TIMING_TASKS:
+        load_registry()
+        if values and task not in registry.TIMING_TASKS:
             raise SpaceError(f"{source}: 'timing' is given for task {task!r}; allowed: only for timing tasks "
-                             f"({', '.join(TIMING_TASKS)}); remove the key")
+                             f"({', '.join(sorted(registry.TIMING_TASKS))}); remove the key")
         for key, value in values.items():
             if key not in allowed:
                 raise SpaceError(f"{source}: unknown key timing.{key}; allowed: {', '.join(allowed)}")
@@ -148,6 +148,9 @@ class Space:
     timing: Timing = field(default_factory=Timing)
     whole_keys: list[str] | None = None  # with `--only`: the keys of the whole space, which stay current
     fuse: str | None = None  # `fuse: seeds`, or None
+    # trial key -> the key the same trial had before keys hashed the resolved config (where they differ):
+    # the runner renames checkpoint folders of sweeps started before (rpevit.sweep.migrate)
+    legacy_keys: dict[str, str] = field(default_factory=dict)
 
     @property
     def current_keys(self) -> list[str]:
@@ -158,7 +161,8 @@ class Space:
     @property
     def exclusive(self) -> bool:
         """Whether each trial gets a whole node to itself (timing tasks: their rows are times)."""
-        return self.task in TIMING_TASKS
+        load_registry()
+        return self.task in registry.TIMING_TASKS
 
     def varying_fields(self) -> list[str]:
         """Config fields whose value differs between trials: what identifies a trial (cached: the
@@ -202,7 +206,8 @@ def trial_key(config: dict[str, Any]) -> str:
     """Stable id of a trial: a hash of its non-default config values (minus the data location).
 
     Hashing only what differs from the defaults keeps keys (and so `--resume`) stable when new
-    fields with defaults are added to TrialConfig.
+    fields with defaults are added to TrialConfig. Spaces hash the resolved config
+    (rpevit.config.resolve_values): `batch_size: 0` and the recipe's 128 are one trial.
     """
     explicit = {k: v for k, v in sorted(config.items())
                 if k not in KEY_EXCLUDED_FIELDS and v != KEY_BASELINE.get(k)}
@@ -339,19 +344,22 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     if not trials:
         raise SpaceError(f"{source}: the space expands to no trials; allowed: at least one")
 
-    configs, keys, whole_keys, seen = [], [], [], set()
+    configs, keys, whole_keys, seen, legacy = [], [], [], set(), {}
     occurring: dict[str, set[str]] = {k: set() for k in only}  # for the message if `only` keeps none
     for i, values in enumerate(trials):
         values = {**values, **overrides}
         try:
-            cfg = build_config(values, source=source)
+            cfg = TrialConfig.from_dict(values, source=source)
         except ConfigError:  # again, for the message: naming the trial costs time, so only on error
-            cfg = build_config(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
-        full = {name: getattr(cfg, name) for name in _FIELDS}
+            cfg = TrialConfig.from_dict(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
+        requested = cfg.to_dict()
+        full = resolve_values(requested)  # what runs: keys and rows hold resolved values, not placeholders
         key = trial_key(full)
         if key in seen:
             continue
         seen.add(key)
+        if full != requested:
+            legacy[key] = trial_key(requested)
         whole_keys.append(key)
         for k in only:
             occurring[k].add(str(full[k]))
@@ -366,11 +374,11 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
                          f"({found})")
     space = Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
                   duplicates_dropped=len(trials) - len(whole_keys), timing=timing,
-                  whole_keys=whole_keys if only else None, fuse=fuse)
+                  whole_keys=whole_keys if only else None, fuse=fuse, legacy_keys=legacy)
     if fuse is not None:
         for members in space.groups():
             try:
-                check_group([build_config(configs[i], source=source) for i in members])
+                check_group([TrialConfig.from_dict(configs[i], source=source) for i in members])
             except ConfigError as err:
                 raise SpaceError(f"{source}: 'fuse' has value {fuse!r} but {err}") from err
     return space

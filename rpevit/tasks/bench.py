@@ -37,7 +37,7 @@ METRICS = TaskMetrics(
 )
 
 
-@register_task("bench", METRICS)
+@register_task("bench", METRICS, timing=True)
 def time_variant(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                  on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
     """Time one variant; `checkpoint_dir`/`on_epoch` are accepted for the common task signature."""
@@ -90,7 +90,7 @@ def time_variant(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
         if log:
             log(f"bench {cfg.attention}+{cfg.pe} N={tokens} batch={cfg.bench_batch}: out of memory "
                 f"({str(err).splitlines()[0][:200]})")
-        return {**cfg.to_dict(), "tokens": tokens, "out_of_memory": True, **timing_columns(*[math.nan] * 4,
+        return {**cfg.resolved().to_dict(), "tokens": tokens, "out_of_memory": True, **timing_columns(*[math.nan] * 4,
                 cfg.bench_batch), "step_mem_mb": math.nan, "step_mem_kind": "out_of_memory",
                 "peak_mem_mb": math.nan, "peak_mem_kind": "out_of_memory", "flops": -1,
                 "flops_unsupported": "", "params": -1, **metrics.environment(device)}
@@ -101,7 +101,7 @@ def time_variant(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
             f"fwd+bwd {1e3 * fwd_bwd:.2f} ms, step {1e3 * step:.2f} ms, infer {1e3 * inf:.2f} ms, "
             f"step memory {step_mem:.1f} MiB")
     return {
-        **cfg.to_dict(),
+        **cfg.resolved().to_dict(),
         "tokens": tokens,
         "out_of_memory": False,
         **timing_columns(1e3 * fwd, 1e3 * fwd_bwd, 1e3 * step, 1e3 * inf, cfg.bench_batch),

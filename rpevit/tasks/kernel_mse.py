@@ -45,7 +45,7 @@ from rpevit import metrics
 from rpevit.attention.features import (haar_orthogonal, iid_gaussian, orthogonal_gaussian,
                                        positive_random_features, trig_random_features)
 from rpevit.attention.rademacher import iid_rademacher, next_power_of_two, orthogonal_rademacher
-from rpevit.config import TrialConfig
+from rpevit.config import TrialConfig, field_error
 from rpevit.registry import TaskMetrics, register_task
 
 PROJECTIONS: dict[str, Callable[..., Tensor]] = {
@@ -227,7 +227,15 @@ METRICS = TaskMetrics(
 )
 
 
-@register_task("kernel_mse", METRICS)
+def check_config(cfg: TrialConfig, source: str) -> None:
+    """kmse_dim >= 2 (x and y span a plane) and an angle in [0, pi] (pi itself allowed)."""
+    if cfg.kmse_dim < 2:
+        raise field_error(source, "kmse_dim", cfg.kmse_dim, "an integer >= 2 (x and y span a plane)")
+    if cfg.kmse_angle > math.pi:
+        raise field_error(source, "kmse_angle", cfg.kmse_angle, "radians in [0, pi]")
+
+
+@register_task("kernel_mse", METRICS, check=check_config)
 def kernel_mse_point(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                      on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
     """One (projection, estimator, m, norm, angle) point; `checkpoint_dir`/`on_epoch` unused (seconds)."""
@@ -242,6 +250,6 @@ def kernel_mse_point(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = No
         log(f"kernel_mse {cfg.kmse_projection}/{cfg.kmse_estimator} d={cfg.kmse_dim} m={cfg.kmse_features} "
             f"|x|={cfg.kmse_norm:g} angle={cfg.kmse_angle:.3f}: K={kernel:.4g} mse_mc={row['mse_mc']:.4g} "
             f"+- {row['mse_mc_se']:.2g} mse_closed={row['mse_closed']:.4g} limit={row['limit_mse']:.3g}")
-    return {**cfg.to_dict(), "kernel_true": kernel, **row,
+    return {**cfg.resolved().to_dict(), "kernel_true": kernel, **row,
             "x_dot_y": float(x @ y), "sum_norm_sq": float((x + y) @ (x + y)),
             "diff_norm_sq": float((x - y) @ (x - y)), **metrics.environment(torch.device("cpu"))}

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from rpevit import checkpoint, metrics
 from rpevit.attention.kernelized import advance_random_features, set_training_length
-from rpevit.config import TrialConfig
+from rpevit.config import TrialConfig, field_error
 from rpevit.data import Splits, augment_images, batch_indices, load_splits
 from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, random_feature_layers,
                                rotation_accuracy, rotation_keys, softmax_swap_accuracy)
@@ -125,7 +125,15 @@ def one_draw_note(model: nn.Module, cfg: TrialConfig) -> str | None:
             "with --redraw-until 0.8)")
 
 
-@register_task("train", METRICS)
+def check_config(cfg: TrialConfig, source: str) -> None:
+    """Training reads the dataset at its native size: image_size is 0 (the recipe's) or that size."""
+    native = cfg.spec.image_size
+    if (cfg.image_size or native) != native:
+        raise field_error(source, "image_size", cfg.image_size,
+                          f"0 or {native} for dataset {cfg.dataset!r} (train uses native size)")
+
+
+@register_task("train", METRICS, check=check_config)
 def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
                        extend_epochs: bool = False) -> dict:
@@ -304,7 +312,7 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
     train_s_per_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
     peak_mb, peak_kind = metrics.peak_memory_mb(device)
     return {
-        **cfg.to_dict(),
+        **cfg.resolved().to_dict(),
         **quality,
         **draw_aware,
         **metrics.information_criteria(quality["log_likelihood"], params, len(data.y_test)),

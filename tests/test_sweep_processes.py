@@ -1,5 +1,6 @@
-"""Issue 11 with real processes and a real Ray: one driver per sweep (4), loopback-only embedded
-Ray (6), Ray ends with a SIGKILLed driver and `--resume` of a fresh sweep says so (10).
+"""rpevit/sweep/runner.py, lock.py, reaper.py with real processes and a real Ray: one driver per
+sweep, loopback-only embedded Ray, Ray ends with a SIGKILLed driver and `--resume` of a fresh sweep
+says so.
 
 One sweep driver A runs a single ~10 s trial; while it runs, its processes' sockets are checked
 and a second driver B is started on the same sweep; then A is SIGKILLed and every process it

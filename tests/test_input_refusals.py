@@ -1,4 +1,4 @@
-"""Issue 11, items 5, 7 and 8: values refused before anything trains, as one-line messages (exit
+"""rpevit/config.py, rpevit/cli.py, rpevit/sweep/space.py: values refused before anything trains, as one-line messages (exit
 2) naming the field, the value and what is allowed; huge spaces refused before they are built;
 sweep names that are one folder name."""
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Issue 11, items 3 and 9: only the current space's rows count; a fixed, typed Parquet schema."""
+"""rpevit/sweep/results.py: only the current space's rows count; a fixed, typed Parquet schema; damaged
+and unwritable result files."""
 from __future__ import annotations
 
 import json
@@ -156,7 +157,7 @@ def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_ro
     old, writer = sweep_of(tmp_path, "edited", ["ape", "rope"])  # the space as it was: epochs 1
     for i, key in enumerate(old.keys):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
-                               Report(SUMMARY, key, {**row, "trial_key": key}).to_tune())
+                               Report(SUMMARY, key, {**row, **old.trials[i], "trial_key": key}).to_tune())
     (tmp_path / "edited" / "space.json").write_text(json.dumps({"trial_keys": old.keys}))
     new = expand_space({"name": "edited", "fixed": {**TINY, "epochs": 2}, "grid": {"pe": ["ape", "rope"]}},
                        source="edited.yaml")  # `epochs` edited: new trial keys
@@ -177,7 +178,7 @@ def test_resume_after_a_yaml_edit_uses_only_the_current_space(tmp_path, train_ro
                             {k: i for i, k in enumerate(new.keys)}, task="train")
     for i, key in enumerate(new.keys):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"n{i}"),
-                               Report(SUMMARY, key, {**row, "trial_key": key}).to_tune())
+                               Report(SUMMARY, key, {**row, **new.trials[i], "trial_key": key}).to_tune())
     assert run_sweep(new, SweepOptions(results_dir=tmp_path, resume=True)) == 0
     out = capsys.readouterr().out
     assert "set aside 2 row(s)" in out and "2 ok, 0 failed, 0 not run" in out
@@ -248,7 +249,7 @@ def finished_sweep(tmp: Path, name: str, row: dict, epochs: list[dict], pes=("ap
         for epoch in epochs:
             writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"), Report(EPOCH, key, epoch).to_tune())
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
-                               Report(SUMMARY, key, {**row, **PLACEMENT, "trial_key": key}).to_tune())
+                               Report(SUMMARY, key, {**row, **space.trials[i], **PLACEMENT, "trial_key": key}).to_tune())
     (tmp / name / "space.json").write_text(json.dumps({"trial_keys": space.keys}))
     return space
 

@@ -1,0 +1,204 @@
+"""Results written before trial keys hashed the resolved config, brought to today's form.
+
+Until issue 31 (items 2 and 17) a row stored the config as requested, placeholders included
+(`patch_size 0`, `batch_size 0`, `lr 0.0`, `warmup_epochs -1`, `augment auto`, `rotinv_basis
+auto`), and its trial key hashed those placeholders, so `batch_size: 0` and `batch_size: 128` (the
+CIFAR-10 recipe) were two trials of one computation. Now spaces resolve every placeholder
+(rpevit.config.resolve_values) before keying, and rows hold what ran. Older results meet that here:
+
+- the driver, under the sweep lock, rewrites an older folder once (`migrate_folder`): config
+  columns resolved and keys recomputed in trials.parquet and epochs.parquet (the originals kept
+  beside them as `<file>.before-resolved-keys`), checkpoint and TensorBoard folders renamed to the
+  new keys; space.json then records `"key_scheme": "resolved"`. Two old rows that resolve to one
+  key (the same computation run twice under two spellings) keep the first; the other stays in the
+  kept original, so it is never counted as an independent sample;
+- the analysis never writes: it resolves rows in memory (`resolved_frame`) and, for a space.json
+  of the older scheme, matches rows by the key they were stored under (`stored_trial_key`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rpevit.config import field_types, resolve_values
+from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, DamagedResults, SPACE_FILE, STORED_KEY, TRIALS_FILE, epochs_schema,
+                                  read_rows, space_key_scheme, to_table, trials_schema, write_table_atomic)
+from rpevit.sweep.space import Space, trial_key
+
+BACKUP_SUFFIX = ".before-resolved-keys"
+__all__ = ["KEY_SCHEME", "STORED_KEY", "migrate_folder", "resolved_frame", "resolved_row", "space_key_scheme"]
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def resolved_config(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The resolved config of a stored row (its config columns; absent or empty ones at their
+    defaults); None for a row without a dataset column (nothing to resolve it against)."""
+    names = field_types()
+    values = {k: v for k, v in row.items() if k in names and not _missing(v)}
+    if "dataset" not in values:
+        return None
+    return resolve_values(values)
+
+
+def resolved_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The row with its config columns resolved and its trial_key recomputed from them. Only the
+    columns the row has are rewritten: a column it lacks (a field added after it was written) stays
+    absent rather than claiming today's default ran."""
+    config = resolved_config(row)
+    if config is None:
+        return dict(row)
+    present = {k: v for k, v in config.items() if k in row and not _missing(row[k])}
+    return {**row, **present, "trial_key": trial_key(config)}
+
+
+def resolved_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """Analysis-side, in memory: every row's config resolved and trial_key recomputed; the key it was
+    stored under in STORED_KEY (a space.json of the older scheme lists those). Rows that resolve to
+    the key of an earlier row are dropped (with one line on stderr), as migrate_folder drops them."""
+    if frame.empty or "trial_key" not in frame.columns or "dataset" not in frame.columns:
+        return frame.assign(**{STORED_KEY: frame.get("trial_key", pd.Series(dtype=object))})
+    resolved = [resolved_row(r) for r in frame.to_dict("records")]
+    out = frame.copy()
+    for name in ("trial_key", *(n for n in field_types() if n in frame.columns)):  # config columns only
+        values = pd.Series([r.get(name) for r in resolved], index=frame.index)
+        try:
+            out[name] = values.astype(frame[name].dtype)
+        except (TypeError, ValueError):
+            out[name] = values
+    out[STORED_KEY] = frame["trial_key"].to_numpy()
+    twice = out["trial_key"].duplicated()  # a second spelling of one computation: counted once
+    if twice.any():
+        print(f"warning: {int(twice.sum())} row(s) repeat the resolved config of an earlier row (one computation "
+              f"stored under two spellings of its config): each is counted once", file=sys.stderr, flush=True)
+        out = out[~twice]
+    return out
+
+
+def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
+    """Rewrite a sweep folder of the older key scheme (driver only, under the sweep lock); returns one
+    line saying what moved, or None when there was nothing to do. space.legacy_keys also renames the
+    checkpoint folders of trials that had not written a row yet."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir() or space_key_scheme(out_dir) == KEY_SCHEME:
+        return None
+    trials_path, epochs_path = out_dir / TRIALS_FILE, out_dir / EPOCHS_FILE
+    try:
+        trial_rows = read_rows(trials_path) if trials_path.is_file() else []
+        epoch_rows = read_rows(epochs_path) if epochs_path.is_file() else []
+    except DamagedResults:
+        return None  # the driver sets a damaged file aside and rebuilds (rpevit.sweep.results); nothing to migrate
+    renamed: dict[str, str] = {}
+    kept: dict[str, dict[str, Any]] = {}
+    owner: dict[str, str] = {}  # new key -> the stored key of the row kept for it
+    dropped = 0
+    for row in trial_rows:
+        new = resolved_row(row)
+        renamed.setdefault(row["trial_key"], new["trial_key"])
+        if new["trial_key"] in kept:
+            dropped += 1  # a second spelling of one computation: it stays in the kept original only
+            continue
+        kept[new["trial_key"]] = new
+        owner[new["trial_key"]] = row["trial_key"]
+    if space is not None:
+        for new_key, old_key in space.legacy_keys.items():
+            renamed.setdefault(old_key, new_key)
+    changed = {old: new for old, new in renamed.items() if old != new}
+    rows_changed = any(_differs(resolved_row(r), r) for r in trial_rows)
+    folders = _rename_folders(out_dir, changed)
+    if rows_changed or dropped:
+        for path in (epochs_path, trials_path):
+            if path.is_file():
+                shutil.copy2(path, path.with_name(path.name + BACKUP_SUFFIX))
+        task = next((r.get("task") for r in trial_rows if r.get("task")), None) or (space.task if space else "train")
+        if epoch_rows:
+            epochs = {}
+            for row in epoch_rows:
+                key = changed.get(row["trial_key"], row["trial_key"])
+                if owner.get(key, row["trial_key"]) != row["trial_key"]:
+                    continue  # the epochs of a dropped second spelling stay in the kept original
+                epochs.setdefault((key, int(row["epoch"])), {**row, "trial_key": key})
+            write_table_atomic(to_table(list(epochs.values()), epochs_schema(task)), epochs_path)
+        write_table_atomic(to_table(list(kept.values()), trials_schema(task)), trials_path)
+    _rewrite_space_keys(out_dir, changed)
+    if not (rows_changed or dropped or folders):
+        return None
+    extra = f"; {dropped} duplicate row(s) of one computation kept only in the original" if dropped else ""
+    return (f"{out_dir}: results of the older key scheme brought to resolved configs: {len(kept)} row(s), "
+            f"{len(changed)} key(s) changed, {folders} checkpoint folder(s) renamed{extra} (originals kept as "
+            f"*{BACKUP_SUFFIX})")
+
+
+def _differs(new: dict[str, Any], old: dict[str, Any]) -> bool:
+    """Whether resolving changed a row (its key or a config value; empty equals empty)."""
+    for name in ("trial_key", *field_types()):
+        a, b = new.get(name), old.get(name)
+        if not (a == b or (_missing(a) and _missing(b))):
+            return True
+    return False
+
+
+def _rename_folders(out_dir: Path, changed: dict[str, str]) -> int:
+    """trials/<old> and tensorboard/<old> -> <new> where the new one does not exist yet (no links)."""
+    moved = 0
+    for parent in (out_dir / "trials", out_dir / "tensorboard"):
+        for old, new in changed.items():
+            source, target = parent / old, parent / new
+            if source.is_dir() and not source.is_symlink() and not target.exists():
+                os.replace(source, target)
+                moved += parent.name == "trials"
+    return moved
+
+
+def _rewrite_space_keys(out_dir: Path, changed: dict[str, str]) -> None:
+    """space.json's keys mapped to the new scheme, and the scheme recorded (the runner rewrites it
+    from the space right after; the analysis may read it first)."""
+    path = out_dir / SPACE_FILE
+    try:
+        space = json.loads(path.read_text(encoding="utf-8"))
+        keys = space["trial_keys"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    if not isinstance(keys, list):
+        return
+    space["trial_keys"] = list(dict.fromkeys(changed.get(k, k) for k in keys))
+    space["key_scheme"] = KEY_SCHEME
+    tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(space, indent=1))
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rpevit.sweep.migrate FOLDER...`: migrate sweep folders now, without running a sweep
+    (`sweep.py --resume` does the same on its own folder). Each folder is locked as a driver locks it."""
+    import argparse
+
+    from rpevit.config import ConfigError
+    from rpevit.sweep.lock import sweep_lock
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (each holding trials.parquet)")
+    args = parser.parse_args(argv)
+    for folder in args.folders:
+        if not (folder / TRIALS_FILE).is_file():
+            parser.error(f"{folder} holds no {TRIALS_FILE}; allowed: a sweep folder")
+        try:
+            with sweep_lock(folder):
+                print(migrate_folder(folder) or f"{folder}: already in the resolved key scheme, nothing to do")
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

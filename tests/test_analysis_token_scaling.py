@@ -1,0 +1,105 @@
+"""The token-scaling analysis (rpevit/analysis/token_scaling.py): exponents, crossovers and the
+dense/FFT table, on bench rows whose costs are power laws by construction."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from rpevit.analysis import common, efficiency, token_scaling
+from tests.test_analysis import config_row, png_ok, write_sweep
+
+TOKENS = ((32, 64), (64, 256), (128, 1024), (256, 4096))  # image side at patch 4 -> N
+# per image: softmax 1e-3 N^2, favor 0.1 N (equal at N = 100); luo dense 2e-3 N^2 vs fft 0.5 N (fft
+# faster from N = 250 on, i.e. from the measured 256)
+PER_IMAGE = {("softmax", "rope", "auto"): lambda n: 1e-3 * n**2, ("favor", "rope", "auto"): lambda n: 0.1 * n,
+             ("softmax", "luo_rpe", "auto"): lambda n: 1e-3 * n**2,
+             ("favor", "luo_rpe", "dense"): lambda n: 2e-3 * n**2, ("favor", "luo_rpe", "fft"): lambda n: 0.5 * n}
+
+
+def scaling_rows(batch_tokens: int = 4096) -> list[dict]:
+    rows = []
+    for side, n in TOKENS:
+        batch = max(1, batch_tokens // n)
+        for (attention, pe, path), cost in PER_IMAGE.items():
+            t = cost(n) * batch
+            rows.append({**config_row(task="bench", attention=attention, pe=pe, luo_path=path, dataset="cifar10",
+                                      image_size=side, patch_size=4, bench_batch=batch),
+                         "tokens": n, "forward_ms": t / 3, "train_step_ms": t, "infer_ms": t / 4,
+                         "step_mem_mb": 1e-2 * n * batch, "out_of_memory": False})
+    return rows
+
+
+def test_exponents_crossovers_and_the_luo_table(tmp_path):
+    out = write_sweep(tmp_path / "scaling", "scaling", scaling_rows())
+    table = token_scaling.per_image(token_scaling.scaling_rows(common.load_trials(out, task="bench")))
+    exps = token_scaling.exponents(table).set_index("variant")
+    assert exps.loc["softmax+rope", "train step ms / image exponent"] == pytest.approx(2.0)
+    assert exps.loc["favor+rope", "train step ms / image exponent"] == pytest.approx(1.0)
+    assert exps.loc["favor+rope", "step memory MiB / image exponent"] == pytest.approx(1.0)
+    assert exps.loc["favor+rope", "top decade"] == "1024..4096"  # N >= 4096 / 10
+    cross = token_scaling.crossovers(table, token_scaling.exponents(table)).set_index("variant")
+    assert cross.loc["favor+rope", "against"] == "softmax+rope"
+    assert cross.loc["favor+rope", "overtakes from N"] == pytest.approx(100.0) and cross.loc["favor+rope", "how"] == "measured"
+    assert cross.loc["favor+luo_rpe (fft)", "against"] == "softmax+luo_rpe"
+    # dense Luo: 2x softmax+luo_rpe at every N, both N^2: never overtakes, no extrapolated crossing
+    assert cross.loc["favor+luo_rpe (dense)", "how"] == "not reached"
+    assert math.isnan(cross.loc["favor+luo_rpe (dense)", "extrapolated N"])
+    assert cross.loc["favor+luo_rpe (dense)", "ratio at largest N"] == pytest.approx(2.0)
+    luo = token_scaling.luo_path_table(table)["cpu"]
+    assert luo["fft_from_tokens"] == 256 and luo["measured_tokens"] == [64, 256, 1024, 4096]
+
+
+def test_top_decade_exponent():
+    n = np.array([16.0, 64.0, 256.0, 1024.0])
+    cost = np.where(n < 100, 50.0, 3 * n**1.5)  # an overhead floor below the top decade is left out
+    assert token_scaling.top_decade_exponent(n, cost) == pytest.approx(1.5)
+    assert math.isnan(token_scaling.top_decade_exponent(n[:1], cost[:1]))
+
+
+def test_crossing_cases():
+    n = np.array([64.0, 256.0, 1024.0])
+    assert token_scaling.crossing(n, np.array([0.5, 0.4, 0.3])) == (64.0, "below the smallest N")
+    assert token_scaling.crossing(n, np.array([2.0, 0.5, 1.5]))[1] == "not reached"
+    at, how = token_scaling.crossing(n, np.array([0.5, 2.0, 0.5]))  # faster, slower, faster: from the last crossing
+    assert how == "measured" and 256 < at < 1024
+
+
+def test_an_unreached_crossover_is_extrapolated_from_the_exponents(tmp_path):
+    rows = [r for r in scaling_rows() if r["tokens"] <= 256 or r["attention"] != "favor"]
+    for r in rows:  # favor 10x slower: 0.1 N * 10 = N vs 1e-3 N^2 -> equal at N = 1000 (beyond 256)
+        if r["attention"] == "favor" and r["pe"] == "rope":
+            r["train_step_ms"] *= 10
+    out = write_sweep(tmp_path / "scaling", "scaling", [r for r in rows if r["tokens"] <= 256])
+    table = token_scaling.per_image(common.load_trials(out, task="bench"))
+    cross = token_scaling.crossovers(table, token_scaling.exponents(table)).set_index("variant")
+    assert cross.loc["favor+rope", "how"] == "not reached"
+    assert cross.loc["favor+rope", "extrapolated N"] == pytest.approx(1000.0)
+
+
+def test_build_writes_the_section_and_figure_and_the_crossover_file(tmp_path):
+    parent = tmp_path / "all"
+    write_sweep(parent / "scaling", "scaling", scaling_rows())
+    text = token_scaling.build(parent)
+    assert "Where each linear variant overtakes its softmax counterpart" in text
+    assert "FFT path faster from N = 256" in text and png_ok(parent / "token_scaling.png")
+    assert efficiency.build(parent) is not None and "Token scaling" not in efficiency.build(parent)
+    path = tmp_path / "luo_crossover.json"
+    path.write_text(json.dumps({"cuda": {"fft_from_tokens": 8192}}))
+    token_scaling.write_crossover(parent, path)
+    written = json.loads(path.read_text())
+    assert written["cuda"] == {"fft_from_tokens": 8192} and written["cpu"]["fft_from_tokens"] == 256
+
+
+def test_out_of_memory_rows_are_shown_and_left_out_of_the_fit(tmp_path):
+    rows = scaling_rows()
+    for r in rows:
+        if r["attention"] == "softmax" and r["pe"] == "rope" and r["tokens"] == 4096:
+            r.update(out_of_memory=True, train_step_ms=math.nan, infer_ms=math.nan, step_mem_mb=math.nan)
+    out = write_sweep(tmp_path / "scaling", "scaling", rows)
+    table = token_scaling.per_image(common.load_trials(out, task="bench"))
+    exps = token_scaling.exponents(table).set_index("variant")
+    assert exps.loc["softmax+rope", "out of memory at N"] == "4096"
+    assert exps.loc["softmax+rope", "train step ms / image exponent"] == pytest.approx(2.0)  # over the sizes that ran

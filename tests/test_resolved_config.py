@@ -1,0 +1,129 @@
+"""Stored configs hold what ran, and trials are keyed by it (issue 31, items 2 and 17): the recipe's
+placeholders (`patch_size 0`, `batch_size 0`, `lr 0`, `warmup_epochs -1`, `augment auto`,
+`rotinv_basis auto`) resolve before keys are hashed and rows are written; results of the older
+scheme are brought over (rpevit/sweep/migrate.py) without losing or double-counting a row."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+from rpevit import checkpoint
+from rpevit.analysis import common
+from rpevit.cli import main as cli_main
+from rpevit.config import TrialConfig, resolve_values
+from rpevit.sweep import migrate
+from rpevit.sweep.protocol import EPOCH, SUMMARY, Report
+from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults
+from rpevit.sweep.runner import SweepOptions, plan_sweep, run_sweep
+from rpevit.sweep.space import expand_space, trial_key
+
+DIGITS_RECIPE = {"image_size": 8, "patch_size": 2, "batch_size": 16, "lr": 1e-3, "warmup_epochs": 1.0, "augment": "none"}
+TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 64, "epochs": 1}
+
+
+def test_resolve_values_fills_the_recipe_and_each_encodings_auto_options():
+    resolved = resolve_values({"dataset": "digits"})
+    assert {k: resolved[k] for k in DIGITS_RECIPE} == DIGITS_RECIPE
+    assert resolve_values({"dataset": "cifar10", "warmup_epochs": 0.0})["warmup_epochs"] == 0.0  # 0 = no warm-up
+    assert resolve_values({"dataset": "cifar10", "batch_size": 32})["batch_size"] == 32  # given values stay
+    assert resolve_values({"pe": "rotinv", "rotinv_mode": "random"})["rotinv_basis"] == "monomial"
+    assert resolve_values({"pe": "ape+rotinv"})["rotinv_basis"] == "bernstein"
+    assert resolve_values({"pe": "rope"})["rotinv_basis"] == "auto"  # not rotinv: nothing to resolve
+    kept = resolve_values({"device": "auto", "amp": "auto", "luo_path": "auto", "cayley_solver": "auto"})
+    assert [kept[k] for k in ("device", "amp", "luo_path", "cayley_solver")] == ["auto"] * 4  # how, not what
+    cfg = TrialConfig(dataset="digits")
+    assert cfg.resolved().resolved() == cfg.resolved() and cfg.resolved().grid == cfg.grid
+
+
+def test_a_space_keys_the_resolved_config_so_two_spellings_are_one_trial():
+    space = expand_space({"name": "s", "fixed": TINY,
+                          "grid": {"batch_size": [0, 16], "patch_size": [0, 2], "lr": [0.0, 1e-3]}}, source="s.yaml")
+    assert len(space.trials) == 1 and space.duplicates_dropped == 7  # 8 spellings of one computation
+    (config,) = space.trials
+    assert {k: config[k] for k in DIGITS_RECIPE} == DIGITS_RECIPE
+    requested = {**TrialConfig().to_dict(), **TINY}  # the first spelling: every placeholder
+    assert space.keys[0] == trial_key(config) and space.legacy_keys == {space.keys[0]: trial_key(requested)}
+
+
+def test_the_cli_row_stores_what_ran(capsys):
+    argv = ["--dataset", "digits", "--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "64",
+            "--epochs", "1", "--quiet"]
+    assert cli_main(argv) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert {k: row[k] for k in DIGITS_RECIPE} == DIGITS_RECIPE
+
+
+def test_a_checkpoint_written_under_placeholders_continues_under_the_values_they_resolve_to(tmp_path):
+    from rpevit.tasks.train import train_and_evaluate as train
+
+    placeholder = TrialConfig.from_dict(TINY)
+    train(placeholder, checkpoint_dir=tmp_path, log=None)
+    state = checkpoint.load(tmp_path / checkpoint.CHECKPOINT_NAME)
+    checkpoint.check_matches(state, placeholder.resolved(), tmp_path)  # batch 16 = the recipe it ran with
+    with pytest.raises(checkpoint.CheckpointError, match="'batch_size' has value 32 here but 16"):
+        checkpoint.check_matches(state, placeholder.replace(batch_size=32), tmp_path)
+
+
+# ---------------------------------------------------------------- results of the older key scheme
+def old_scheme_folder(tmp_path):
+    """A sweep folder as the older code wrote it: placeholder configs keyed by their placeholders,
+    plus a second spelling of seed 0's computation (batch_size 16 given), each with a row, epoch
+    rows and a checkpoint folder; space.json without a key scheme."""
+    out = tmp_path / "old"
+    requested = [{**TrialConfig.from_dict({**TINY, "seed": s}).to_dict()} for s in (0, 1)]
+    requested.append({**requested[0], "batch_size": 16})
+    keys = [trial_key(c) for c in requested]
+    assert len(set(keys)) == 3
+    writer = ParquetResults(out, "old", dict(zip(keys, requested)), {k: i for i, k in enumerate(keys)})
+    for i, (key, config) in enumerate(zip(keys, requested)):
+        trial = SimpleNamespace(trial_id=f"t{i}")
+        writer.on_trial_result(0, [], trial, Report(EPOCH, key, {"epoch": 0, "train_loss": 1.0 + i}).to_tune())
+        writer.on_trial_result(0, [], trial, Report(SUMMARY, key, {**config, "test_acc": 0.5 + i / 10}).to_tune())
+        (out / "trials" / key).mkdir(parents=True)
+        (out / "trials" / key / "marker").write_text(key)
+    writer.on_experiment_end([])
+    (out / SPACE_FILE).write_text(json.dumps({"name": "old", "source": "old.yaml", "trial_keys": keys}))
+    return out, requested, keys
+
+
+def test_the_analysis_reads_an_older_folder_resolved_without_double_counting(tmp_path):
+    out, _, keys = old_scheme_folder(tmp_path)
+    frame = common.load_trials(out)
+    assert len(frame) == 2  # the second spelling of seed 0 is the same computation: counted once
+    assert set(frame["batch_size"]) == {16} and set(frame["patch_size"]) == {2} and set(frame["augment"]) == {"none"}
+    assert set(frame[migrate.STORED_KEY]) == set(keys[:2])  # matched to the older space.json by stored key
+    assert pd.read_parquet(out / TRIALS_FILE)["trial_key"].tolist() == keys  # nothing written
+
+
+def test_the_driver_migrates_an_older_folder_once_and_keeps_the_originals(tmp_path):
+    out, requested, old_keys = old_scheme_folder(tmp_path)
+    space = expand_space({"name": "old", "fixed": TINY, "grid": {"seed": [0, 1]}}, source="old.yaml")
+    message = migrate.migrate_folder(out, space)
+    assert "2 row(s)" in message and "1 duplicate row(s)" in message
+    trials = pd.read_parquet(out / TRIALS_FILE)
+    assert trials["trial_key"].tolist() == space.keys and set(trials["batch_size"]) == {16}
+    assert trials["test_acc"].tolist() == [0.5, 0.6]  # the first spelling's row is the one kept
+    epochs = pd.read_parquet(out / EPOCHS_FILE)
+    assert epochs["trial_key"].tolist() == space.keys  # re-keyed; the dropped spelling's epochs stay behind
+    assert epochs["train_loss"].tolist() == [1.0, 2.0]
+    for new, old in zip(space.keys, old_keys):
+        assert (out / "trials" / new / "marker").read_text() == old  # checkpoint folders follow their trials
+    kept = pd.read_parquet(out / (TRIALS_FILE + migrate.BACKUP_SUFFIX))
+    assert kept["trial_key"].tolist() == old_keys  # the originals, all three rows
+    assert json.loads((out / SPACE_FILE).read_text())["key_scheme"] == migrate.KEY_SCHEME
+    assert migrate.migrate_folder(out, space) is None  # once
+    plan = plan_sweep(space, SweepOptions(results_dir=tmp_path, resume=True), out)
+    assert plan.pending == []  # resumed: both trials done, nothing reruns
+
+
+def test_a_resumed_sweep_of_an_older_folder_migrates_and_reports_it(tmp_path, capsys):
+    out, _, _ = old_scheme_folder(tmp_path)
+    space = expand_space({"name": "old", "fixed": TINY, "grid": {"seed": [0, 1]}}, source="old.yaml")
+    assert run_sweep(space, SweepOptions(results_dir=tmp_path, resume=True, dashboard=False)) == 0
+    printed = capsys.readouterr().out
+    assert "brought to resolved configs" in printed and "0 to run" in printed
+    assert not math.isnan(pd.read_parquet(out / TRIALS_FILE)["test_acc"].iloc[0])
