@@ -82,6 +82,7 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     table["timing"] = groups["overlapped"].agg(lambda o: UNKNOWN_TIMES if o.isna().any() else
                                                CONTENDED if o.astype(bool).any() else ONE_AT_A_TIME)
     table = table.reset_index()
+    bench = cost_bench_rows(bench) if bench is not None else None
     if bench is not None and not bench.empty:
         measured = bench_costs(bench)
         shapes = groups[[c for c in model_field_names() if c in frame.columns]].agg(lambda v: tuple(v.unique()))
@@ -117,11 +118,17 @@ def cost_ratios(costs: pd.DataFrame) -> pd.DataFrame:
 BENCH_COST_COLUMNS = ("train_step_ms", "train_ms_per_image", "infer_ms_per_sample", "flops", "params", "peak_mem_mb")
 
 
+def cost_bench_rows(bench: pd.DataFrame) -> pd.DataFrame:
+    """The bench rows of cost sweeps (one model size per sweep: bench_*_cpu.yaml), without those of
+    token-scaling sweeps, whose batches and sizes are chosen for the scaling, not for a study's model."""
+    return bench[~bench.index.isin(scaling_rows(bench).index)] if not bench.empty else bench
+
+
 def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     """Per cost-bench sweep (one model size: bench_mnist_cpu.yaml, ...) and variant: median training-step
     time, its time per image, inference ms per sample, FLOPs, params, peak memory, and the step and
     inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none)."""
-    cost = bench[~bench.index.isin(scaling_rows(bench).index)]
+    cost = cost_bench_rows(bench)
     if cost.empty:
         return pd.DataFrame()
     b = with_variant(cost)

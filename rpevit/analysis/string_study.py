@@ -32,7 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main, with_variant
-from rpevit.analysis.efficiency import SHAPE_FIELDS, model_field_names, model_fields, with_resolved_shape
+from rpevit.analysis.efficiency import SHAPE_FIELDS, cost_bench_rows, model_field_names, model_fields, with_resolved_shape
 from rpevit.analysis.stats import Interval, Judged, judge_family, mean_interval, welch
 
 REFERENCE = "rope"
@@ -82,6 +82,7 @@ def one_row_per_seed(rows: pd.DataFrame) -> pd.DataFrame:
 def bench_ratios(bench: pd.DataFrame) -> pd.DataFrame:
     """Median training-step / inference times of softmax bench rows per dataset, pe and model fields,
     divided by those of rope's row of the same dataset and shape (SHAPE_FIELDS)."""
+    bench = cost_bench_rows(bench)
     if bench.empty:
         return pd.DataFrame()
     b = with_resolved_shape(bench[(bench["attention"] == "softmax") & bench["pe"].isin(STRING_PES)])
