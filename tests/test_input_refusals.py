@@ -185,7 +185,7 @@ def test_huge_spaces_are_counted_and_refused_before_expanding(tmp_path, capsys) 
 
     # what is allowed expands fast: 10^4 validated trials in well under the ~20 s it used to take
     big = {"name": "big", "fixed": TINY, "grid": {"num_features": [1 + i for i in range(100)],
-                                                  "rotinv_draws": [1 + i for i in range(100)]}}
+                                                  "seed": list(range(100))}}
     t0 = time.time()
     space = expand_space(big, source="big.yaml")
     assert len(space.trials) == 10_000 and time.time() - t0 < 8.0, time.time() - t0

@@ -127,3 +127,13 @@ def test_a_resumed_sweep_of_an_older_folder_migrates_and_reports_it(tmp_path, ca
     printed = capsys.readouterr().out
     assert "brought to resolved configs" in printed and "0 to run" in printed
     assert not math.isnan(pd.read_parquet(out / TRIALS_FILE)["test_acc"].iloc[0])
+
+
+def test_options_of_an_encoding_the_trial_does_not_use_do_not_make_another_trial():
+    unused = expand_space({"name": "u", "fixed": TINY, "grid": {"rotinv_draws": [4, 8]}}, source="u.yaml")
+    assert len(unused.trials) == 1 and unused.trials[0]["rotinv_draws"] == TrialConfig().rotinv_draws
+    used = expand_space({"name": "r", "fixed": {**TINY, "pe": "rotinv", "rotinv_mode": "random"},
+                         "grid": {"rotinv_draws": [4, 8]}}, source="r.yaml")
+    assert [t["rotinv_draws"] for t in used.trials] == [4, 8]
+    shared = resolve_values({"pe": "rope", "rope_base": 50.0})  # rope_base is rope's (and circulant's) own
+    assert shared["rope_base"] == 50.0
