@@ -107,12 +107,24 @@ def step_peak_memory_mb(fn: Callable[[], object], device: torch.device) -> tuple
     try:
         _trim_heap()
         before = _status_kib(status, "VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")
     except (OSError, ValueError):
+        before = None
+    if before is None or not reset_resident_peak():
         fn()
         return math.nan, "unavailable"
     fn()
     return max(0.0, (_status_kib(status, "VmHWM") - before) / 1024), "rss_step_peak"
+
+
+def reset_resident_peak() -> bool:
+    """Reset the process's resident-set high-water mark (VmHWM) to its current size through
+    /proc/self/clear_refs (Linux >= 4.0); False where that is not possible (the peak then stays the
+    process's lifetime peak)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
 
 
 def _status_kib(status: Path, field: str) -> float:

@@ -52,7 +52,7 @@ import ray
 import torch
 from ray import tune
 
-from rpevit import checkpoint, data, registry
+from rpevit import checkpoint, data, metrics, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
@@ -390,10 +390,7 @@ def reset_peak_memory() -> None:
     """Peak memory is per run, not per process: the CPU max RSS (what `peak_mem_mb` reports on CPU)
     is reset through /proc/self/clear_refs (Linux >= 4.0; elsewhere it stays the process's peak),
     the CUDA peak statistics of every initialised device likewise."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        pass
+    metrics.reset_resident_peak()
     if torch.cuda.is_initialized():
         for device in range(torch.cuda.device_count()):
             torch.cuda.reset_peak_memory_stats(device)
