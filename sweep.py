@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
 
 from rpevit.config import ConfigError
 from rpevit.sweep.deadline import check_estimate, parse_deadline
-from rpevit.sweep.lock import sweep_dir, sweep_lock
-from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Resources, Space, check_name, load_space, parse_overrides
-
-RAY_RESOURCE_GRANULARITY = 1e-4  # ray._private.ray_constants.MIN_RESOURCE_GRANULARITY (not imported: dry runs skip Ray)
+from rpevit.sweep.lock import sweep_dir
+from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,16 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_options(args: argparse.Namespace, space: Space) -> None:
     """What the space alone cannot know, checked before the dry run prints its table."""
-    given = {"cpus_per_trial": args.cpus_per_trial, "gpus_per_trial": args.gpus_per_trial,
-             "max_concurrent": args.max_concurrent}
-    res = Resources.from_dict({**vars(space.resources), **{k: v for k, v in given.items() if v is not None}},
-                              source=f"{space.source} + command line")
-    for key in ("cpus_per_trial", "gpus_per_trial"):  # Ray fails on finer shares only after it started
-        value = getattr(res, key)
-        if 0 < value < RAY_RESOURCE_GRANULARITY:
-            raise ConfigError(f"{space.source} + command line: resources.{key} has value {value!r}; allowed: 0"
-                              f"{' (no GPU)' if key.startswith('gpu') else ''} or at least "
-                              f"{RAY_RESOURCE_GRANULARITY:g} (Ray's resource precision: 1/10,000 of a unit)")
+    space.resources.with_overrides(args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent, space.source)
     check_results_dir(args.results_dir, space.name)
     for chosen in ([args.data_dir] if args.data_dir is not None else []) + [t["data_dir"] for t in space.trials]:
         if "\0" in chosen:
@@ -137,11 +125,6 @@ def print_fields() -> None:
             print(f"  {name:<18} {field_help(name)}")
 
 
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    """`kill <driver>`: unwind like Ctrl-C, so Ray is shut down and the sweep lock released."""
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -172,17 +155,15 @@ def main(argv: list[str] | None = None) -> int:
             if deadline is not None:
                 print(f"deadline {deadline.describe()}")
             return 0
-        signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        with sweep_lock(sweep_dir(args.results_dir, space.name)):  # before Ray: a second driver stops at once
-            from rpevit.sweep.runner import SweepOptions, run_sweep  # imports Ray: not for dry runs
+        from rpevit.sweep.runner import SweepOptions, run_sweep  # Ray, torch, Tune: not for dry runs
 
-            opts = SweepOptions(results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
-                                retry_failed=args.retry_failed, address=args.address,
-                                cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
-                                max_concurrent=args.max_concurrent, dashboard=args.dashboard,
-                                max_failures=args.max_failures, reuse=args.reuse, deadline=deadline,
-                                deadline_estimate=args.deadline_estimate, resume_flags=resume_flags(args))
-            return run_sweep(space, opts)
+        opts = SweepOptions(results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
+                            retry_failed=args.retry_failed, address=args.address,
+                            cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
+                            max_concurrent=args.max_concurrent, dashboard=args.dashboard,
+                            max_failures=args.max_failures, reuse=args.reuse, deadline=deadline,
+                            deadline_estimate=args.deadline_estimate, resume_flags=resume_flags(args))
+        return run_sweep(space, opts)  # takes the sweep lock before Ray starts: a second driver stops at once
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -27,7 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rpevit.sweep.runner import SweepOptions, SweepOutcome, execute_sweep
+from rpevit.sweep.runner import SweepOptions, execute_sweep
+from rpevit.sweep.summary import SweepOutcome
 from rpevit.sweep.space import Space, expand_space
 
 MODES = {"fresh": False, "reuse": True}  # mode -> SweepOptions.reuse

@@ -48,7 +48,7 @@ class DatasetSpec:
 
 
 DATASET_SPECS = {
-    # recipes measured on CPU: digits 30 epochs -> 95-96% test; MNIST 2 epochs -> ~96%
+    # each dataset's recipe: what a 0 / -1 / auto field resolves to (config.resolve_values)
     "digits": DatasetSpec("digits", 8, 1, 10, 2, "none", 1, 16, 1e-3, 1.0),
     "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none", 2, 64, 2e-3, 0.2),
     "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip", 4, 128, 1e-3, 5.0),

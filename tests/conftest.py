@@ -8,6 +8,9 @@ import pytest
 import torch
 
 os.environ["RPEVIT_OFFLINE"] = "1"  # no download attempts at test time
+# Embedded Rays bind loopback only: Ray reads this once, at its first import, which in a test run may
+# be any test module's (rpevit/sweep/session.py; run_sweep refuses an embedded Ray that is not on loopback)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 torch.set_num_threads(min(2, torch.get_num_threads()))
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,3 +37,19 @@ def _seeded_rngs() -> None:
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def figures(monkeypatch) -> list:
+    """Every figure the analysis saves, kept for inspection (saved as before)."""
+    from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, string_study
+
+    kept = []
+
+    def keep(fig, path):
+        kept.append(fig)
+        return common.save_figure(fig, path)
+
+    for module in (gap_closure, efficiency, string_study, kernel_mse):
+        monkeypatch.setattr(module, "save_figure", keep)
+    return kept

@@ -17,7 +17,7 @@ from rpevit.cli import main as cli_main
 from rpevit.config import ConfigError, TrialConfig, field_types
 from rpevit.flops import count_flops
 from rpevit.sweep.runner import SweepOptions, run_sweep
-from rpevit.sweep.space import SpaceError, expand_space
+from rpevit.sweep.space import RAY_RESOURCE_GRANULARITY, SpaceError, expand_space
 import sweep  # the CLI at the repository root (pytest puts the root on sys.path: pyproject.toml)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -214,7 +214,7 @@ def test_sweep_options_that_ray_or_tune_would_misread_are_refused(tmp_path, caps
     capsys.readouterr()
     from ray._private.ray_constants import MIN_RESOURCE_GRANULARITY
 
-    assert sweep.RAY_RESOURCE_GRANULARITY == MIN_RESOURCE_GRANULARITY  # the copy the dry run uses (no Ray import)
+    assert RAY_RESOURCE_GRANULARITY == MIN_RESOURCE_GRANULARITY  # the copy the dry run uses (no Ray import)
 
 
 def test_a_results_dir_that_cannot_hold_the_sweep_is_one_line_not_a_traceback(tmp_path, capsys) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rpevit.sweep.lock import LOCK_FILE, sweep_lock
+from rpevit.sweep.lock import LOCK_FILE, SweepBusy, sweep_lock
 from rpevit.sweep.space import SpaceError
 
 
@@ -58,7 +58,7 @@ def test_a_linked_sweep_folder_is_refused(tmp_path) -> None:
     assert not (tmp_path / "real" / LOCK_FILE).exists()
 
 
-def test_the_lock_is_reentrant_and_released_after_a_refusal(tmp_path, victim) -> None:
+def test_the_lock_has_one_taker_and_is_released_after_a_refusal(tmp_path, victim) -> None:
     folder = tmp_path / "s"
     folder.mkdir()
     (folder / "epochs.parquet").symlink_to(victim)
@@ -67,5 +67,8 @@ def test_the_lock_is_reentrant_and_released_after_a_refusal(tmp_path, victim) ->
             pass
     (folder / "epochs.parquet").unlink()
     with sweep_lock(folder):
-        with sweep_lock(folder):  # sweep.py holds it, run_sweep takes it again
-            pass
+        with pytest.raises(SweepBusy, match=f"pid {os.getpid()}"):  # one taker, even within one process
+            with sweep_lock(folder):
+                pass
+    with sweep_lock(folder):  # released by the refusal and by the end of the first block
+        pass

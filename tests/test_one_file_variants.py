@@ -201,7 +201,8 @@ def test_one_file_adds_a_task_whose_metrics_reach_the_cli_and_the_parquet_schema
 
     from rpevit.cli import main
     from rpevit.sweep.protocol import SUMMARY, Report
-    from rpevit.sweep.results import TRIALS_FILE, ParquetResults, trials_schema
+    from rpevit.sweep.results import TRIALS_FILE, trials_schema
+    from rpevit.sweep.writer import ParquetResults
     from rpevit.sweep.space import expand_space
 
     assert main(["--task", "throwaway_size", "--dim", "16", "--heads", "2", "--quiet"]) == 0
@@ -260,7 +261,7 @@ RANDOM_FEATURE_BACKEND = textwrap.dedent('''
 def test_the_report_groups_a_new_encodings_options_and_judges_a_new_random_feature_backend(tmp_path):
     from rpevit.analysis import common, gap_closure
     from rpevit.attention.base import RandomFeatureBackend
-    from tests.test_analysis import config_row, write_sweep
+    from tests.analysis_rows import config_row, write_sweep
 
     tables = (registry.POSITION_ENCODINGS, registry.ATTENTIONS)
     with imported_file(tmp_path, "throwaway_based", OPTIONED_ENCODING, tables), \

@@ -17,8 +17,10 @@ from rpevit.cli import main as cli_main
 from rpevit.config import TrialConfig, resolve_values
 from rpevit.sweep import migrate
 from rpevit.sweep.protocol import EPOCH, SUMMARY, Report
-from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, ParquetResults
-from rpevit.sweep.runner import SweepOptions, plan_sweep, run_sweep
+from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE
+from rpevit.sweep.writer import ParquetResults
+from rpevit.sweep.plan import plan_sweep
+from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space, trial_key
 
 DIGITS_RECIPE = {"image_size": 8, "patch_size": 2, "batch_size": 16, "lr": 1e-3, "warmup_epochs": 1.0, "augment": "none"}
@@ -116,7 +118,7 @@ def test_the_driver_migrates_an_older_folder_once_and_keeps_the_originals(tmp_pa
     assert kept["trial_key"].tolist() == old_keys  # the originals, all three rows
     assert json.loads((out / SPACE_FILE).read_text())["key_scheme"] == migrate.KEY_SCHEME
     assert migrate.migrate_folder(out, space) is None  # once
-    plan = plan_sweep(space, SweepOptions(results_dir=tmp_path, resume=True), out)
+    plan = plan_sweep(space, out, resume=True, retry_failed=False, data_dir=None, resources=space.resources)
     assert plan.pending == []  # resumed: both trials done, nothing reruns
 
 

@@ -15,9 +15,10 @@ import torch
 
 from rpevit import registry
 from rpevit.config import TrialConfig
-from rpevit.sweep import runner
+from rpevit.sweep import session, writer
 from rpevit.sweep.protocol import EPOCH, SPEC_KEY, SUMMARY, Member, Report, TrialSpec
-from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, ParquetResults, current_rows,
+from rpevit.sweep.writer import ParquetResults
+from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, current_rows,
                                   epochs_schema, trials_schema)
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space
@@ -62,7 +63,7 @@ def stop_before_ray(monkeypatch) -> None:
     def no_ray(*_args, **_kwargs):
         raise Launched
 
-    monkeypatch.setattr(runner, "_ray", no_ray)
+    monkeypatch.setattr(session, "ray_session", no_ray)
 
 
 def sweep_of(tmp: Path, name: str, pes: list[str]):
@@ -375,7 +376,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(table, path)
 
-    monkeypatch.setattr(results, "write_table_atomic", disk_full_after_two)
+    monkeypatch.setattr(writer, "write_table_atomic", disk_full_after_two)  # the sweep's writer (a Tune callback)
     assert sweep_cli.main(argv) == 2
     out, err = capsys.readouterr()
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
@@ -387,7 +388,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
     assert len(list((folder / "trials").iterdir())) == 1  # no further trial started
     assert not list(folder.glob(".*.tmp"))  # no torn temp file left behind
 
-    monkeypatch.setattr(results, "write_table_atomic", real)
+    monkeypatch.setattr(writer, "write_table_atomic", real)
     assert sweep_cli.main([*argv, "--resume"]) == 0
     trials = pd.read_parquet(folder / TRIALS_FILE)
     epochs = pd.read_parquet(folder / EPOCHS_FILE)

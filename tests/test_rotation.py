@@ -22,7 +22,7 @@ from rpevit.analysis.efficiency import BENCH_TIMING, CONTENDED, ONE_AT_A_TIME
 from rpevit.analysis.stats import mean_interval, welch
 from rpevit.config import TrialConfig
 from rpevit.sweep.protocol import SUMMARY, Report
-from rpevit.sweep.results import ParquetResults
+from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import trial_key
 
 ENV = metrics.environment(torch.device("cpu"))

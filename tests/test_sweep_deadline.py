@@ -26,7 +26,8 @@ from rpevit import checkpoint
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep import deadline as dl
 from rpevit.sweep.results import TRIALS_FILE, to_table, trials_schema, write_table_atomic
-from rpevit.sweep.runner import SweepOptions, execute_sweep, summarize
+from rpevit.sweep.runner import SweepOptions, execute_sweep
+from rpevit.sweep.summary import summarize
 from rpevit.sweep.space import expand_space
 from tests.test_sweep_reuse import two_cpu_ray  # noqa: F401 - the fixture: a 2-CPU Ray for the test
 

@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import ray
 
-from rpevit.sweep.runner import SweepOptions, run_sweep, tune_trials
+from rpevit.sweep.runner import SweepOptions, run_sweep
+from rpevit.sweep.tune_run import tune_trials
 from rpevit.sweep.space import SpaceError, expand_space
 from tests.test_sweep_ray import fresh_ray  # noqa: F401 - the fixture: no Ray left from another test
 

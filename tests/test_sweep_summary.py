@@ -7,7 +7,8 @@ import math
 from pathlib import Path
 
 from rpevit.config import TrialConfig
-from rpevit.sweep.runner import Progress, judged_value
+from rpevit.sweep.tune_run import Progress
+from rpevit.sweep.summary import judged_value
 from rpevit.sweep.space import load_space
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,7 +48,7 @@ def test_the_ray_token_is_made_private(tmp_path):
     import os
     import stat
 
-    from rpevit.sweep.runner import private_token_file
+    from rpevit.sweep.session import private_token_file
 
     token = tmp_path / "auth_token"
     token.write_text("secret")

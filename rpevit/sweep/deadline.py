@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rpevit.config import ConfigError, TrialConfig, section_fields
+from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics
 
 STARTUP_S = 60.0  # from the plan to the first trials running: Tune, workers importing torch, warm-up trials
 PER_TRIAL_S = 5.0  # before each trial on a slot (measured: 0.3 s with reused workers, 5 s without)
@@ -217,8 +218,6 @@ class Estimator:
 
     @classmethod
     def from_folder(cls, out_dir: Path, task: str, fallback_s: float | None = None) -> "Estimator":
-        from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics  # imports Ray: not at parse time
-
         return cls(read_rows(Path(out_dir) / TRIALS_FILE), task, has_epochs=bool(task_metrics(task).epoch),
                    fallback_s=fallback_s)
 

@@ -7,7 +7,8 @@ imported here), so a second driver stops at once with the holder's pid in the me
 flock belongs to the open file: the kernel drops it when the driver exits or is killed (the fd
 is close-on-exec, so Ray's processes never inherit it). A stale lock therefore cannot exist,
 and the file is never removed (removing it would race a driver that is just opening it).
-Re-entrant within one process, so sweep.py and run_sweep() can both hold it.
+One taker: the runner (`execute_sweep`) takes it before Ray starts; a second take, even in the
+same process, is refused like a second driver.
 """
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator
+from typing import Iterator
 
 from rpevit.sweep.space import SpaceError
 
 LOCK_FILE = ".sweep.lock"
-_HELD: dict[Path, IO[str]] = {}  # folder -> its open, locked lock file (this process)
 
 
 class SweepBusy(SpaceError):
@@ -45,9 +45,6 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
                          f"folder (rpevit writes its results there): remove the link, or point --results-dir at the "
                          f"folder you meant")
     out_dir = Path(out_dir).resolve()
-    if out_dir in _HELD:  # already ours (sweep.py took it before calling run_sweep)
-        yield
-        return
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -74,7 +71,6 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
         handle.close()
         raise SweepBusy(f"sweep folder {out_dir} is in use by another driver ({holder}); allowed: one driver "
                         f"per sweep: wait for it to end or stop it, then --resume; or choose another --name")
-    _HELD[out_dir] = handle
     try:
         refuse_links(out_dir)
         handle.seek(0)
@@ -83,7 +79,6 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
         handle.flush()
         yield
     finally:
-        del _HELD[out_dir]
         handle.close()  # releases the lock; the file stays
 
 

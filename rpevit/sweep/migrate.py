@@ -18,7 +18,6 @@ CIFAR-10 recipe) were two trials of one computation. Now spaces resolve every pl
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -28,7 +27,7 @@ from typing import Any
 import pandas as pd
 
 from rpevit.config import field_types, resolve_values
-from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, DamagedResults, SPACE_FILE, STORED_KEY, TRIALS_FILE, epochs_schema,
+from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, DamagedResults, is_missing, SPACE_FILE, STORED_KEY, TRIALS_FILE, epochs_schema,
                                   read_rows, space_key_scheme, to_table, trials_schema, write_table_atomic)
 from rpevit.sweep.space import Space, trial_key
 
@@ -36,15 +35,11 @@ BACKUP_SUFFIX = ".before-resolved-keys"
 __all__ = ["KEY_SCHEME", "STORED_KEY", "migrate_folder", "resolved_frame", "resolved_row", "space_key_scheme"]
 
 
-def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
-
-
 def resolved_config(row: dict[str, Any]) -> dict[str, Any] | None:
     """The resolved config of a stored row (its config columns; absent or empty ones at their
     defaults); None for a row without a dataset column (nothing to resolve it against)."""
     names = field_types()
-    values = {k: v for k, v in row.items() if k in names and not _missing(v)}
+    values = {k: v for k, v in row.items() if k in names and not is_missing(v)}
     if "dataset" not in values:
         return None
     return resolve_values(values)
@@ -57,7 +52,7 @@ def resolved_row(row: dict[str, Any]) -> dict[str, Any]:
     config = resolved_config(row)
     if config is None:
         return dict(row)
-    present = {k: v for k, v in config.items() if k in row and not _missing(row[k])}
+    present = {k: v for k, v in config.items() if k in row and not is_missing(row[k])}
     return {**row, **present, "trial_key": trial_key(config)}
 
 
@@ -142,7 +137,7 @@ def _differs(new: dict[str, Any], old: dict[str, Any]) -> bool:
     """Whether resolving changed a row (its key or a config value; empty equals empty)."""
     for name in ("trial_key", *field_types()):
         a, b = new.get(name), old.get(name)
-        if not (a == b or (_missing(a) and _missing(b))):
+        if not (a == b or (is_missing(a) and is_missing(b))):
             return True
     return False
 

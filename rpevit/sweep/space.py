@@ -66,6 +66,7 @@ KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what
 DEFAULT_MAX_TRIALS = 10_000  # a sweep bigger than this is almost surely a typo; --max-trials raises it
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")  # one path component; no '.', '..', '.x'
 NAME_ALLOWED = "1-100 letters, digits, '_', '.', '-', not starting with '.' (one folder name)"
+RAY_RESOURCE_GRANULARITY = 1e-4  # Ray's MIN_RESOURCE_GRANULARITY (a copy: dry runs do not import Ray)
 MAX_SPACE_BYTES = 4 * 2**20  # a space file is a few KB; more is a wrong path (a binary, /dev/zero)
 
 
@@ -101,7 +102,21 @@ class Resources:
         if res.gpus_per_trial > 1 and not float(res.gpus_per_trial).is_integer():
             raise SpaceError(f"{source}: resources.gpus_per_trial has value {res.gpus_per_trial!r}; "
                              f"allowed: a fraction in [0, 1] or a whole number of GPUs")
+        for key in ("cpus_per_trial", "gpus_per_trial"):  # Ray fails on finer shares only after it started
+            value = getattr(res, key)
+            if 0 < value < RAY_RESOURCE_GRANULARITY:
+                raise SpaceError(f"{source}: resources.{key} has value {value!r}; allowed: 0"
+                                 f"{' (no GPU)' if key.startswith('gpu') else ''} or at least "
+                                 f"{RAY_RESOURCE_GRANULARITY:g} (Ray's resource precision: 1/10,000 of a unit)")
         return res
+
+    def with_overrides(self, cpus_per_trial: float | None, gpus_per_trial: float | None,
+                       max_concurrent: int | None, source: str) -> "Resources":
+        """These resources with the command line's values where it gave one (None: keep), checked
+        as a whole: the one merge of a space's resources and sweep.py's flags."""
+        given = {"cpus_per_trial": cpus_per_trial, "gpus_per_trial": gpus_per_trial, "max_concurrent": max_concurrent}
+        return Resources.from_dict({**vars(self), **{k: v for k, v in given.items() if v is not None}},
+                                   source=f"{source} + command line")
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ PROJECTIONS: dict[str, Callable[..., Tensor]] = {
 # ---------------------------------------------------------------- the pair and the Monte Carlo
 @contextmanager
 def single_thread() -> Iterator[None]:
-    """Thousands of tiny (d x d) QRs: extra threads only add contention (~380x slower measured on a busy 2-core box)."""
+    """Thousands of tiny (d x d) QRs: extra threads only add contention."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
