@@ -24,14 +24,15 @@ PARTS_MIB=55
 
 prepare() {
   local data=${1:?prepare needs the folder holding cifar10.npz}
-  local ray_version; ray_version=$(python3 -c 'import ray; print(ray.__version__)')
+  local py=python3; [[ -x .venv/bin/python ]] && py=.venv/bin/python
+  local ray_version; ray_version=$("$py" -c 'import ray; print(ray.__version__)') || exit 1
   rm -rf .device_data && mkdir -p .device_data/small .device_data/stage || exit 1
   local pick=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp
               --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-  python3 -m pip download -q "${pick[@]}" -d .device_data/small jsonschema jsonschema-specifications referencing \
+  "$py" -m pip download -q "${pick[@]}" -d .device_data/small jsonschema jsonschema-specifications referencing \
       rpds-py tensorboardX || exit 1
-  python3 -m pip download -q "${pick[@]}" -d .device_data/stage "ray==$ray_version" || exit 1
-  python3 -m pip wheel -q --no-deps -w .device_data/small fvcore iopath yacs termcolor || exit 1
+  "$py" -m pip download -q "${pick[@]}" -d .device_data/stage "ray==$ray_version" || exit 1
+  "$py" -m pip wheel -q --no-deps -w .device_data/small fvcore iopath yacs termcolor || exit 1
   cp "$data/cifar10.npz" .device_data/stage/ || exit 1
   (cd .device_data/stage && sha256sum ./* | sed 's#\./##') > .device_data/small/SHA256
   tar cf - -C .device_data/stage . | split -b ${PARTS_MIB}M -d - .device_data/blob.

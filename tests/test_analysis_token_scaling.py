@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rpevit.analysis import common, efficiency, token_scaling
-from tests.test_analysis import config_row, png_ok, write_sweep
+from tests.analysis_rows import config_row, png_ok, write_sweep
 
 TOKENS = ((32, 64), (64, 256), (128, 1024), (256, 4096))  # image side at patch 4 -> N
 # per image: softmax 1e-3 N^2, favor 0.1 N (equal at N = 100); luo dense 2e-3 N^2 vs fft 0.5 N (fft

@@ -4,7 +4,7 @@ a change of choice is claimed only when the Holm-corrected Welch interval exclud
 from __future__ import annotations
 
 from rpevit.analysis import validation_choice
-from tests.test_analysis import config_row, write_sweep
+from tests.analysis_rows import config_row, write_sweep
 
 # (attention, luo_scale) -> per-seed validation accuracy; favor is judged on its validation draw mean
 VAL = {("softmax", 3.0): [0.950, 0.952, 0.951], ("softmax", 10.0): [0.940, 0.941, 0.942],

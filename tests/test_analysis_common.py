@@ -1,0 +1,78 @@
+"""rpevit/analysis/common.py: reading trials (space.json, results/STUDIES, older writers' rows) and
+variant labels."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from rpevit.analysis import common, efficiency, gap_closure, report
+from rpevit.sweep.results import TRIALS_FILE
+from rpevit.sweep.space import trial_key
+from tests.analysis_rows import train_rows, write_sweep
+
+
+def test_stale_rows_are_set_aside_and_counted(tmp_path):
+    current = train_rows()
+    stale = [{**r, "seed": 7 + i, "test_acc": 0.1} for i, r in enumerate([r for r in current if r["pe"] == "rope"][:3])]
+    out = write_sweep(tmp_path / "main", "main", current + stale)
+    keys = [trial_key(r) for r in current]
+    (out / "space.json").write_text(json.dumps({"name": "main", "source": "space.yaml", "trial_keys": keys}))
+    trials = common.read_trials(out, ["train"])
+    assert len(trials.frame) == len(current) and trials.set_aside == 3 and trials.frame["seed"].max() == 2
+    text = gap_closure.build(out)
+    assert "_3 rows set aside: not in the current space.json_" in text and "0.455 [" in text
+    assert "_3 rows set aside" in efficiency.build(out)
+    report_text = report.build_report(out)
+    assert "| main | train | 15 | 0 | 3 |" in report_text  # status table: current rows ok, 3 set aside
+
+
+def test_encoding_options_that_define_variants_label_them_apart():
+    frame = pd.DataFrame({"pe": ["rope", "sparse_cayley_string", "sparse_cayley_string", "sparse_cayley_string"],
+                          "string_sparsity": [0.1, 0.05, 0.1, 0.1], "cayley_solver": ["auto", "auto", "auto", "sparse"],
+                          "attention": "softmax"})
+    labels = list(common.pe_labels(frame))
+    assert labels[0] == "rope" and len(set(labels[1:])) == 3
+    assert labels[1] == "sparse_cayley_string (string_sparsity=0.05, cayley_solver=auto)"
+    same_f = frame[frame["string_sparsity"] == 0.05].reset_index(drop=True)
+    assert list(common.pe_labels(same_f)) == ["sparse_cayley_string"]  # nothing varies: the plain name
+
+
+def test_rows_of_an_older_writer_with_float_times_are_read_beside_timestamped_rows(tmp_path):
+    """The MNIST study's pinned commit wrote started_at as float seconds, later sweeps as timestamps; read
+    together they form one object column, which every time-based column must still understand."""
+    parent = tmp_path / "results"
+    rows = train_rows()
+    new = write_sweep(parent / "new", "new", [r for r in rows if r["attention"] != "favor"])
+    old = write_sweep(parent / "old", "old", [r for r in rows if r["attention"] == "favor"])
+    t0 = pd.Timestamp("2026-11-22 08:00", tz="UTC")
+    for folder, begin in ((new, 0), (old, 75)):  # each: one trial after another, 10 minutes apart, 9 long
+        frame = pd.read_parquet(folder / TRIALS_FILE)
+        assert pd.api.types.is_datetime64_any_dtype(frame["started_at"])
+        start = pd.Series([t0 + pd.Timedelta(minutes=begin + 10 * i) for i in range(len(frame))],
+                          dtype=frame["started_at"].dtype)
+        times = {"started_at": start, "finished_at": start + pd.Timedelta(minutes=9)}
+        if folder == old:
+            times = {c: report.unix_seconds(v) for c, v in times.items()}
+        frame.assign(**times).to_parquet(folder / TRIALS_FILE)
+    both = common.load_trials(parent, "train")
+    assert both["started_at"].dtype == object
+    assert report.unix_seconds(both["started_at"]).notna().all()
+    mixed = pd.Series([pd.Timestamp(5, unit="s", tz="UTC"), 7.5, None, pd.NaT], dtype=object)
+    assert report.unix_seconds(mixed).tolist()[:2] == [5.0, 7.5] and report.unix_seconds(mixed)[2:].isna().all()
+    costs = efficiency.variant_costs(both).set_index(["attention", "pe"])
+    assert costs.loc[("softmax", "ape"), "timing"] == efficiency.ONE_AT_A_TIME
+    assert costs.loc[("favor", "ape"), "timing"] == efficiency.CONTENDED  # old's first trial overlaps new's last
+    assert "## Efficiency" in efficiency.build(parent)
+
+
+def test_a_studies_line_that_is_not_a_folder_name_stops_in_one_line(tmp_path):
+    write_sweep(tmp_path / "study", "study", train_rows()[:3])
+    for line in ("../elsewhere", "a/b", ".hidden", "two words"):
+        (tmp_path / common.STUDIES_FILE).write_text(f"study\n{line}\n")
+        with pytest.raises(SystemExit) as stop:
+            common.read_trials(tmp_path)
+        message = str(stop.value.code)
+        assert message.startswith("error: ") and "\n" not in message and "line 2" in message, message
+        assert repr(line) in message and str(tmp_path / common.STUDIES_FILE) in message

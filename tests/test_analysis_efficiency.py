@@ -1,0 +1,153 @@
+"""rpevit/analysis/efficiency.py: the Pareto front, cost tables from train and bench rows, cost ratios
+and the accuracy-vs-cost figure."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from rpevit.analysis import common, efficiency
+from tests.analysis_rows import assert_readable_and_inside, bench_rows, config_row, png_ok, train_rows, write_sweep
+
+
+def test_pareto_front():
+    cost = np.array([1.0, 2.0, 3.0, 2.5])
+    acc = np.array([0.5, 0.8, 0.9, 0.7])  # the 4th is dominated by the 2nd
+    assert efficiency.pareto_front(cost, acc).tolist() == [True, True, True, False]
+    assert efficiency.pareto_front(np.append(cost, 0.1), np.append(acc, np.nan)).tolist()[-1] is False
+
+
+def test_efficiency_tables_leave_token_scaling_to_its_section(tmp_path):
+    parent = tmp_path / "all"
+    write_sweep(parent / "main", "main", train_rows())
+    write_sweep(parent / "scaling", "scaling", bench_rows())
+    text = efficiency.build(parent)  # a parent folder holding two sweeps
+    assert "| softmax | ape | none | off | 3 | 2.1 |" in text  # seeds, mean train s/epoch (2.0, 2.1, 2.2)
+    assert "Token scaling" not in text and "bench trials alone" not in text  # N-varying bench rows: not a cost table
+    assert png_ok(parent / "efficiency_pareto.png") and not (parent / "token_scaling.png").exists()
+
+
+def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times(tmp_path):
+    start = 1.7e9  # Unix seconds, as the trainable reports them
+    rows = []
+    for attention, offsets in (("softmax", (0, 10)), ("favor", (0, 5))):  # favor's two seeds overlap
+        for seed, offset in enumerate(offsets):
+            rows.append({**config_row(attention=attention, pe="ape", seed=seed, dataset="digits"), "test_acc": 0.9,
+                         "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "peak_mem_mb": 900.0, "n_train": 1000,
+                         "hostname": "h", "started_at": start + 100 * (attention == "favor") + offset,
+                         "finished_at": start + 100 * (attention == "favor") + offset + 8})
+    # a bench row of softmax+ape's model (digits' default 8 px / patch 2, given explicitly): 5 ms per image
+    bench = [{**config_row(task="bench", attention="softmax", pe="ape", dataset="digits", image_size=8, patch_size=2,
+                           bench_batch=10), "tokens": 16, "train_step_ms": 50.0, "infer_ms_per_sample": 0.05,
+              "peak_mem_mb": 300.0}]
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
+    costs = costs.set_index("attention")
+    assert costs.loc["softmax", "timing"] == efficiency.BENCH_TIMING
+    assert costs.loc["softmax", "train_s_per_epoch"] == pytest.approx(5.0)  # 5 ms x 1000 images
+    assert (costs.loc["softmax", "infer_ms_per_sample"], costs.loc["softmax", "peak_mem_mb"]) == (0.05, 300.0)
+    assert costs.loc["favor", "timing"] == efficiency.CONTENDED and costs.loc["favor", "train_s_per_epoch"] == 2.0
+    text = efficiency.build(parent)
+    assert "| 5 | 0.05 | 300 |" in text and efficiency.CONTENDED in text and "not comparable" in text
+    # without the bench row: softmax's seeds ran one after the other, favor's side by side
+    alone = efficiency.variant_costs(common.load_trials(parent / "main", "train")).set_index("attention")
+    assert alone.loc["softmax", "timing"] == efficiency.ONE_AT_A_TIME and alone.loc["softmax", "train_s_per_epoch"] == 2
+
+
+def test_pareto_accuracy_of_a_random_feature_model_is_its_draw_mean(tmp_path):
+    """One draw is a lottery: the accuracy-vs-cost plot places favor at its mean over fresh draws."""
+    rows = [{**r, "test_acc_draw_mean": r["test_acc"] - 0.3} if r["attention"] == "favor" else r for r in train_rows()]
+    write_sweep(tmp_path / "main", "main", rows)
+    costs = efficiency.variant_costs(common.load_trials(tmp_path, "train"))
+    for _, r in costs.iterrows():
+        if r["attention"] == "relu":  # random projection, no draw mean recorded: no fallback to its one draw
+            assert math.isnan(r[efficiency.JUDGED_ACC])
+        else:
+            expected = r["test_acc"] - 0.3 if r["attention"] == "favor" else r["test_acc"]
+            assert r[efficiency.JUDGED_ACC] == pytest.approx(expected)
+    assert set(costs["attention"]) == {"favor", "relu", "softmax"}
+
+
+def test_bench_rows_match_train_variants_on_the_options_their_classes_take(tmp_path):
+    """An option no class of the variant takes (rotinv_basis for softmax+ape) must not keep a bench row
+    from matching; one it takes (rotinv_basis for rotinv) must."""
+    rows, bench = [], []
+    for pe in ("ape", "rotinv"):
+        rows.append({**config_row(pe=pe, dataset="digits", rotinv_basis="monomial"), "test_acc": 0.9,
+                     "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "n_train": 1000})
+        bench.append({**config_row(task="bench", pe=pe, dataset="digits", rotinv_basis="bernstein", image_size=8,
+                                   patch_size=2, bench_batch=10), "tokens": 16, "train_step_ms": 50.0,
+                      "infer_ms_per_sample": 0.05})
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
+    timing = dict(zip(costs["pe"], costs["timing"]))
+    assert timing["ape"] == efficiency.BENCH_TIMING and timing["rotinv"] != efficiency.BENCH_TIMING
+    assert "rotinv_basis" in efficiency.model_fields("softmax", "rotinv")
+    assert "rotinv_basis" not in efficiency.model_fields("softmax", "ape+rope")
+    assert "num_features" in efficiency.model_fields("favor", "ape")
+
+
+def test_cost_ratios_divide_bench_times_by_softmax_ape_and_rope_and_skip_contended_ones(tmp_path):
+    rows, bench = [], []
+    for attention, pe, ms in (("softmax", "ape", 5.0), ("softmax", "rope", 6.0), ("softmax", "cayley_string", 9.0),
+                              ("favor", "ape", None)):
+        rows.append({**config_row(attention=attention, pe=pe, seed=0, dataset="digits"), "test_acc": 0.9,
+                     "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "peak_mem_mb": 900.0, "n_train": 1000})
+        if ms is not None:  # favor has no bench row: its (train-trial) time gets no ratio
+            bench.append({**config_row(task="bench", attention=attention, pe=pe, dataset="digits", image_size=8,
+                                       patch_size=2, bench_batch=10), "tokens": 16, "train_step_ms": 10 * ms,
+                          "infer_ms_per_sample": ms / 100, "peak_mem_mb": 300.0})
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    costs = efficiency.cost_ratios(efficiency.variant_costs(common.load_trials(parent, "train"),
+                                                            common.load_trials(parent, "bench"))).set_index("pe")
+    assert costs.loc["cayley_string", "train x softmax+ape"] == pytest.approx(9 / 5)
+    assert costs.loc["cayley_string", "train x rope"] == pytest.approx(9 / 6)
+    assert costs.loc["rope", "infer x softmax+ape"] == pytest.approx(6 / 5)
+    softmax_ape = costs[costs["attention"] == "softmax"].loc["ape"]
+    assert softmax_ape["train x softmax+ape"] == pytest.approx(1.0)
+    favor = costs[costs["attention"] == "favor"].iloc[0]
+    assert math.isnan(favor["train x softmax+ape"]) and math.isnan(favor["train x rope"])
+    text = efficiency.build(parent)
+    assert "train x rope" in text and "18.7x on CIFAR-10" in text
+    assert "Token scaling" not in text  # one model size: a cost bench, no slope to fit
+    alone = efficiency.bench_cost_table(common.load_trials(parent, "bench")).set_index("pe")
+    assert alone.loc["cayley_string", "train x rope"] == pytest.approx(1.5)  # 90 ms / 60 ms per step
+    assert alone.loc["cayley_string", "train_ms_per_image"] == pytest.approx(9.0)
+    assert alone.loc["ape", "infer x softmax+ape"] == pytest.approx(1.0)
+    assert "cost per variant, bench trials alone (cost)" in text
+
+
+def test_pareto_points_sit_neither_on_an_axis_edge_nor_under_another(tmp_path, figures):
+    rows = [{**r, "test_acc": {"ape": 0.80, "rope": 0.801}[r["pe"]] + r["seed"] / 1000}
+            if r["attention"] == "favor" else r for r in train_rows()]  # favor+ape and favor+rope: one spot
+    rows += [{**r, "pe": "luo_rpe", "test_acc": 0.3} for r in rows if (r["attention"], r["pe"]) == ("favor", "ape")]
+    rows = [{**r, "test_acc_draw_mean": r["test_acc"]} if r["attention"] in ("favor", "relu") else r for r in rows]
+    write_sweep(tmp_path / "main", "main", rows)
+    costs = efficiency.variant_costs(common.load_trials(tmp_path, "train"))
+    assert efficiency.plot_pareto(costs, tmp_path / "pareto.png") is not None
+    fig = figures[-1]
+    assert_readable_and_inside(fig)
+    gap = efficiency.DODGE_PT * fig.dpi / 72 * 0.95
+    seen = 0
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        box = ax.get_window_extent()
+        centres = []
+        for points in ax.collections:
+            if len(points.get_offsets()) and points.get_facecolor().shape[0] and points.get_sizes()[0] < 100:
+                centres += list(points.get_offset_transform().transform(points.get_offsets()))
+        for x, y in centres:  # a marker's half width clear of every edge
+            assert box.x0 + gap / 2 <= x <= box.x1 - gap / 2 and box.y0 + gap / 2 <= y <= box.y1 - gap / 2, (x, y, box)
+        for i, a in enumerate(centres):
+            for b in centres[i + 1:]:
+                assert math.hypot(a[0] - b[0], a[1] - b[1]) >= gap, (a, b)
+        seen += len(centres)
+    assert seen == 3 * len(costs)  # every variant drawn once per cost panel, the collapsed one too

@@ -1,0 +1,94 @@
+"""rpevit/analysis/string_study.py: STRING variants ranked against rope, their costs and the f sweep."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sps
+
+from rpevit.analysis import common, efficiency, report, string_study
+from tests.analysis_rows import assert_readable_and_inside, config_row, write_sweep
+
+
+STRING_ACC = {  # (pe, f, solver): test accuracy of seeds 0..2
+    ("rope", 0.1, "auto"): [0.90, 0.91, 0.92],
+    ("cayley_string", 0.1, "auto"): [0.93, 0.94, 0.95],
+    ("sparse_cayley_string", 0.05, "auto"): [0.90, 0.90, 0.91],
+    ("sparse_cayley_string", 0.5, "auto"): [0.92, 0.92, 0.93],
+    ("sparse_cayley_string", 0.1, "auto"): [0.91, 0.91, 0.92],
+    ("sparse_cayley_string", 0.1, "sparse"): [0.91, 0.92, 0.92],
+}
+
+
+def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp_path):
+    rows, bench = [], []
+    for (pe, f, solver), accs in STRING_ACC.items():
+        options = {"pe": pe, "string_sparsity": f, "cayley_solver": solver, "dataset": "digits"}
+        rows += [{**config_row(**options, seed=seed), "test_acc": acc} for seed, acc in enumerate(accs)]
+        step = {"rope": 30.0, "cayley_string": 36.0}.get(pe, 33.0) * (1.5 if solver == "sparse" else 1.0)
+        bench.append({**config_row(task="bench", image_size=8, patch_size=2, bench_batch=10, **options),
+                      "tokens": 16, "train_step_ms": step, "infer_ms_per_sample": step / 100})
+    bench.append({**config_row(task="bench", pe="ape", dataset="digits", image_size=8, patch_size=2, bench_batch=10),
+                  "tokens": 16, "train_step_ms": 20.0, "infer_ms_per_sample": 0.2})  # not a STRING: ignored
+    parent = tmp_path / "results"
+    write_sweep(parent / "string", "string", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    # rope's seeds trained again in another sweep (as in the converged MNIST study): each seed counts once
+    again = [{**r, "rotinv_mode": "exact", "test_acc": r["test_acc"] + 0.002} for r in rows if r["pe"] == "rope"]
+    write_sweep(parent / "converged", "converged", again)
+    frame = common.load_trials(parent)
+    table = string_study.with_costs(string_study.string_rows(frame[frame["task"] == "train"]),
+                                    string_study.bench_ratios(frame[frame["task"] == "bench"]))
+    ranked = string_study.variant_table(table)
+    rope = ranked.set_index("variant").loc["rope"]
+    assert rope["seeds"] == 3 and rope["acc"] == pytest.approx(np.mean(STRING_ACC[("rope", 0.1, "auto")]) + 0.001)
+    best = ranked.iloc[0]
+    assert best["variant"] == "cayley_string" and best["acc"] == pytest.approx(0.94)
+    assert best["diff"].point == pytest.approx(0.029) and best["diff"].lo > 0  # its own 95% interval excludes 0,
+    assert best["holm"].k == 5 and not best["holm"].resolved  # but not at its Holm level among 5 variants vs rope
+    rope_seeds = np.array(STRING_ACC[("rope", 0.1, "auto")]) + 0.001
+    assert best["diff"].p == pytest.approx(sps.ttest_ind(STRING_ACC[("cayley_string", 0.1, "auto")], rope_seeds,
+                                                         equal_var=False).pvalue)
+    assert best["train x rope"] == pytest.approx(1.2) and best["infer x rope"] == pytest.approx(1.2)
+    solver_row = ranked[ranked["variant"].str.contains("cayley_solver=sparse")].iloc[0]
+    assert solver_row["train x rope"] == pytest.approx(33 * 1.5 / 30)
+    fs = string_study.f_table(table).set_index(["f", "solver"])
+    assert fs.loc[(0.5, "auto"), "acc"] == pytest.approx(np.mean([0.92, 0.92, 0.93]))
+    text = string_study.build(parent)
+    assert "The highest mean is cayley_string" in text and "1.2x rope's training-step time" in text
+    assert "vs rope at its Holm level: not resolved with 3 seeds" in text
+    assert "No difference to rope is resolved by Holm over the k = 5 with 3 seeds." in text
+    assert "highest mean at f = 0.5" in text and "The sparse solver at f = 0.1" in text
+    assert "| reference notebook, epoch x rope |" in text  # digits: the notebook has no figure, so "—"
+    assert (parent / "string_study_f.png").stat().st_size > 1000
+    assert "## The STRING study" in report.build_report(parent)
+    assert "| softmax | rope | none | off | 3 |" in efficiency.build(parent)  # seeds, each counted once
+    # rope and one other STRING, no sparse rows (the converged MNIST study alone): no f table, no plot
+    few = tmp_path / "few"
+    write_sweep(few / "string", "string", [r for r in rows if r["pe"] in ("rope", "cayley_string")])
+    text = string_study.build(few)
+    assert "The highest mean is cayley_string" in text and "against f" not in text
+    # alone in its family, its 95% interval decides
+    assert "Holm over the k = 1: cayley_string above rope (" in text and "not resolved" not in text
+    assert not (few / "string_study_f.png").exists()
+
+
+def test_string_study_names_the_reference_notebooks_ratio_only_where_it_measured_one():
+    ratio = string_study.notebook_ratio
+    assert ratio("mnist", "cayley_string", None) == "5.5" and ratio("cifar10", "cayley_string", None) == "18.7"
+    assert ratio("mnist", "sparse_cayley_string", 1.0) == ratio("cifar10", "sparse_cayley_string", 1.0) == "up to 221"
+    assert ratio("cifar10", "sparse_cayley_string", 0.1) == "—"  # the notebook gave f = 1 only
+    assert ratio("digits", "cayley_string", None) == "—" and ratio("mnist", "rope", None) == "—"
+
+
+def test_string_f_plot_draws_no_interval_from_one_seed(tmp_path, figures):
+    one = pd.DataFrame({"f": [0.1, 0.5], "solver": ["auto", "auto"], "seeds": [1, 1], "acc": [0.9, 0.91],
+                        "acc_text": ["", ""], "values": [np.array([0.9]), np.array([0.91])]})
+    string_study.plot_f({"mnist": one}, tmp_path / "f.png")
+    fig = figures[-1]
+    assert "95%" not in fig._suptitle.get_text() and "no interval" in fig._suptitle.get_text()
+    assert not [c for ax in fig.axes for c in ax.containers]
+    assert_readable_and_inside(fig)
+    three = one.assign(values=[np.array([0.9, 0.91, 0.92]), np.array([0.9, 0.92, 0.91])])
+    string_study.plot_f({"mnist": three}, tmp_path / "f.png")
+    assert "95% t interval" in figures[-1]._suptitle.get_text() and "n = 3 seeds" in figures[-1].axes[0].get_title()
