@@ -11,6 +11,8 @@ from rpevit.config import TrialConfig
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 
+pytestmark = pytest.mark.slow  # builds and trains every variant
+
 registry.load_all()
 ATTENTIONS = sorted(registry.ATTENTIONS)
 PES = sorted(registry.POSITION_ENCODINGS)

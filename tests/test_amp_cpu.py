@@ -107,6 +107,7 @@ def bf16_train_steps(cfg: TrialConfig, steps: int = 2) -> list[float]:
     return losses
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_variant_trains_two_bf16_steps_on_cpu(case: tuple[str, str, dict]) -> None:
     attention, pe, opts = case

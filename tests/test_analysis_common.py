@@ -13,6 +13,7 @@ from rpevit.sweep.space import trial_key
 from tests.analysis_rows import train_rows, write_sweep
 
 
+@pytest.mark.slow
 def test_stale_rows_are_set_aside_and_counted(tmp_path):
     current = train_rows()
     stale = [{**r, "seed": 7 + i, "test_acc": 0.1} for i, r in enumerate([r for r in current if r["pe"] == "rope"][:3])]

@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from rpevit.analysis import common, kernel_mse
 from tests.analysis_rows import kernel_rows, png_ok, write_sweep
+
+pytestmark = pytest.mark.slow  # runs the kernel_mse task for 32 rows
 
 
 def test_kernel_mse_report_numbers(tmp_path):

@@ -29,6 +29,7 @@ def test_thread_hours_count_each_tune_trial_once():
     assert math.isnan(report.thread_hours(frame.drop(columns="started_at")))
 
 
+@pytest.mark.slow
 def test_report_gathers_every_section(tmp_path):
     parent = tmp_path / "results"
     write_sweep(parent / "main", "main", train_rows())
@@ -53,6 +54,7 @@ def test_report_gathers_every_section(tmp_path):
 
 
 # ---- issue 31, item 4: a user's own sweep under results/ stays out of the published report
+@pytest.mark.slow
 def test_report_reads_only_the_studies_it_lists_and_names_the_others(tmp_path):
     parent = tmp_path / "results"
     write_sweep(parent / "study", "study", train_rows())

@@ -20,6 +20,7 @@ STRING_ACC = {  # (pe, f, solver): test accuracy of seeds 0..2
 }
 
 
+@pytest.mark.slow
 def test_string_study_ranks_variants_against_rope_with_costs_and_the_f_sweep(tmp_path):
     rows, bench = [], []
     for (pe, f, solver), accs in STRING_ACC.items():

@@ -79,6 +79,7 @@ def test_an_unreached_crossover_is_extrapolated_from_the_exponents(tmp_path):
     assert cross.loc["favor+rope", "extrapolated N"] == pytest.approx(1000.0)
 
 
+@pytest.mark.slow
 def test_build_writes_the_section_and_figure_and_the_crossover_file(tmp_path):
     parent = tmp_path / "all"
     write_sweep(parent / "scaling", "scaling", scaling_rows())

@@ -56,6 +56,7 @@ def test_planted_pickle_is_refused_and_its_payload_never_runs(tmp_path, capsys) 
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_checkpoint_of_another_config_naming_the_fields(tmp_path, capsys) -> None:
     cfg = TrialConfig.from_dict(TINY)
     done = train_and_evaluate(cfg, checkpoint_dir=tmp_path, log=None)  # a finished 2-epoch checkpoint, seed 0

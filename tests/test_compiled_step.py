@@ -20,6 +20,8 @@ from rpevit.tasks.train_group import train_group
 from rpevit.training import forward_loss_fn, loss_of
 from tests.test_amp_cpu import TINY_MODEL, case_id, variant_cases
 
+pytestmark = pytest.mark.slow  # torch.compile of every variant
+
 registry.load_all()
 
 MODEL = {**TINY_MODEL, "amp": "none", "drop_path": 0.2, "redraw_interval": 2, "compile": "on"}

@@ -80,6 +80,7 @@ def test_corrupt_npz_is_named(tmp_path) -> None:
         load_arrays("mnist", tmp_path)
 
 
+@pytest.mark.slow
 def test_digits_needs_no_folder() -> None:
     splits = load_splits("digits", val_fraction=0.1)
     assert splits.x_train.shape[1:] == (1, 8, 8)
@@ -312,6 +313,7 @@ def test_random_rotation_is_seeded_uniform_and_dispatched_by_augment() -> None:
         augment_images(x, torch.Generator(), "auto", 2)
 
 
+@pytest.mark.slow
 def test_a_rotate_run_is_reproducible_and_differs_from_upright(tiny) -> None:
     from rpevit.config import TrialConfig
     from rpevit.tasks.train import train_and_evaluate

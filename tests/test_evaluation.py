@@ -80,6 +80,7 @@ def test_fidelity_is_zero_for_softmax_and_positive_for_favor():
     assert all(a.captured is None for a in favor.attention_layers())  # the capture is switched off again
 
 
+@pytest.mark.slow
 def test_favor_fidelity_falls_towards_zero_as_m_grows():
     """Mean TV over 8 independent draws per m falls steadily, at about the Monte Carlo rate m^-1/2
     (measured slope -0.42 over m = 16..4096 for these inputs; 0.137 at m = 16, 0.013 at 4096)."""
@@ -168,6 +169,7 @@ def small_run(**kw):
     return train_and_evaluate(cfg, log=None)
 
 
+@pytest.mark.slow
 def test_train_rows_carry_draw_aware_keys_seeded():
     first, second = small_run(attention="favor", pe="rope"), small_run(attention="favor", pe="rope")
     for key in (*DRAW_KEYS, "test_acc_softmax_swap", "attn_tv_to_softmax"):
@@ -216,6 +218,7 @@ def test_rotation_accuracy_by_hand_with_a_quadrant_reader():
     assert set(off) == set(got) and all(math.isnan(v) for v in off.values())
 
 
+@pytest.mark.slow
 def test_random_test_angles_are_fixed_and_the_draw_mean_is_over_fresh_draws():
     from rpevit.data import rotate_images
     from rpevit.evaluation import random_test_angles, rotated_test_sets, rotation_accuracy
@@ -247,6 +250,7 @@ def test_random_test_angles_are_fixed_and_the_draw_mean_is_over_fresh_draws():
         assert got[key] == pytest.approx(own) and got[f"{key}_draw_mean"] == pytest.approx(sum(fresh) / 3), key
 
 
+@pytest.mark.slow
 def test_train_rows_carry_rotation_keys_only_when_asked():
     favor = small_run(attention="favor", pe="rotinv", eval_rotations="standard")
     assert favor["test_acc_rot0"] == favor["test_acc"]
@@ -256,6 +260,7 @@ def test_train_rows_carry_rotation_keys_only_when_asked():
     assert all(math.isnan(plain[k]) and math.isnan(plain[f"{k}_draw_mean"]) for k in ROT_KEYS)
 
 
+@pytest.mark.slow
 def test_validation_draw_mean_is_the_mean_validation_accuracy_over_fresh_draws():
     """What choices for random-feature models are made on (issue 28): by hand, draw by draw."""
     from rpevit.data import load_splits

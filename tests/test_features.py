@@ -36,6 +36,7 @@ def test_orthogonal_blocks_and_chi_norms():
     assert abs(norms.mean() - D) < 5 * math.sqrt(2 * D / norms.numel())
 
 
+@pytest.mark.slow
 def test_sign_fixed_qr_is_haar_and_plain_qr_is_not():
     """Under Haar measure E[Q] = 0 entrywise; plain Householder QR biases the diagonal of Q."""
     n = 3000
@@ -47,6 +48,7 @@ def test_sign_fixed_qr_is_haar_and_plain_qr_is_not():
     assert torch.diagonal(plain.mean(0)).abs().min() > 20 * se  # the test has the power to see the bias
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("features", ["positive", "trig"])
 @pytest.mark.parametrize("sample", [iid_gaussian, orthogonal_gaussian])
 def test_estimators_are_unbiased(features, sample):
@@ -87,12 +89,14 @@ def kernel_mse(sample, seed, m=D, norm=0.5, pairs=16, draws=2000):
     return (estimates - torch.exp((xs * ys).sum(-1))).pow(2).mean()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_orthogonal_features_have_lower_mse_than_iid(seed):
     iid, orth = kernel_mse(iid_gaussian, seed), kernel_mse(orthogonal_gaussian, seed)
     assert orth < 0.95 * iid, (orth, iid)  # measured ratio 0.84-0.89 over seeds 0-5
 
 
+@pytest.mark.slow
 def test_attention_error_shrinks_as_m_grows():
     g = torch.Generator().manual_seed(3)
     n, repeats = 32, 20

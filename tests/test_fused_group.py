@@ -64,6 +64,7 @@ def build_members(cfg: TrialConfig) -> tuple[list[torch.nn.Module], list[torch.G
     return models, generators
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_stacked_steps_equal_solo_steps(case):
     attention, pe, opts = case
@@ -147,6 +148,7 @@ def assert_rows_equal(solo: dict, fused: dict) -> None:
             assert value == other, key
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", task_cases(), ids=[case_id(c) for c in task_cases()])
 def test_group_rows_equal_solo_rows(case, tmp_path):
     attention, pe, opts = case
@@ -170,6 +172,7 @@ def test_group_rows_equal_solo_rows(case, tmp_path):
         assert a["optimizer"]["param_groups"] == b["optimizer"]["param_groups"]
 
 
+@pytest.mark.slow
 def test_one_diverging_member_does_not_touch_the_others(monkeypatch):
     """Member 1's weights are set to NaN before training: it fails at the end of the epoch, members 0
     and 2 finish with their solo rows."""
@@ -197,6 +200,7 @@ class Killed(Exception):
     """Stands for the process being killed after an epoch's checkpoints were written."""
 
 
+@pytest.mark.slow
 def test_a_group_resumes_exactly_and_uneven_members_run_as_subgroups(tmp_path):
     base = {**TASK, "attention": "favor", "pe": "luo_rpe", "epochs": 2}
     cfgs = [TrialConfig.from_dict({**base, "seed": s}) for s in SEEDS]
@@ -218,6 +222,7 @@ def test_a_group_resumes_exactly_and_uneven_members_run_as_subgroups(tmp_path):
         assert_rows_equal({**a, "fused_members": 1}, {**b, "fused_members": 3})
 
 
+@pytest.mark.slow
 def test_a_foreign_checkpoint_fails_its_member_only(tmp_path):
     base = {**TASK, "attention": "softmax", "pe": "rope", "epochs": 1}
     cfgs = [TrialConfig.from_dict({**base, "seed": s}) for s in SEEDS]

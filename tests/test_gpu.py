@@ -73,6 +73,7 @@ def parent_index(ray_gpu_id: str) -> int:
 
 # -- every variant under bf16 on CUDA ---------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", GPU_CASES, ids=case_id)
 def test_variant_trains_bf16_steps_on_cuda(case: tuple[str, str, dict]) -> None:
     attention, pe, opts = case
@@ -93,6 +94,7 @@ def test_sparse_cayley_cg_is_exact_to_float32_under_cuda_autocast() -> None:
     assert error < 1e-5, error
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,pe,extra", [("softmax", "ape", {}),
                                                 ("favor", "ape+luo_rpe", {"luo_path": "fft"})])
 def test_train_task_runs_on_cuda_under_bf16(attention: str, pe: str, extra: dict) -> None:
@@ -150,6 +152,7 @@ def test_median_time_synchronises_with_the_gpu(monkeypatch) -> None:
 
 # -- fractional packing: four 0.25-GPU trials on one GPU ---------------------------------------
 
+@pytest.mark.slow
 def test_sweep_packs_four_quarter_gpu_trials_on_one_gpu(tmp_path, fresh_ray, one_gpu) -> None:
     """A real local sweep (the runner starts Ray itself, as `sweep.py` does): all four trials run
     at one moment, on the same GPU, each within its quarter of the memory."""
@@ -167,6 +170,7 @@ def test_sweep_packs_four_quarter_gpu_trials_on_one_gpu(tmp_path, fresh_ray, one
     assert (trials["peak_mem_mb"] <= quarter_mb).all()
 
 
+@pytest.mark.slow
 def test_every_quarter_gpu_process_is_capped_at_its_share(tmp_path, fresh_ray, one_gpu) -> None:
     """Four concurrent Ray workers (0.25 GPU each, Ray told not to set CUDA_VISIBLE_DEVICES as
     the runner does) go through `place_on_devices`; each one reads its memory fraction back and
@@ -206,6 +210,7 @@ def test_every_quarter_gpu_process_is_capped_at_its_share(tmp_path, fresh_ray, o
 
 # -- whole GPUs: the device Ray assigned ------------------------------------------------------
 
+@pytest.mark.slow
 def test_whole_gpu_trial_runs_on_the_gpu_ray_assigned(tmp_path, fresh_ray) -> None:
     space = expand_space({"name": "whole", "fixed": {**SWEEP_TRIAL, "epochs": 1},
                           "grid": {"pe": ["ape"]}, "resources": {"cpus_per_trial": 1, "gpus_per_trial": 1}},
@@ -219,6 +224,7 @@ def test_whole_gpu_trial_runs_on_the_gpu_ray_assigned(tmp_path, fresh_ray) -> No
     assert row["device_name"] == torch.cuda.get_device_name(parent_index(str(row["ray_gpu_ids"])))
 
 
+@pytest.mark.slow
 def test_whole_gpu_workers_use_exactly_their_assigned_device(fresh_ray) -> None:
     """One 1-GPU worker per GPU of the machine: each one's current CUDA device is, by UUID, the
     physical GPU that Ray assigned to it, and no two workers share one."""
@@ -244,6 +250,7 @@ FUSED_RUN = {"dataset": "digits", "train_subset": 256, "batch_size": 64, "epochs
              "depth": 2, "num_features": 16, "redraw_interval": 3, "eval_draws": 2, "device": "cuda", "amp": "bf16"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention,pe,compile_mode", [("softmax", "ape", "off"), ("favor", "luo_rpe", "off"),
                                                         ("softmax", "ape", "on"), ("favor", "rope", "on"),
                                                         ("relu", "cayley_string", "cudagraphs")])

@@ -143,6 +143,7 @@ def test_orthogonal_series_limits_and_performer_bound():
 
 
 # ---------------------------------------------------------------- closed forms vs Monte Carlo
+@pytest.mark.slow
 @pytest.mark.parametrize("projection", PROJECTIONS)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("d, m", [(8, 1), (8, 8), (6, 15)])
@@ -163,6 +164,7 @@ def test_closed_form_mse_matches_monte_carlo(projection, estimator, d, m):
     assert mc["mse_mc"] == pytest.approx(mc["bias_mc"] ** 2 + mc["var_mc"], rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("projection", ["orthogonal", "orthogonal_rademacher"])
 def test_monte_carlo_tells_orthogonal_from_iid_rows(projection):
     """At m = d the covariance term matters: MC matches the orthogonal closed form and rejects the iid one."""

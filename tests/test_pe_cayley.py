@@ -98,6 +98,7 @@ def test_solver_choice_and_bad_sparsity():
         TrialConfig.from_dict({**BASE, "pe": "sparse_cayley_string", "cayley_solver": "lu"})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pe,extra", [
     ("cayley_string", {}),
     ("sparse_cayley_string", {"cayley_solver": "dense"}),

@@ -69,6 +69,7 @@ def test_rope_mixed_frequencies_learned_per_head_and_seeded():
     assert not torch.equal(MixedRoPE(**CONTEXT, layer=2).frequencies, pe.frequencies)
 
 
+@pytest.mark.slow
 def test_rope_mixed_directions_reproducible_across_processes():
     """Fixed random patterns must not depend on Python's per-process string-hash salt."""
     code = ("from rpevit.pe.rope import MixedRoPE;"

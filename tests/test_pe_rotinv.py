@@ -142,6 +142,7 @@ def test_random_projections_seeded():
     assert a.projections.shape == (2, TrialConfig.rotinv_draws, 2)  # the default number of draws
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["softmax", "favor", "relu"])
 @pytest.mark.parametrize("mode", ["exact", "random"])
 def test_gradients_reach_coefficients(attention, mode):

@@ -51,6 +51,7 @@ def test_a_space_keys_the_resolved_config_so_two_spellings_are_one_trial():
     assert space.keys[0] == trial_key(config) and space.legacy_keys == {space.keys[0]: trial_key(requested)}
 
 
+@pytest.mark.slow
 def test_the_cli_row_stores_what_ran(capsys):
     argv = ["--dataset", "digits", "--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "64",
             "--epochs", "1", "--quiet"]
@@ -59,6 +60,7 @@ def test_the_cli_row_stores_what_ran(capsys):
     assert {k: row[k] for k in DIGITS_RECIPE} == DIGITS_RECIPE
 
 
+@pytest.mark.slow
 def test_a_checkpoint_written_under_placeholders_continues_under_the_values_they_resolve_to(tmp_path):
     from rpevit.tasks.train import train_and_evaluate as train
 

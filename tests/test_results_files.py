@@ -280,6 +280,7 @@ def test_analysis_names_a_damaged_trials_file_and_skips_only_its_folder(tmp_path
     assert os.path.lexists(bad)  # the analysis never moves a file
 
 
+@pytest.mark.slow
 def test_report_script_skips_a_damaged_folder_without_a_traceback(tmp_path, train_rows) -> None:
     import subprocess
     import sys
@@ -321,6 +322,7 @@ def test_resume_sets_a_damaged_trials_file_aside_and_reruns_its_trials(tmp_path,
     assert writer.trial_rows == {} and len(writer.epoch_rows) == 2 * len(epochs)
 
 
+@pytest.mark.slow
 def test_a_damaged_epochs_file_is_set_aside_and_rebuilt_from_the_checkpoints(tmp_path, capsys) -> None:
     space = expand_space({"name": "e", "fixed": {**TINY, "epochs": 2}, "grid": {"pe": ["ape", "rope"]}},
                          source="e.yaml")
@@ -351,6 +353,7 @@ def test_a_damaged_epochs_file_is_set_aside_and_rebuilt_from_the_checkpoints(tmp
 
 
 # ---- issue 31, item 13: the results folder fills up (or turns read-only) mid-sweep
+@pytest.mark.slow
 def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path, monkeypatch, capsys) -> None:
     import errno
     import sys

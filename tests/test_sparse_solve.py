@@ -94,6 +94,7 @@ def test_float32_sparse_solve_is_accurate():
     assert info[0].relative_residual <= 10 * torch.finfo(torch.float32).eps
 
 
+@pytest.mark.slow
 def test_flop_handle_counts_sparse_products_at_cg_bound():
     from rpevit.config import TrialConfig
     from rpevit.flops import count_flops

@@ -1,6 +1,8 @@
 """`python sweep.py` end to end in subprocesses: failures + dashboard, and resume after SIGKILL."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import secrets
@@ -20,6 +22,8 @@ import yaml
 
 from rpevit import registry
 from rpevit.config import TrialConfig
+
+pytestmark = pytest.mark.slow  # Ray and real sweeps: `pytest -m "not slow"` leaves them out
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 200, "epochs": 2,

@@ -198,6 +198,7 @@ def test_a_fused_summary_counts_each_group_once(tmp_path, capsys):
 
 
 # ---- real sweeps ----
+@pytest.mark.slow
 def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_path, two_cpu_ray, capsys):
     space = expand_space({"name": "dl", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]},
                          source="dl.yaml")
@@ -229,6 +230,7 @@ def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_pa
     # the resume that completes the rest: test_the_command_line_prints_the_resume_command_that_finishes_the_sweep
 
 
+@pytest.mark.slow
 def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp_path, two_cpu_ray, capsys):
     space = expand_space({"name": "probe", "fixed": TINY, "grid": {"pe": ["ape", "rope", "none"]}},
                          source="probe.yaml")
@@ -244,6 +246,7 @@ def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp
     assert (trials.loc[space.keys[1:], "started_at"] > probe["finished_at"]).all()  # it ran alone, first
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_the_resume_command_that_finishes_the_sweep(tmp_path):
     space = {"name": "dlcli", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]}
     path = tmp_path / "dlcli.yaml"

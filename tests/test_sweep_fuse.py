@@ -47,6 +47,7 @@ def test_fuse_refuses_dropout_at_load_time():
         fused_space(fixed={**TINY, "dropout": 0.1})
 
 
+@pytest.mark.slow
 def test_a_fused_sweep_writes_member_rows_resumes_and_adds_only_new_seeds(tmp_path, fresh_ray):
     ray.init(num_cpus=2, include_dashboard=False)
     space = fused_space(seeds=(0, 1))

@@ -8,6 +8,8 @@ started (gcs_server, raylet, agents, workers) must be gone within seconds.
 """
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -19,6 +21,8 @@ from pathlib import Path
 import ray  # noqa: F401  (puts Ray's bundled psutil on the path)
 import psutil  # noqa: E402
 import yaml
+
+pytestmark = pytest.mark.slow  # Ray and real sweeps: `pytest -m "not slow"` leaves them out
 
 ROOT = Path(__file__).resolve().parents[1]
 LOOPBACK = {"127.0.0.1", "::1", "::ffff:127.0.0.1"}

@@ -12,6 +12,8 @@ import ray
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import Space, expand_space
 
+pytestmark = pytest.mark.slow  # Ray and real sweeps: `pytest -m "not slow"` leaves them out
+
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 200, "epochs": 2,
         "batch_size": 64}
 

@@ -54,6 +54,7 @@ def rows(results: Path, name: str, file: str = TRIALS_FILE) -> pd.DataFrame:
     return pd.read_parquet(results / name / file)
 
 
+@pytest.mark.slow
 def test_two_trials_in_one_reused_worker_equal_their_fresh_process_runs(tmp_path, two_cpu_ray):
     space = {"fixed": TINY, "grid": [TRIAL_A, TRIAL_B], "resources": {"cpus_per_trial": 1, "max_concurrent": 1}}
     for name, reuse in (("reused", True), ("fresh", False)):
@@ -167,6 +168,7 @@ def test_interleaved_group_runs_rounds_and_records_a_raising_variant_alone(tmp_p
     assert table.loc[["ape", "none"], "process_warm"].all() and table.loc["ape", "timing_interleaved"]
 
 
+@pytest.mark.slow
 def test_bench_trials_have_the_node_to_themselves(tmp_path, two_cpu_ray):
     space = expand_space({"name": "alone", "task": "bench", "fixed": BENCH, "grid": {"pe": ["ape", "rope", "none"]},
                           "resources": {"cpus_per_trial": 1}, "timing": {"repeats": 2}}, source="alone.yaml")

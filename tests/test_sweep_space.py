@@ -210,6 +210,7 @@ def test_cli_dry_run_prints_table_and_count(tmp_path, capsys):
     assert "field 'pe' has value 'x'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_dry_run_does_not_import_ray(tmp_path):
     path = write(tmp_path, "fixed: {dataset: digits}\n")
     code = ("import sys, sweep; rc = sweep.main(['--space', %r, '--dry-run']); "

@@ -55,6 +55,7 @@ def epoch_rows(sent: list[dict], key: str) -> dict[int, dict]:
     return {r["row"]["epoch"]: r["row"] for r in sent if r["kind"] == EPOCH and r["trial_key"] == key}
 
 
+@pytest.mark.slow
 def test_a_resumed_trial_has_every_epoch_once_in_its_event_file(tmp_path, reports, monkeypatch):
     one = member(attention="favor", pe="rope", epochs=3, seed=0)
     spec = TrialSpec(one.trial_key, (one,), checkpoint_root=str(tmp_path / "sweep" / "trials"))
@@ -84,6 +85,7 @@ def test_a_resumed_trial_has_every_epoch_once_in_its_event_file(tmp_path, report
     assert len([p for p in folder.iterdir() if p.name.startswith(trainable.EVENTS_PREFIX)]) == 1
 
 
+@pytest.mark.slow
 def test_each_member_of_a_fused_group_has_its_own_event_file(tmp_path, reports):
     seeds = [member(attention="softmax", pe="ape", epochs=2, seed=s) for s in (0, 1)]
     spec = TrialSpec("group", tuple(seeds), checkpoint_root=str(tmp_path / "sweep" / "trials"), fused=True)

@@ -40,6 +40,7 @@ def test_dense_matrix_equals_definition(grid):
     torch.testing.assert_close(torch.einsum("hij,bhjf->bhif", dense, x), brute_force_toeplitz(weights, x, grid))
 
 
+@pytest.mark.slow
 def test_fft_matvec_float32_and_gradient():
     grid = (3, 5)
     g = torch.Generator().manual_seed(0)

@@ -18,6 +18,7 @@ def _metrics(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in TIMING_KEYS}
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_metrics(tiny) -> None:
     cfg = TrialConfig.from_dict(tiny)
     a, b = train_and_evaluate(cfg, log=None), train_and_evaluate(cfg, log=None)
@@ -26,6 +27,7 @@ def test_same_seed_gives_identical_metrics(tiny) -> None:
     assert c["log_likelihood"] != a["log_likelihood"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [{}, {"augment": "crop_flip", "dropout": 0.1, "drop_path": 0.1}])
 def test_resume_from_checkpoint_matches_uninterrupted_run(tiny, tmp_path, extra) -> None:
     cfg = TrialConfig.from_dict({**tiny, **extra, "epochs": 3})
@@ -55,6 +57,7 @@ def test_divergence_raises(tiny) -> None:
         train_and_evaluate(cfg, log=None)
 
 
+@pytest.mark.slow
 def test_summary_row_has_every_metric(tiny) -> None:
     row = train_and_evaluate(TrialConfig.from_dict(tiny), log=None)
     for key in ("test_acc", "precision", "recall", "f1", "log_likelihood", "aic", "bic", "params",
@@ -66,6 +69,7 @@ def test_summary_row_has_every_metric(tiny) -> None:
     assert 0.0 <= row["test_acc"] <= 1.0 and row["flops"] > 0
 
 
+@pytest.mark.slow
 def test_cli_prints_progress_then_one_json_row(capsys) -> None:
     code = main(["--dataset", "digits", "--epochs", "2", "--dim", "16", "--depth", "1",
                  "--heads", "2", "--train-subset", "100", "--pe", "rope"])
@@ -85,6 +89,7 @@ def test_cli_bad_input_exits_2_with_the_field(capsys) -> None:
     assert "/nonexistent/rpevit/mnist.npz" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bench_task_reports_costs() -> None:
     from rpevit.tasks.bench import time_variant
 
@@ -98,6 +103,7 @@ def test_bench_task_reports_costs() -> None:
     assert row["step_mem_kind"] in ("rss_step_peak", "unavailable") and not row["step_mem_mb"] < 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(Path("/proc/sys/vm/overcommit_memory").exists()
                     and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "1",
                     reason="with overcommit always on, an impossible allocation succeeds and the kernel kills later")

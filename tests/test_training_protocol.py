@@ -45,6 +45,7 @@ def test_no_qk_norm_has_no_temperature_and_leaves_q_k_alone():
     assert nq is q and nk is k
 
 
+@pytest.mark.slow
 def test_favor_error_is_bounded_with_unit_q_and_k():
     """With qk_norm l2 at its initial temperature 1, |q d^-1/4| = 1 whatever the weights, and the
     FAVOR+ rows stay close to softmax (measured mean TV 0.085 at m = 64, 64 tokens, head dim 16,
@@ -98,6 +99,7 @@ def count_redraws(backend: KernelizedAttention, steps: int) -> int:
     return len(draws)
 
 
+@pytest.mark.slow
 def test_redraw_until_freezes_the_draw():
     """Every 10 steps over 100 steps: redraws at steps 10..90 (9) for ever; with redraw_until 0.8
     only at 10..70 (7), the last 20% of training keep the draw the model is evaluated with."""
