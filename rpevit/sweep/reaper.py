@@ -3,7 +3,7 @@
 Why: Ray ties gcs_server and raylet to the driver (PR_SET_PDEATHSIG) and its workers follow their
 raylet, but after a SIGKILL of the driver the DashboardAgent and RuntimeEnvAgent first try to
 report the raylet's death to the (dead) GCS, with a fixed 60 s timeout; for that minute they hold
-ports, memory and the session folder. Ray has no setting for this, so the runner starts this
+ports, memory and the session folder. Ray has no setting for this, so the Ray session (session.py) starts this
 watchdog, as a child of the driver, before `ray.init()`:
 
     python rpevit/sweep/reaper.py TOKEN      (stdin: a pipe from the driver)
@@ -13,7 +13,7 @@ every POLL_S (pid and start time, from /proc): the processes of the embedded Ray
 driver's end of the pipe closes without the driver having written CLEAN first (it died: SIGKILL,
 OOM, a crash), it sends SIGTERM to the recorded processes that still run (same pid *and* start
 time: never a recycled pid) and to any process started with `RPEVIT_RAY_OWNER=TOKEN` in its
-environment (the runner sets it for Ray; it catches workers started after the last poll), waits
+environment (session.py sets it for Ray; it catches workers started after the last poll), waits
 GRACE_S and SIGKILLs what is left. After a clean `ray.shutdown()` the driver writes CLEAN, and
 only token processes that are somehow left are ended. Processes older than the watchdog, and
 those neither descended from the driver nor carrying the token (other Ray sessions, the user's

@@ -65,7 +65,7 @@ _process: dict[str, Any] = {"gpu": None, "timed_runs": 0}  # what this worker pr
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """Tune entry point: the config holds one protocol.TrialSpec (built by runner.tune_trials)."""
+    """Tune entry point: the config holds one protocol.TrialSpec (built by tune_run.tune_trials)."""
     spec = TrialSpec.from_tune_config(config)
     if spec.barrier:
         wait_for_workers(spec.barrier)
