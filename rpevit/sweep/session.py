@@ -39,7 +39,7 @@ RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x writes its dashb
 def prefer_loopback(address: str | None) -> bool:
     """Ask Ray for loopback-only processes, if this process has not imported Ray yet and will not
     join a cluster (address None and no $RAY_ADDRESS); returns whether Ray will bind loopback."""
-    if address or os.environ.get("RAY_ADDRESS"):
+    if cluster_address(address):
         return False
     if "ray" not in sys.modules:
         os.environ.setdefault(LOCAL_ONLY_ENV, "0")
