@@ -155,6 +155,9 @@ class TrialConfig:
     rotinv_basis: str = _field("auto", "pe", "rotinv: form of p (auto: bernstein in exact mode, monomial in "
                                "random mode)", choices=("auto", "monomial", "bernstein"))
     rotinv_draws: int = _field(16, "pe", "rotinv: Gaussian projections of the random mode", gt=0)
+    rotinv_path: str = _field("lowrank", "pe", "rotinv on kernelized backends: the modulation folded into the "
+                              "features (linear in N) or the dense N x N matrix (the cheaper below about "
+                              "m x factors tokens)", choices=("lowrank", "dense"))
 
     # optimisation
     epochs: int = _field(10, "optim", "training epochs", ge=1, le=MAX_EPOCHS)
@@ -309,7 +312,7 @@ def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
 # Fields whose placeholder resolves from the dataset's recipe (DatasetSpec): 0 (-1 for warm-up, "auto"
 # for augment) means "the recipe's value". Placeholders that choose where or how a computation runs,
 # not what it computes, stay as requested: device and amp (the row's device_name says what ran),
-# luo_path and cayley_solver (algorithms of one result, proven equal in the tests).
+# luo_path, cayley_solver and rotinv_path (algorithms of one result, proven equal in the tests).
 RECIPE_FIELDS = ("image_size", "patch_size", "batch_size", "lr", "warmup_epochs", "augment")
 
 

@@ -39,6 +39,7 @@ PATH_OPTIONS: list[tuple[str, dict]] = [
     ("sparse_cayley_string", {"cayley_solver": "sparse"}),
     ("rotinv", {"rotinv_mode": "random"}),
     ("rotinv", {"rotinv_basis": "bernstein"}),
+    ("rotinv", {"rotinv_path": "dense"}),
 ]
 COMBINATIONS = ["ape+rope", "ape+luo_rpe", "rope+luo_rpe", "ape+circulant_string", "cayley_string+rotinv"]
 

@@ -1,5 +1,5 @@
 """FAVOR+ / Performer-ReLU against the dense normalised phi(Q) phi(K)^T average; Luo FFT == dense ==
-brute force; low-rank modulation; redraw schedule and checkpoint determinism."""
+brute force; low-rank modulation (lowrank == dense path); redraw schedule and checkpoint determinism."""
 import math
 
 import pytest
@@ -97,20 +97,39 @@ def test_luo_numerator_and_denominator_fft(name, kw):
     torch.testing.assert_close(den, torch.einsum("hij,bhjm->bhim", c, phi_k))
 
 
-def random_low_rank(n, rank=3, batched=False, seed=5):
+def random_low_rank(n, rank=3, batched=False, seed=5, path="lowrank"):
     g = torch.Generator().manual_seed(seed)
     shape = (2, 2, n, rank) if batched else (2, n, rank)
     return LowRankModulation(torch.rand(*shape, generator=g, dtype=torch.float64),
-                             torch.rand(*shape, generator=g, dtype=torch.float64))
+                             torch.rand(*shape, generator=g, dtype=torch.float64), path)
 
 
 @pytest.mark.parametrize("name,kw", BACKENDS)
 @pytest.mark.parametrize("batched", [False, True])
-def test_low_rank_modulation_kernelized(name, kw, batched):
+@pytest.mark.parametrize("path", ["lowrank", "dense"])
+def test_low_rank_modulation_kernelized(name, kw, batched, path):
+    """Both paths of a low-rank c against the explicit (phi(Q) phi(K)^T) * c, c summed by brute force."""
     backend = build(name, **kw)
     q, k, v = qkv()
-    mod = random_low_rank(16, batched=batched)
-    torch.testing.assert_close(backend(q, k, v, mod), dense_reference(backend, q, k, v, mod.dense()))
+    mod = random_low_rank(16, batched=batched, path=path)
+    c = sum(mod.f[..., :, None, l] * mod.g[..., None, :, l] for l in range(mod.f.shape[-1]))
+    torch.testing.assert_close(backend(q, k, v, mod), dense_reference(backend, q, k, v, c), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,kw", BACKENDS)
+def test_low_rank_paths_equal_with_gradients(name, kw):
+    """The dense path is the low-rank path's function: equal outputs and equal gradients for q, k, v, f, g."""
+    q, k, v = qkv(seed=4)
+    grads = []
+    for path in ("lowrank", "dense"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        mod = random_low_rank(16, rank=4, path=path)
+        mod.f.requires_grad_(), mod.g.requires_grad_()
+        out = build(name, **kw)(*leaves, mod)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append([out.detach(), *(t.grad for t in (*leaves, mod.f, mod.g))])
+    for lowrank, dense in zip(*grads):
+        torch.testing.assert_close(dense, lowrank, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("batched", [False, True])

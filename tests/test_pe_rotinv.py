@@ -157,6 +157,38 @@ def test_gradients_reach_coefficients(attention, mode):
 
 
 @pytest.mark.parametrize("mode", ["exact", "random"])
+def test_rotinv_path_changes_the_cost_not_the_model(mode):
+    """favor + rotinv, float64, one seed: rotinv_path dense gives the lowrank model's logits and gradients,
+    and the dense path computes fewer FLOPs at this N (16 tokens, m L = 8 x 15 or 8 x 20 features)."""
+    from rpevit.flops import count_flops
+
+    results = {}
+    for path in ("lowrank", "dense"):
+        cfg = TrialConfig.from_dict({**BASE, "attention": "favor", "num_features": 8, "rotinv_mode": mode,
+                                     "rotinv_draws": 4, "rotinv_path": path})
+        model = build_model(cfg, 1, 10).double()
+        images = torch.randn(3, 1, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        out = model(images)
+        out.logsumexp(-1).sum().backward()
+        grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+        flops, _ = count_flops(model.float(), images.float())
+        results[path] = (out.detach(), grads, flops)
+    (out_l, grads_l, flops_l), (out_d, grads_d, flops_d) = results["lowrank"], results["dense"]
+    torch.testing.assert_close(out_d, out_l, rtol=1e-10, atol=1e-12)
+    assert grads_d.keys() == grads_l.keys() and any("raw_coefficients" in name for name in grads_d)
+    for name in grads_l:
+        torch.testing.assert_close(grads_d[name], grads_l[name], rtol=1e-8, atol=1e-10, msg=name)
+    assert flops_d < flops_l
+
+
+def test_rotinv_path_refused_outside_its_choices():
+    from rpevit.config import ConfigError
+
+    with pytest.raises(ConfigError, match="rotinv_path.*'sparse'.*lowrank.*dense"):
+        TrialConfig.from_dict({**BASE, "attention": "favor", "rotinv_path": "sparse"})
+
+
+@pytest.mark.parametrize("mode", ["exact", "random"])
 def test_every_op_has_a_flop_handle(mode):
     from rpevit.flops import count_flops
 

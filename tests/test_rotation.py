@@ -102,6 +102,15 @@ def long(results) -> pd.DataFrame:
     return rotation.long_table(rotation.rotation_rows(read_trials(results, ["train"]).frame))
 
 
+def test_rotinv_labels_name_the_dense_path_only_where_it_ran():
+    frame = pd.DataFrame({"pe": ["rotinv", "rotinv", "rotinv", "ape"], "rotinv_mode": ["exact", "exact", "random", "exact"],
+                          "rotinv_draws": [16, 16, 4, 16], "rotinv_path": ["lowrank", "dense", "dense", "lowrank"]})
+    assert list(rotation.rotation_pe_labels(frame)) == [
+        "rotinv (exact)", "rotinv (exact, dense path)", "rotinv (random, 4 draws, dense path)", "ape"]
+    older = frame.drop(columns="rotinv_path")  # rows written before the option: the low-rank path ran
+    assert list(rotation.rotation_pe_labels(older))[:2] == ["rotinv (exact)", "rotinv (exact)"]
+
+
 def test_long_table_has_one_row_per_variant_rotation_and_seed(long):
     assert len(long) == 2 * 5 * 5 * 3  # cells x encodings x rotations x seeds
     assert list(long["rotation"].cat.categories) == list(ROTATIONS)

@@ -57,14 +57,17 @@ def metric_names(rotation: str) -> tuple[str, str]:
 
 
 def rotation_pe_labels(frame: pd.DataFrame) -> pd.Series:
-    """pe, with the rotinv mode spelled out ('rotinv (exact)', 'rotinv (random, 16 draws)') and the
-    other encodings' variant options where they vary (common.pe_labels)."""
+    """pe, with the rotinv mode spelled out ('rotinv (exact)', 'rotinv (random, 16 draws)'), its
+    kernelized path where it is the dense one ('rotinv (exact, dense path)': the same model, another
+    cost) and the other encodings' variant options where they vary (common.pe_labels)."""
     labels = pe_labels(frame)
+    paths = column(frame, "rotinv_path", "lowrank").fillna("lowrank").astype(str)
     for i in frame.index[frame["pe"] == INVARIANT_PE]:
         mode = str(column(frame, "rotinv_mode", "exact")[i])
         draws = column(frame, "rotinv_draws")[i]
-        labels[i] = (f"{INVARIANT_PE} (random, {fmt(draws)} draws)" if mode == "random"
-                     else f"{INVARIANT_PE} ({mode})")
+        path = ", dense path" if paths[i] == "dense" else ""
+        labels[i] = (f"{INVARIANT_PE} (random, {fmt(draws)} draws{path})" if mode == "random"
+                     else f"{INVARIANT_PE} ({mode}{path})")
     return labels
 
 

@@ -62,6 +62,14 @@ def linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
     return out[..., :-1] / out[..., -1:]
 
 
+def dense_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, c: Tensor) -> Tensor:
+    """out_i = sum_j a_ij c_ij v_j / sum_j a_ij c_ij with a_ij = phi_q,i^T phi_k,j, through the N x N
+    matrix: O(N^2 (m + d)) against the linear path's O(N m d) (or O(N m L d) with a rank-L modulation),
+    so the cheaper of the two below some N. phi (b h n m), v (b h n d), c (h n n) or (b h n n)."""
+    scores = einsum(phi_q, phi_k, "b h i m, b h j m -> b h i j") * c.to(phi_q.dtype)
+    return einsum(scores, v, "b h i j, b h j d -> b h i d") / scores.sum(dim=-1, keepdim=True)
+
+
 def low_rank_features(phi: Tensor, factor: Tensor) -> Tensor:
     """phi (x) f per token: (b h n m), (h n L) or (b h n L) -> (b h n (m L))."""
     if factor.dim() == 3:
@@ -72,10 +80,16 @@ def low_rank_features(phi: Tensor, factor: Tensor) -> Tensor:
 
 @dataclass
 class LowRankModulation(Modulation):
-    """c_ij = sum_l f[.., i, l] g[.., j, l] >= 0; f, g of shape (h, N, L) or (b, h, N, L)."""
+    """c_ij = sum_l f[.., i, l] g[.., j, l] >= 0; f, g of shape (h, N, L) or (b, h, N, L).
+
+    `path` (kernelized backends): "lowrank", c folded into the features (linear in N, m L features
+    per token), or "dense", the N x N matrix c (quadratic in N, m features): one function, two costs;
+    dense is the cheaper while N is below about m L (docs/mechanisms.md).
+    """
 
     f: Tensor
     g: Tensor
+    path: str = "lowrank"
 
     def dense(self) -> Tensor:
         return torch.einsum("...il,...jl->...ij", self.f, self.g)
@@ -94,7 +108,10 @@ class LowRankModulation(Modulation):
         return out[..., :-1] / out[..., -1:]
 
     def linear_attention(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
-        """c folded into the features as phi(q_i) (x) f_i and phi(k_j) (x) g_j: still linear in N."""
+        """c folded into the features as phi(q_i) (x) f_i and phi(k_j) (x) g_j: still linear in N
+        (`path` "lowrank"); or the dense matrix c (`path` "dense")."""
+        if self.path == "dense":
+            return dense_linear_attention(phi_q, phi_k, v, self.dense())
         return linear_attention(low_rank_features(phi_q, self.f), low_rank_features(phi_k, self.g), v)
 
 

@@ -27,7 +27,7 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from rpevit.attention.base import Modulation, relative_offsets
+from rpevit.attention.base import Modulation, dense_linear_attention, relative_offsets
 from rpevit.attention.toeplitz import fast_fft_size, toeplitz_dense_matrix, toeplitz_fft_matvec
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
@@ -103,8 +103,7 @@ class RelativeBias(Modulation):
         table = self.table.to(phi_q.dtype)
         weights = torch.exp(table - table.amax(dim=(-2, -1), keepdim=True).detach())  # h, 2H-1, 2W-1
         if path == "dense":
-            scores = einsum(phi_q, phi_k, "b h i m, b h j m -> b h i j") * toeplitz_dense_matrix(weights, self.grid)
-            return einsum(scores, v, "b h i j, b h j d -> b h i d") / scores.sum(dim=-1, keepdim=True)
+            return dense_linear_attention(phi_q, phi_k, v, toeplitz_dense_matrix(weights, self.grid))
         return fft_linear_attention(phi_q, phi_k, v, weights, self.grid)
 
 

@@ -25,6 +25,9 @@ post-processing of the coordinates, never an N x N matrix:
   (z_j - z_i)^(2k) = sum_r C(2k, r) z_j^r (-z_i)^(2k - r). Grouping by the power r of z_j gives
   L = m (2K + 1) features whose per-draw value sum_k a_k (z_j - z_i)^(2k) / (2k-1)!! is >= a_0 > 0
   and whose mean over draws has expectation p(t) exactly (rotation invariant in distribution).
+On a kernelized backend the modulation multiplies the m features by the L factors (`rotinv_path`
+lowrank, linear in N) or enters as the dense N x N matrix (`rotinv_path` dense): the same attention,
+and the dense form is the cheaper while N is below about m L (docs/mechanisms.md).
 """
 from __future__ import annotations
 
@@ -155,9 +158,10 @@ class RotationInvariantRPE(PositionEncoding):
     hook = "score"
 
     def __init__(self, *, rotinv_mode: str = "exact", rotinv_degree: int = 2, rotinv_basis: str = "auto",
-                 rotinv_draws: int = 16, **context: Any) -> None:
+                 rotinv_draws: int = 16, rotinv_path: str = "lowrank", **context: Any) -> None:
         super().__init__(**context)
         self.mode = rotinv_mode
+        self.path = rotinv_path
         degree, heads = rotinv_degree, self.heads
         self.register_buffer("coordinates", centred_coordinates(self.grid), persistent=False)
         if resolved_basis(rotinv_basis, rotinv_mode) == "bernstein":  # raw = 0, b = 1: p = 1, no modulation at first
@@ -200,7 +204,7 @@ class RotationInvariantRPE(PositionEncoding):
     def modulation(self) -> LowRankModulation:
         a = self.coefficients()
         if self.mode == "exact":
-            return LowRankModulation(*_exact_combine(a, self.phi_monomials, self.psi_monomials, self.order))
+            return LowRankModulation(*_exact_combine(a, self.phi_monomials, self.psi_monomials, self.order), self.path)
         # powers of w^T c from the buffer each call (cheap: h N m (2K+1)), so a loaded checkpoint's w is used
         neg_pow, z_pow = projection_powers(self.coordinates, self.projections, self.selector.shape[0] - 1)
-        return LowRankModulation(*_random_combine(a, neg_pow, z_pow, self.selector))
+        return LowRankModulation(*_random_combine(a, neg_pow, z_pow, self.selector), self.path)
