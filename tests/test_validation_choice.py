@@ -42,6 +42,20 @@ def test_the_validation_choice_by_hand(tmp_path):
     assert "validation chooses 3" in favor and "not resolved with 3 seeds" in favor
     assert "93 [" in favor  # the earlier choice's test draw mean, beside
     assert "**chosen on validation**" in text and "(earlier choice)" in text
+    assert "It is the smallest luo_scale tried: the best may lie beyond the grid" in softmax  # 3 of {3, 10}
+
+
+def test_the_edge_of_the_grid():
+    def edge(chosen, candidates):
+        knob = ("luo_scale",) if len(chosen) == 1 else ("redraw_interval", "redraw_until")
+        return validation_choice.edge_of_grid(knob, chosen, candidates)
+
+    assert edge((30.0,), [(1.0,), (10.0,), (30.0,)]) == "largest"
+    assert edge((10.0,), [(1.0,), (10.0,), (30.0,)]) is None
+    redraws = [(0, 0.8), (30, 0.8), (100, 0.8), (300, 0.8), (100, 1.0)]
+    assert edge((30, 0.8), redraws) == "smallest"  # 0 (never redraw) is not on the interval scale
+    assert edge((100, 0.8), redraws) is None
+    assert edge((0, 0.8), redraws) is None and edge((100, 1.0), redraws) is None  # off; a schedule tried alone
 
 
 def test_no_change_is_said_plainly(tmp_path):

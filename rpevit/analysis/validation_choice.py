@@ -11,6 +11,7 @@ by is `val_acc_draw_mean` (the mean over fresh draws) for random-feature backend
 test accuracy (judged_accuracy: draw mean for random features) is then read once. Whether the
 chosen candidate beats the earlier choice on validation is a Welch comparison, Holm-corrected over
 the cells: claimed only when the corrected interval excludes 0, else "not resolved with n seeds".
+A choice at an end of the values tried is flagged: the grid does not bracket it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,18 @@ from rpevit.analysis.common import (column, has_random_features, judged_accuracy
 CELL = ("dataset", "attention", "pe")
 KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"))
 EARLIER = {("luo_scale",): (10.0,), ("redraw_interval", "redraw_until"): (100, 0.8)}  # chosen on test before
+NOT_ON_THE_SCALE = {"redraw_interval": {0}}  # 0 = never redraw: another setting, not the end of the interval scale
+
+
+def edge_of_grid(knob: tuple[str, ...], chosen: tuple, candidates: list[tuple]) -> str | None:
+    """"largest" or "smallest" when `chosen`'s first component is an end of the values tried (among the
+    candidates that share its other components, at least two): the best may lie beyond the grid, so
+    the choice is not bracketed. None when it is interior, or there is no scale to be at the end of."""
+    excluded = NOT_ON_THE_SCALE.get(knob[0], set())
+    values = sorted({c[0] for c in candidates if c[1:] == chosen[1:] and c[0] not in excluded})
+    if len(values) < 2 or chosen[0] in excluded:
+        return None
+    return "largest" if chosen[0] == values[-1] else "smallest" if chosen[0] == values[0] else None
 
 
 def validation_accuracy(frame: pd.DataFrame) -> pd.Series:
@@ -57,7 +70,8 @@ def choices(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[dict]]:
         measured = {v: c for v, c in candidates.items() if math.isfinite(c["val"].point)}
         chosen = max(measured, key=lambda v: measured[v]["val"].point) if measured else None
         records.append({"cell": cell, "candidates": candidates, "chosen": chosen,
-                        "earlier": earlier if earlier in candidates else None})
+                        "earlier": earlier if earlier in candidates else None,
+                        "edge": edge_of_grid(knob, chosen, list(candidates)) if chosen is not None else None})
     return knob, records
 
 
@@ -89,18 +103,20 @@ def build(results_dir: Path) -> str | None:
     for record in records:
         cell = " / ".join(str(c) for c in record["cell"])
         chosen, earlier = record["chosen"], record["earlier"]
+        edge = (f" It is the {record['edge']} {knob[0]} tried: the best may lie beyond the grid (not bracketed)."
+                if record["edge"] else "")
         if chosen is None:
             lines.append(f"- {cell}: no candidate has a validation accuracy.")
         elif earlier is None or chosen == earlier:
             lines.append(f"- {cell}: validation chooses {label(chosen)}"
-                         + (", the earlier choice: it does not change." if chosen == earlier else "."))
+                         + (", the earlier choice: it does not change." if chosen == earlier else ".") + edge)
         else:
             verdict = judged[cell]
             word = verdict.word("better on validation than the earlier choice", "worse")
             lines.append(f"- {cell}: validation chooses {label(chosen)}, not the earlier {label(earlier)}; its margin on "
                          f"validation is {verdict.nominal.text(100, 3)} points, Holm over {verdict.k} cell(s): {word}. "
                          f"Test accuracy: {record['candidates'][chosen]['test'].text(100, 4)} against "
-                         f"{record['candidates'][earlier]['test'].text(100, 4)}.")
+                         f"{record['candidates'][earlier]['test'].text(100, 4)}.{edge}")
     return "\n".join(lines)
 
 
