@@ -8,6 +8,7 @@ tests/test_validation_choice.py and tests/test_one_file_variants.py.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 from types import SimpleNamespace
 
 import torch
@@ -22,13 +23,18 @@ from rpevit.tasks import kernel_mse as kmse_task
 ENV = metrics.environment(torch.device("cpu"))
 
 
-def write_sweep(out_dir: Path, name: str, rows: list[dict]) -> Path:
-    """Feed summary rows to the driver-side writer as Tune would, one on_trial_result per trial."""
+def write_sweep(out_dir: Path, name: str, rows: list[dict], failed: Sequence[tuple[dict, str]] = ()) -> Path:
+    """Feed summary rows to the driver-side writer as Tune would, one on_trial_result per trial;
+    `failed`: (config row, error line) of trials that raised, recorded as the writer records them."""
     keys = [trial_key(r) for r in rows]
-    writer = ParquetResults(out_dir, name, dict(zip(keys, rows)), {k: i for i, k in enumerate(keys)})
+    failed_keys = [trial_key(r) for r, _ in failed]
+    configs = {**dict(zip(keys, rows)), **dict(zip(failed_keys, (r for r, _ in failed)))}
+    writer = ParquetResults(out_dir, name, configs, {k: i for i, k in enumerate(configs)})
     for i, (key, row) in enumerate(zip(keys, rows)):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
                                Report(SUMMARY, key, row).to_tune())
+    for i, (key, (_, error)) in enumerate(zip(failed_keys, failed)):
+        writer.record_failure(key, error, error, f"f{i}", 1)
     writer.on_experiment_end([])
     return out_dir
 

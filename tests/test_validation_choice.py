@@ -62,3 +62,18 @@ def test_no_change_is_said_plainly(tmp_path):
     kept = [r for r in rows() if not (r["attention"] == "softmax" and r["luo_scale"] == 3.0)]
     text = validation_choice.build(write_sweep(tmp_path / "kept", "kept", kept))
     assert "- digits / softmax / luo_rpe: validation chooses 10, the earlier choice: it does not change." in text
+
+
+def test_failed_candidates_are_shown_and_count_as_tried(tmp_path):
+    """favor at luo_scale 30 diverges on every seed: listed with its error, never chosen, and it makes 10
+    an interior value of the favor grid (tried 3, 10, 30)."""
+    diverged = [(config_row(attention="favor", pe="luo_rpe", luo_scale=30.0, seed=seed, dataset="digits",
+                            redraw_interval=100), "rpevit.tasks.train.DivergedError: training loss is nan at epoch 2")
+                for seed in range(3)]
+    text = validation_choice.build(write_sweep(tmp_path / "luo", "luo", rows(), failed=diverged))
+    assert "| digits / favor / luo_rpe | 30 |" in text and "3 of 3 seeds failed: training loss is nan at epoch 2" in text
+    favor = next(line for line in text.splitlines() if line.startswith("- digits / favor"))
+    assert "validation chooses 3" in favor and "30 failed in 3 of 3 seeds (training loss is nan at epoch 2)" in favor
+    assert "It is the smallest luo_scale tried" in favor  # 3 is still the low end; the failure is above
+    softmax = next(line for line in text.splitlines() if line.startswith("- digits / softmax"))
+    assert "failed" not in softmax

@@ -11,7 +11,8 @@ by is `val_acc_draw_mean` (the mean over fresh draws) for random-feature backend
 test accuracy (judged_accuracy: draw mean for random features) is then read once. Whether the
 chosen candidate beats the earlier choice on validation is a Welch comparison, Holm-corrected over
 the cells: claimed only when the corrected interval excludes 0, else "not resolved with n seeds".
-A choice at an end of the values tried is flagged: the grid does not bracket it.
+A choice at an end of the values tried is flagged: the grid does not bracket it. Trials that failed
+(e.g. training diverged) are listed with their error, per candidate, and count as tried.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from rpevit.analysis import stats
-from rpevit.analysis.common import (column, has_random_features, judged_accuracy, load_trials, markdown_table,
+from rpevit.sweep.protocol import FAILED
+from rpevit.analysis.common import (column, current_rows, has_random_features, judged_accuracy, load_trials,
+                                    markdown_table, read_sweep, trial_files,
                                     script_main)
 
 CELL = ("dataset", "attention", "pe")
@@ -55,9 +58,27 @@ def knob_of(frame: pd.DataFrame) -> tuple[str, ...]:
     raise ValueError(f"the rows vary none of {', '.join('/'.join(k) for k in KNOBS)}; allowed: a sweep of one of them")
 
 
-def choices(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[dict]]:
-    """(knob, one record per cell: its candidates' validation and test figures, the chosen one)."""
-    frame = frame.assign(val=validation_accuracy(frame), test=judged_accuracy(frame))
+def failed_trials(results_dir: Path) -> pd.DataFrame:
+    """The current train rows that failed (a candidate whose training diverged is a result: shown, never
+    dropped in silence); empty if none."""
+    frames = []
+    for path in trial_files(results_dir):
+        frame = read_sweep(path, results_dir)
+        if frame is None or "status" not in frame:
+            continue
+        failed = frame[(frame["status"] == FAILED) & (column(frame, "task", "train") == "train")]
+        frames.append(current_rows(failed, path.parent)[0])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None) -> tuple[tuple[str, ...], list[dict]]:
+    """(knob, one record per cell: its candidates' validation and test figures and failed seeds, the
+    chosen one). A candidate whose every seed failed is listed (and counts as tried) but cannot be chosen."""
+    frame = frame.assign(val=validation_accuracy(frame), test=judged_accuracy(frame), failed=False, error="")
+    if failed is not None and not failed.empty:
+        frame = pd.concat([frame, failed.assign(val=math.nan, test=math.nan, failed=True,
+                                                error=column(failed, "error", "").fillna("").astype(str))],
+                          ignore_index=True)
     knob = knob_of(frame)
     earlier = EARLIER[knob]
     records = []
@@ -65,8 +86,12 @@ def choices(frame: pd.DataFrame) -> tuple[tuple[str, ...], list[dict]]:
         candidates = {}
         for value, group in rows.groupby(list(knob)):
             value = value if isinstance(value, tuple) else (value,)
-            candidates[value] = {"val": stats.mean_interval(group["val"]), "test": stats.mean_interval(group["test"]),
-                                 "val_seeds": group["val"].to_numpy(), "test_seeds": group["test"].to_numpy()}
+            ok = group[~group["failed"].astype(bool)]
+            errors = group.loc[group["failed"].astype(bool), "error"]
+            candidates[value] = {"val": stats.mean_interval(ok["val"]), "test": stats.mean_interval(ok["test"]),
+                                 "val_seeds": ok["val"].to_numpy(), "test_seeds": ok["test"].to_numpy(),
+                                 "failed": len(errors), "seeds": len(group),
+                                 "error": errors.iloc[0].split(": ", 1)[-1] if len(errors) else ""}
         measured = {v: c for v, c in candidates.items() if math.isfinite(c["val"].point)}
         chosen = max(measured, key=lambda v: measured[v]["val"].point) if measured else None
         records.append({"cell": cell, "candidates": candidates, "chosen": chosen,
@@ -79,7 +104,7 @@ def build(results_dir: Path) -> str | None:
     frame = load_trials(results_dir, task="train")
     if frame.empty:
         return None
-    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame)
+    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir))
     name = " / ".join(knob)
     label = lambda value: ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)  # noqa: E731
     lines = [f"Knob: **{name}**; the earlier choice (made on test): {label(EARLIER[knob])}. Validation accuracy is "
@@ -92,12 +117,13 @@ def build(results_dir: Path) -> str | None:
         for value, c in sorted(record["candidates"].items()):
             mark = (" **chosen on validation**" if value == record["chosen"] else "") + \
                    (" (earlier choice)" if value == record["earlier"] else "")
-            table.append([cell, label(value) + mark, c["val"].text(100, 4), c["test"].text(100, 4)])
+            failures = f"{c['failed']} of {c['seeds']} seeds failed: {c['error']}" if c["failed"] else ""
+            table.append([cell, label(value) + mark, c["val"].text(100, 4), c["test"].text(100, 4), failures])
         chosen, earlier = record["chosen"], record["earlier"]
         if chosen is not None and earlier is not None and chosen != earlier:
             a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
             family[cell] = lambda level, a=a, b=b: stats.welch(a, b, level)
-    lines.append(markdown_table(["cell", name, "validation accuracy %", "test accuracy %"], table))
+    lines.append(markdown_table(["cell", name, "validation accuracy %", "test accuracy %", "failed"], table))
     lines.append("")
     judged = stats.judge_family(family) if family else {}
     for record in records:
@@ -105,6 +131,8 @@ def build(results_dir: Path) -> str | None:
         chosen, earlier = record["chosen"], record["earlier"]
         edge = (f" It is the {record['edge']} {knob[0]} tried: the best may lie beyond the grid (not bracketed)."
                 if record["edge"] else "")
+        edge += "".join(f" {label(value)} failed in {c['failed']} of {c['seeds']} seeds ({c['error']})."
+                        for value, c in sorted(record["candidates"].items()) if c["failed"])
         if chosen is None:
             lines.append(f"- {cell}: no candidate has a validation accuracy.")
         elif earlier is None or chosen == earlier:
