@@ -55,6 +55,7 @@ def test_the_edge_of_the_grid():
     redraws = [(0, 0.8), (30, 0.8), (100, 0.8), (300, 0.8), (100, 1.0)]
     assert edge((30, 0.8), redraws) == "smallest"  # 0 (never redraw) is not on the interval scale
     assert edge((100, 0.8), redraws) is None
+    assert edge((1, 0.8), [(1, 0.8), *redraws]) is None  # every step: the end of the scale, nothing beyond
     assert edge((0, 0.8), redraws) is None and edge((100, 1.0), redraws) is None  # off; a schedule tried alone
 
 

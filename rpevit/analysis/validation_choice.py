@@ -31,15 +31,17 @@ CELL = ("dataset", "attention", "pe")
 KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"))
 EARLIER = {("luo_scale",): (10.0,), ("redraw_interval", "redraw_until"): (100, 0.8)}  # chosen on test before
 NOT_ON_THE_SCALE = {"redraw_interval": {0}}  # 0 = never redraw: another setting, not the end of the interval scale
+SCALE_ENDS = {"redraw_interval": 1}  # a redraw every step: nothing lies beyond it
 
 
 def edge_of_grid(knob: tuple[str, ...], chosen: tuple, candidates: list[tuple]) -> str | None:
     """"largest" or "smallest" when `chosen`'s first component is an end of the values tried (among the
     candidates that share its other components, at least two): the best may lie beyond the grid, so
-    the choice is not bracketed. None when it is interior, or there is no scale to be at the end of."""
+    the choice is not bracketed. None when it is interior, at the end of the scale itself (SCALE_ENDS),
+    or there is no scale to be at the end of."""
     excluded = NOT_ON_THE_SCALE.get(knob[0], set())
     values = sorted({c[0] for c in candidates if c[1:] == chosen[1:] and c[0] not in excluded})
-    if len(values) < 2 or chosen[0] in excluded:
+    if len(values) < 2 or chosen[0] in excluded or chosen[0] == SCALE_ENDS.get(knob[0]):
         return None
     return "largest" if chosen[0] == values[-1] else "smallest" if chosen[0] == values[0] else None
 
