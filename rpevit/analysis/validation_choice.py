@@ -22,10 +22,9 @@ from pathlib import Path
 import pandas as pd
 
 from rpevit.analysis import stats
-from rpevit.sweep.protocol import FAILED
 from rpevit.analysis.common import (column, current_rows, has_random_features, judged_accuracy, load_trials,
-                                    markdown_table, read_sweep, trial_files,
-                                    script_main)
+                                    markdown_table, read_sweep, script_main, trial_files)
+from rpevit.sweep.protocol import FAILED
 
 CELL = ("dataset", "attention", "pe")
 KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"))
