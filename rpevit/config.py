@@ -156,8 +156,8 @@ class TrialConfig:
                                "random mode)", choices=("auto", "monomial", "bernstein"))
     rotinv_draws: int = _field(16, "pe", "rotinv: Gaussian projections of the random mode", gt=0)
     rotinv_path: str = _field("lowrank", "pe", "rotinv on kernelized backends: the modulation folded into the "
-                              "features (linear in N) or the dense N x N matrix (the cheaper below about "
-                              "m x factors tokens)", choices=("lowrank", "dense"))
+                              "features (linear in N) or the dense N x N matrix (fewer operations below "
+                              "a few hundred tokens: docs/mechanisms.md)", choices=("lowrank", "dense"))
 
     # optimisation
     epochs: int = _field(10, "optim", "training epochs", ge=1, le=MAX_EPOCHS)

@@ -84,7 +84,7 @@ class LowRankModulation(Modulation):
 
     `path` (kernelized backends): "lowrank", c folded into the features (linear in N, m L features
     per token), or "dense", the N x N matrix c (quadratic in N, m features): one function, two costs;
-    dense is the cheaper while N is below about m L (docs/mechanisms.md).
+    dense does fewer operations below N = 2 m L (d + 1) / (m + d + 1) (docs/mechanisms.md).
     """
 
     f: Tensor

@@ -27,7 +27,7 @@ post-processing of the coordinates, never an N x N matrix:
   and whose mean over draws has expectation p(t) exactly (rotation invariant in distribution).
 On a kernelized backend the modulation multiplies the m features by the L factors (`rotinv_path`
 lowrank, linear in N) or enters as the dense N x N matrix (`rotinv_path` dense): the same attention,
-and the dense form is the cheaper while N is below about m L (docs/mechanisms.md).
+and the dense form does fewer operations below a few hundred tokens (docs/mechanisms.md).
 """
 from __future__ import annotations
 
