@@ -151,3 +151,39 @@ def test_pareto_points_sit_neither_on_an_axis_edge_nor_under_another(tmp_path, f
                 assert math.hypot(a[0] - b[0], a[1] - b[1]) >= gap, (a, b)
         seen += len(centres)
     assert seen == 3 * len(costs)  # every variant drawn once per cost panel, the collapsed one too
+
+
+def test_field_matches_reads_a_missing_field_as_its_default():
+    import pandas as pd
+
+    rows = pd.DataFrame({"rotinv_path": ["dense", None, "lowrank"]})
+    assert efficiency.field_matches(rows, "rotinv_path", "lowrank").tolist() == [False, True, True]
+    assert efficiency.field_matches(rows, "rotinv_path", math.nan).tolist() == [False, True, True]  # NaN: default
+    older = pd.DataFrame({"pe": ["rotinv", "rotinv"]})  # written before the field existed
+    assert efficiency.field_matches(older, "rotinv_path", "lowrank").tolist() == [True, True]
+    assert efficiency.field_matches(older, "rotinv_path", "dense").tolist() == [False, False]
+
+
+def test_a_newer_field_in_one_sweep_keeps_an_older_sweeps_bench_rows_matching(tmp_path):
+    """Rows of a sweep written before `rotinv_path` existed lack it; a sweep beside them that records it
+    makes the combined frame carry NaN there. The older train rows still take their bench row's times."""
+    def older(row: dict) -> dict:
+        return {k: v for k, v in row.items() if k != "rotinv_path"}
+
+    train = [{**older(config_row(attention="softmax", pe="rotinv", seed=s, dataset="digits")), "test_acc": 0.9,
+              "train_s_per_epoch": 2.0, "n_train": 1000} for s in range(2)]
+    bench = [{**older(config_row(task="bench", attention="softmax", pe="rotinv", dataset="digits", image_size=8,
+                                 patch_size=2, bench_batch=10)), "tokens": 16, "train_step_ms": 50.0,
+              "infer_ms_per_sample": 0.05, "peak_mem_mb": 300.0}]
+    newer = [{**config_row(attention="favor", pe="ape", seed=0, dataset="digits"),  # records rotinv_path: lowrank
+              "test_acc": 0.8, "train_s_per_epoch": 3.0, "n_train": 1000}]
+    parent = tmp_path / "results"
+    write_sweep(parent / "old", "old", train)
+    write_sweep(parent / "cost", "cost", bench)
+    write_sweep(parent / "new", "new", newer)
+    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
+    costs = costs.set_index("attention")
+    assert costs.loc["softmax", "timing"] == efficiency.BENCH_TIMING
+    assert costs.loc["softmax", "train_s_per_epoch"] == pytest.approx(5.0)  # 5 ms x 1000 images
+    assert costs.loc["favor", "timing"] != efficiency.BENCH_TIMING  # no bench row of that model
+    assert "rotinv_path" in common.load_trials(parent / "new", "train").columns

@@ -190,3 +190,62 @@ def test_rows_without_rotations_give_no_section_and_the_report_includes_it(resul
     write_sweep(tmp_path / "plain", "plain", [plain])
     assert rotation.build(tmp_path / "plain") is None
     assert "## Rotations: what a rotation-invariant RPE buys" in report.build_report(results)
+
+
+def bench_row(attention: str, pe: str, redraw_interval: int, step_ms: float) -> dict:
+    cfg = TrialConfig.from_dict({"task": "bench", "dataset": "mnist", "attention": attention, "pe": pe.split()[0],
+                                 **PES[pe], "redraw_interval": redraw_interval, "bench_batch": 64})
+    return {**cfg.to_dict(), **ENV, "train_step_ms": step_ms}
+
+
+def test_bench_rows_from_another_folder_replace_contended_times_and_must_match_the_redraw(results, tmp_path):
+    """A bench sweep of the same models, alone, in its own folder (--bench): its time is quoted where the
+    model and, for a random-feature backend, the redraw interval match; a FAVOR+ bench row timed with
+    another redraw schedule does not stand in for the study's."""
+    bench = write_sweep(tmp_path / "bench_rotation", "bench_rotation",
+                        [bench_row("softmax", "rotinv exact", 0, 128.0), bench_row("favor", "ape", 100, 64.0),
+                         bench_row("favor", "rope", 0, 32.0)])
+    text = rotation.build(results, [bench])
+    table = text.split("### mnist, favor")[1].split("\n\n")[1]
+    ape = next(line for line in table.splitlines() if line.startswith("| ape |"))
+    rope = next(line for line in table.splitlines() if line.startswith("| rope |"))
+    assert ape.endswith(f"| {64.0 / 64 * 54000 / 1e3:g} (bench, alone) |")  # redraw 100 = the study's
+    assert rope.endswith("| 11 (contended) |")  # timed with redraw 0: not the study's model cost
+    softmax = text.split("### mnist, softmax")[1]
+    assert f"| {128.0 / 64 * 54000 / 1e3:g} (bench, alone) |" in softmax
+    assert f"Bench rows read from: `{bench.as_posix()}`." in text
+    assert rotation.build(results) is not None and "Bench rows read from" not in rotation.build(results)
+
+
+def test_the_script_takes_bench_folders_and_names_an_empty_one(results, tmp_path, monkeypatch, capsys):
+    bench = write_sweep(tmp_path / "bench_rotation", "bench_rotation", [bench_row("favor", "ape", 100, 64.0)])
+    monkeypatch.setattr("sys.argv", ["rotation.py", str(results), "--bench", str(bench)])
+    rotation.main()
+    assert "(bench, alone)" in (results / "rotation.md").read_text()
+    monkeypatch.setattr("sys.argv", ["rotation.py", str(results), "--bench", str(tmp_path / "nothing")])
+    with pytest.raises(SystemExit):
+        rotation.main()
+    assert f"--bench {tmp_path / 'nothing'} holds no trials.parquet" in capsys.readouterr().err
+
+
+def test_other_sections_leave_the_rotation_studys_rows_to_it(results, tmp_path):
+    """Rotation-study rows change the training augmentation: the gap-closure and efficiency sections
+    set them aside (and say how many), so an MNIST cell of another study is not averaged with them."""
+    from rpevit.analysis import efficiency, gap_closure, string_study
+    from tests.analysis_rows import config_row
+
+    plain = [{**config_row(attention=a, pe="ape", seed=s, dataset="mnist"), "test_acc": acc + 0.001 * s,
+              "train_s_per_epoch": 5.0} for a, acc in (("softmax", 0.98), ("favor", 0.95)) for s in range(3)]
+    alone, mixed = tmp_path / "alone", tmp_path / "mixed"
+    write_sweep(alone / "converged", "converged", plain)
+    write_sweep(mixed / "converged", "converged", plain)
+    write_sweep(mixed / "rotation_mnist_cpu", "rotation_mnist_cpu", study_rows())
+    note = "_30 rows of the rotation study (test-time rotations) left to its own section: its training augmentation differs_"
+    for build in (gap_closure.build, efficiency.build):
+        with_rotation, without = build(mixed), build(alone)
+        assert note in with_rotation and note not in without
+        body = [line for line in with_rotation.splitlines() if not line.startswith("_")]  # the notes differ
+        assert body == [line for line in without.splitlines() if not line.startswith("_")]
+    assert gap_closure.build(results) is None  # the rotation study alone: nothing for the gap tables
+    assert string_study.build(mixed) is None  # its rope / cayley_string rows are not a STRING study
+    assert "## Rotations" in report.build_report(mixed)

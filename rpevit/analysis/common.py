@@ -62,6 +62,9 @@ def attention_class(name: Any) -> type | None:
     return registry.ATTENTIONS.get(str(name))
 
 
+ROTATION_METRIC_PREFIX = "test_acc_rot"  # test_acc_rot0 ... test_acc_rot_random and their draw statistics
+
+
 def trial_files(results_dir: Path) -> list[Path]:
     """trials.parquet of one sweep folder, or of every sweep folder directly under a parent (only
     those its STUDIES file lists, where it has one)."""
@@ -182,11 +185,24 @@ class TrialRows:
     with_space: int = 0  # folders whose rows were filtered by their space.json
     damaged: tuple[str, ...] = ()  # folders skipped: their trials.parquet cannot be read
     studies: str = ""  # studies_note: folders a STUDIES file left out
+    rotation_study: int = 0  # train rows set aside by without_rotation_study
+
+    def without_rotation_study(self) -> "TrialRows":
+        """These rows less the train rows that ran test-time rotations (ran_test_rotations): they belong
+        to the rotation study (analysis/rotation.py), whose arms change the training augmentation, so
+        averaging them into another study's cell of the same dataset would mix two protocols."""
+        rotated = ran_test_rotations(self.frame) & (column(self.frame, "task", "train") == "train")
+        kept = self.frame[~rotated].reset_index(drop=True)
+        return dataclasses.replace(self, frame=kept, rotation_study=self.rotation_study + int(rotated.sum()))
 
     def note(self) -> str:
         """One Markdown line on which rows were used: set-aside count, unfiltered, skipped and unread folders."""
         s = "" if self.set_aside == 1 else "s"
         parts = [f"_{self.set_aside} row{s} set aside: not in the current {SPACE_FILE}_"] if self.with_space else []
+        if self.rotation_study:
+            s = "" if self.rotation_study == 1 else "s"
+            parts.append(f"_{self.rotation_study} row{s} of the rotation study (test-time rotations) left to its own "
+                         "section: its training augmentation differs_")
         if self.without_space:
             parts.append(f"_no {SPACE_FILE} in {', '.join(self.without_space)}: all rows there kept_")
         if self.damaged:
@@ -225,6 +241,16 @@ def read_trials(results_dir: Path, tasks: Sequence[str] | None = None) -> TrialR
     frame = pd.concat(frames, ignore_index=True, sort=False) if frames else pd.DataFrame()
     return TrialRows(frame.reset_index(drop=True), set_aside, tuple(without), len(frames) - len(without),
                      tuple(damaged), studies_note(results_dir))
+
+
+def ran_test_rotations(frame: pd.DataFrame) -> pd.Series:
+    """Per row: whether it carries any finite test-time-rotation accuracy (test_acc_rot*: a trial with
+    eval_rotations set, rpevit.evaluation)."""
+    names = [c for c in frame.columns if str(c).startswith(ROTATION_METRIC_PREFIX)]
+    if not names:
+        return pd.Series(False, index=frame.index)
+    values = frame[names].apply(pd.to_numeric, errors="coerce").to_numpy(float)
+    return pd.Series(np.isfinite(values).any(axis=1), index=frame.index)
 
 
 def load_trials(results_dir: Path, task: str | None = None) -> pd.DataFrame:

@@ -16,6 +16,7 @@ Writes efficiency.md and efficiency_pareto.png into RESULTS_DIR.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import textwrap
@@ -29,9 +30,10 @@ from rpevit.analysis.common import (VARIANT, column, cost_options, fmt, judged_a
 from rpevit.analysis.token_scaling import scaling_rows
 
 from rpevit import registry
+from rpevit.config import TrialConfig
 from rpevit.data import DATASET_SPECS
 from rpevit.models.factory import init_parameters
-from rpevit.sweep.results import unix_seconds
+from rpevit.sweep.results import is_missing, unix_seconds
 
 TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
 JUDGED_ACC = "judged_acc"  # common.judged_accuracy: the draw mean for random-feature models, else test_acc
@@ -228,13 +230,30 @@ def matching_bench(measured: pd.DataFrame, variant: pd.Series, shape: pd.Series)
     for name in VARIANT:
         mask &= (measured[name] == variant[name]).to_numpy()
     for name, values in shape.items():
-        mask &= (measured[name] == values[0]).to_numpy() if name in measured.columns else False
+        mask &= field_matches(measured, name, values[0])
     return measured[mask].iloc[0] if mask.any() else None
+
+
+@functools.cache
+def field_defaults() -> dict[str, object]:
+    return {f.name: f.default for f in dataclasses.fields(TrialConfig)}
+
+
+def field_matches(rows: pd.DataFrame, name: str, wanted: object) -> np.ndarray:
+    """Per row: whether its config field `name` equals `wanted`, where a value a row lacks (no such
+    column, or NaN: the row was written before the field existed) is the field's default, which is
+    what such a row ran (a new field's default keeps the old behaviour). Without this, a sweep that
+    records a newer field beside older ones would stop its neighbours' bench rows from matching."""
+    default = field_defaults().get(name)
+    wanted = default if is_missing(wanted) else wanted
+    if name not in rows.columns:
+        return np.full(len(rows), wanted == default)
+    return (rows[name].where(rows[name].notna(), default) == wanted).to_numpy(bool)
 
 
 def build(results_dir: Path) -> str | None:
     """Markdown section (and PNGs) for the train and bench trials under results_dir; None if neither."""
-    trials = read_trials(results_dir, ["train", "bench"])
+    trials = read_trials(results_dir, ["train", "bench"]).without_rotation_study()
     if trials.frame.empty:
         return None
     train, bench = (trials.frame[trials.frame["task"] == task].reset_index(drop=True) for task in ("train", "bench"))

@@ -448,7 +448,7 @@ def gap_table(assessed: dict[Config, Assessment]) -> str:
 
 def build(results_dir: Path) -> str | None:
     """Markdown section (and gap_closure.png) for the train trials under results_dir; None if there are none."""
-    trials = read_trials(results_dir, ["train"])
+    trials = read_trials(results_dir, ["train"]).without_rotation_study()
     frame = trials.frame
     if frame.empty or "test_acc" not in frame.columns:
         return None

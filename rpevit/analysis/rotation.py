@@ -1,6 +1,6 @@
 """The rotation study: what a rotation-invariant RPE buys where rotation matters.
 
-    python analysis/rotation.py RESULTS_DIR
+    python analysis/rotation.py RESULTS_DIR [--bench BENCH_DIR ...]
 
 From the current `train` trials that ran the test-time rotations (`eval_rotations: standard`:
 search_spaces/rotation_mnist_cpu.yaml), per dataset, attention configuration (backend, qk_norm,
@@ -15,8 +15,9 @@ image):
 - the drop from upright to randomly rotated test images, per seed (the same model measured twice,
   so the difference is taken per seed), mean [95% t interval];
 - the cost: train s/epoch from `bench` rows of the same model where there are any (each alone on its
-  node), else from the train rows, labelled contended when trials ran side by side
-  (efficiency.overlapped): such times are not comparable between variants;
+  node; under RESULTS_DIR or in a --bench folder such as results/bench_rotation_mnist_cpu, whose
+  FAVOR+ rows must have the study's redraw interval), else from the train rows, labelled contended
+  when trials ran side by side (efficiency.overlapped): such times are not comparable between variants;
 - verdicts, Holm-corrected (rpevit.analysis.stats): per (cell, test rotation), the family of every
   rotation-invariant variant (rotinv exact, rotinv random) against every other encoding, Welch
   differences of accuracy; per cell, the same family on the drop. An effect is claimed only where its
@@ -26,20 +27,23 @@ Writes rotation.md and rotation_long.csv into RESULTS_DIR.
 """
 from __future__ import annotations
 
+import argparse
 import math
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (column, fmt, has_random_features, markdown_table, pe_labels, read_trials,
-                                    redraw_label, script_main)
-from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, model_fields,
-                                        overlapped, with_resolved_shape)
+from rpevit.analysis.common import (column, fmt, has_random_features, markdown_table, pe_labels, ran_test_rotations,
+                                    read_trials, redraw_label, trial_files, write_markdown)
+from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
+                                        model_fields, overlapped, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
 from rpevit.data import DATASET_SPECS
 from rpevit.evaluation import ROTATIONS
+from rpevit.sweep.results import TRIALS_FILE
 
 INVARIANT_PE = "rotinv"  # the rotation-invariant RPE (rpevit/pe/rotation_invariant.py)
 UPRIGHT, RANDOM = "0", "random"
@@ -83,9 +87,7 @@ def rotation_rows(frame: pd.DataFrame) -> pd.DataFrame:
     columns filled in: pe label, qk_norm, redraw label, resolved augment."""
     if frame.empty:
         return frame
-    names = [name for r in ROTATIONS for name in metric_names(r)]
-    values = pd.DataFrame({n: pd.to_numeric(column(frame, n), errors="coerce") for n in names}, index=frame.index)
-    rows = frame[np.isfinite(values.to_numpy(float)).any(axis=1)].copy()
+    rows = frame[ran_test_rotations(frame)].copy()
     if rows.empty:
         return rows
     rows["pe"] = rotation_pe_labels(rows)
@@ -183,10 +185,11 @@ def bench_seconds(bench: pd.DataFrame, row: pd.Series) -> float:
     mask = (bench["dataset"] == row["dataset"]) & (bench["attention"] == row["attention"]) & \
            (bench["pe"] == row["pe_name"])
     for name in model_fields(row["attention"], row["pe_name"]):
-        if name in bench.columns and name in row.index:
-            mask &= bench[name] == row[name]
+        mask &= field_matches(bench, name, row.get(name))
     if "qk_norm" in bench.columns:
         mask &= bench["qk_norm"].fillna("none") == row["qk_norm"]
+    if row["draws_features"]:  # a redraw every step costs a feature draw per step: time the schedule that ran
+        mask &= pd.to_numeric(column(bench, "redraw_interval"), errors="coerce") == row["redraw_interval"]
     found = bench[mask]
     if found.empty:
         return math.nan
@@ -203,6 +206,8 @@ def cost_table(rows: pd.DataFrame, bench: pd.DataFrame) -> pd.DataFrame:
     r["pe_name"] = frame_pe(rows)
     r["timing"] = timing_labels(rows)
     r["n_train"] = pd.to_numeric(column(r, "n_train"), errors="coerce")
+    r["draws_features"] = has_random_features(rows)
+    r["redraw_interval"] = pd.to_numeric(column(r, "redraw_interval"), errors="coerce")
     b = with_resolved_shape(bench) if not bench.empty else bench
     out = []
     for key, g in r.groupby(list(KEY), dropna=False):
@@ -308,8 +313,10 @@ def accuracy_cells(long: pd.DataFrame, cell: tuple, costs: pd.DataFrame) -> list
     return rows
 
 
-def build(results_dir: Path) -> str | None:
-    """Markdown section (and rotation_long.csv) for the rotation rows under results_dir; None without any."""
+def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
+    """Markdown section (and rotation_long.csv) for the rotation rows under results_dir; None without any.
+    Bench rows come from results_dir and from each of bench_dirs: the study's own trials ran side by
+    side, so their times are contended; a bench sweep of the same models, alone, is the cost to quote."""
     trials = read_trials(results_dir, ["train", "bench"])
     frame = trials.frame
     if frame.empty or "task" not in frame.columns:
@@ -319,7 +326,9 @@ def build(results_dir: Path) -> str | None:
         return None
     long = long_table(rows)
     long.to_csv(Path(results_dir) / CSV_FILE, index=False)
-    costs = cost_table(rows, frame[frame["task"] == "bench"])
+    bench = pd.concat([frame[frame["task"] == "bench"], *(read_trials(d, ["bench"]).frame for d in bench_dirs)],
+                      ignore_index=True, sort=False)
+    costs = cost_table(rows, bench)
     parts = ["## Rotations: what a rotation-invariant RPE buys where rotation matters", "", trials.note(), ""]
     cells = long[list(CELL)].drop_duplicates().sort_values(list(CELL)).itertuples(index=False, name=None)
     for cell in cells:
@@ -337,12 +346,30 @@ def build(results_dir: Path) -> str | None:
               "variants against every other encoding, Holm within each test rotation (and on the drop); an effect is "
               "claimed only where its Holm-level interval excludes 0. Train s / epoch: from bench trials of the same "
               "model where there are any (bench, alone), else the mean of the train rows; contended times (trials "
-              f"ran side by side) are not comparable between variants. Long table: `{CSV_FILE}`.", ""]
+              "ran side by side) are not comparable between variants, and \"one trial at a time\" means only that "
+              "no other trial of these results overlapped it (other processes on the machine are not recorded)."
+              f"{bench_note(bench_dirs)} Long table: `{CSV_FILE}`.", ""]
     return "\n".join(parts)
 
 
+def bench_note(bench_dirs: Sequence[Path]) -> str:
+    return f" Bench rows read from: {', '.join(f'`{Path(d).as_posix()}`' for d in bench_dirs)}." if bench_dirs else ""
+
+
 def main() -> None:
-    script_main(__doc__, build, "rotation.md", "The rotation study", "rotation-study trials")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", type=Path, help="the rotation study's sweep folder, or a parent of several")
+    parser.add_argument("--bench", type=Path, action="append", default=[], metavar="DIR",
+                        help="a bench sweep folder of the same models, timed alone (repeatable); its times replace "
+                             "the study's own, contended ones")
+    args = parser.parse_args()
+    for name, folder in [("RESULTS_DIR", args.results_dir), *(("--bench", d) for d in args.bench)]:
+        if not trial_files(folder):
+            parser.error(f"{name} {folder} holds no {TRIALS_FILE} (nor */{TRIALS_FILE})")
+    text = build(args.results_dir, args.bench)
+    if text is None:
+        raise SystemExit(f"no successful rotation-study trials under {args.results_dir}")
+    write_markdown(args.results_dir / "rotation.md", "# The rotation study\n\n" + text)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ from pathlib import Path
 import pandas as pd
 
 from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main, with_variant
-from rpevit.analysis.efficiency import SHAPE_FIELDS, cost_bench_rows, model_field_names, model_fields, with_resolved_shape
+from rpevit.analysis.efficiency import (SHAPE_FIELDS, cost_bench_rows, field_matches, model_field_names, model_fields,
+                                        with_resolved_shape)
 from rpevit.analysis.stats import Interval, Judged, judge_family, mean_interval, welch
 
 REFERENCE = "rope"
@@ -106,8 +107,7 @@ def with_costs(rows: pd.DataFrame, ratios: pd.DataFrame) -> pd.DataFrame:
     for i, row in out.iterrows():
         mask = (ratios["dataset"] == row["dataset"]) & (ratios["pe"] == row["pe"])
         for name in model_fields("softmax", row["pe"]):
-            if name in ratios.columns and name in out.columns:
-                mask &= ratios[name] == row[name]
+            mask &= field_matches(ratios, name, row.get(name))
         if mask.any():
             found = ratios.loc[mask].iloc[0]
             out.loc[i, ["train x rope", "infer x rope"]] = [found["train x rope"], found["infer x rope"]]
@@ -234,7 +234,7 @@ def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
 
 def build(results_dir: Path) -> str | None:
     """Markdown section (and the f plot) for the STRING rows under results_dir; None without any."""
-    trials = read_trials(results_dir, ["train", "bench"])
+    trials = read_trials(results_dir, ["train", "bench"]).without_rotation_study()
     if trials.frame.empty:
         return None
     frame = trials.frame
