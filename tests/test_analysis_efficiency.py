@@ -28,6 +28,20 @@ def test_efficiency_tables_leave_token_scaling_to_its_section(tmp_path):
     assert png_ok(parent / "efficiency_pareto.png") and not (parent / "token_scaling.png").exists()
 
 
+def softmax_bench_row(pe: str, without: str = "") -> dict:
+    """A bench row of softmax+pe's model (digits' default 8 px / patch 2, given explicitly): 5 ms per image;
+    `without`: a config field left out, as in rows written before it existed."""
+    row = {**config_row(task="bench", attention="softmax", pe=pe, dataset="digits", image_size=8, patch_size=2,
+                        bench_batch=10), "tokens": 16, "train_step_ms": 50.0, "infer_ms_per_sample": 0.05,
+           "peak_mem_mb": 300.0}
+    return {k: v for k, v in row.items() if k != without}
+
+
+def costs_by_attention(parent):
+    return efficiency.variant_costs(common.load_trials(parent, "train"),
+                                    common.load_trials(parent, "bench")).set_index("attention")
+
+
 def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times(tmp_path):
     start = 1.7e9  # Unix seconds, as the trainable reports them
     rows = []
@@ -37,15 +51,10 @@ def test_efficiency_takes_times_from_bench_rows_and_labels_contended_train_times
                          "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "peak_mem_mb": 900.0, "n_train": 1000,
                          "hostname": "h", "started_at": start + 100 * (attention == "favor") + offset,
                          "finished_at": start + 100 * (attention == "favor") + offset + 8})
-    # a bench row of softmax+ape's model (digits' default 8 px / patch 2, given explicitly): 5 ms per image
-    bench = [{**config_row(task="bench", attention="softmax", pe="ape", dataset="digits", image_size=8, patch_size=2,
-                           bench_batch=10), "tokens": 16, "train_step_ms": 50.0, "infer_ms_per_sample": 0.05,
-              "peak_mem_mb": 300.0}]
     parent = tmp_path / "results"
     write_sweep(parent / "main", "main", rows)
-    write_sweep(parent / "cost", "cost", bench)
-    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
-    costs = costs.set_index("attention")
+    write_sweep(parent / "cost", "cost", [softmax_bench_row("ape")])
+    costs = costs_by_attention(parent)
     assert costs.loc["softmax", "timing"] == efficiency.BENCH_TIMING
     assert costs.loc["softmax", "train_s_per_epoch"] == pytest.approx(5.0)  # 5 ms x 1000 images
     assert (costs.loc["softmax", "infer_ms_per_sample"], costs.loc["softmax", "peak_mem_mb"]) == (0.05, 300.0)
@@ -167,22 +176,15 @@ def test_field_matches_reads_a_missing_field_as_its_default():
 def test_a_newer_field_in_one_sweep_keeps_an_older_sweeps_bench_rows_matching(tmp_path):
     """Rows of a sweep written before `rotinv_path` existed lack it; a sweep beside them that records it
     makes the combined frame carry NaN there. The older train rows still take their bench row's times."""
-    def older(row: dict) -> dict:
-        return {k: v for k, v in row.items() if k != "rotinv_path"}
-
-    train = [{**older(config_row(attention="softmax", pe="rotinv", seed=s, dataset="digits")), "test_acc": 0.9,
-              "train_s_per_epoch": 2.0, "n_train": 1000} for s in range(2)]
-    bench = [{**older(config_row(task="bench", attention="softmax", pe="rotinv", dataset="digits", image_size=8,
-                                 patch_size=2, bench_batch=10)), "tokens": 16, "train_step_ms": 50.0,
-              "infer_ms_per_sample": 0.05, "peak_mem_mb": 300.0}]
+    train = [{**{k: v for k, v in config_row(attention="softmax", pe="rotinv", seed=s, dataset="digits").items()
+                 if k != "rotinv_path"}, "test_acc": 0.9, "train_s_per_epoch": 2.0, "n_train": 1000} for s in range(2)]
     newer = [{**config_row(attention="favor", pe="ape", seed=0, dataset="digits"),  # records rotinv_path: lowrank
               "test_acc": 0.8, "train_s_per_epoch": 3.0, "n_train": 1000}]
     parent = tmp_path / "results"
     write_sweep(parent / "old", "old", train)
-    write_sweep(parent / "cost", "cost", bench)
+    write_sweep(parent / "cost", "cost", [softmax_bench_row("rotinv", without="rotinv_path")])
     write_sweep(parent / "new", "new", newer)
-    costs = efficiency.variant_costs(common.load_trials(parent, "train"), common.load_trials(parent, "bench"))
-    costs = costs.set_index("attention")
+    costs = costs_by_attention(parent)
     assert costs.loc["softmax", "timing"] == efficiency.BENCH_TIMING
     assert costs.loc["softmax", "train_s_per_epoch"] == pytest.approx(5.0)  # 5 ms x 1000 images
     assert costs.loc["favor", "timing"] != efficiency.BENCH_TIMING  # no bench row of that model

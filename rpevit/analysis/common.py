@@ -381,13 +381,24 @@ def environment_table(frame: pd.DataFrame) -> str:
     return markdown_table(list(groups.columns), groups.itertuples(index=False))
 
 
-def cli(description: str) -> Path:
-    """The RESULTS_DIR argument every script takes."""
+def results_parser(description: str) -> argparse.ArgumentParser:
+    """A parser with the RESULTS_DIR argument every script takes; a script adds its own options to it."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("results_dir", type=Path, help="a sweep folder, or a parent of several")
+    return parser
+
+
+def require_trials(parser: argparse.ArgumentParser, name: str, folder: Path) -> None:
+    """Stop with one usage line where `folder` (the argument `name`) holds no sweep."""
+    if not trial_files(folder):
+        parser.error(f"{name} {folder} holds no {TRIALS_FILE} (nor */{TRIALS_FILE})")
+
+
+def cli(description: str) -> Path:
+    """The RESULTS_DIR argument every script takes, checked."""
+    parser = results_parser(description)
     results_dir = parser.parse_args().results_dir
-    if not trial_files(results_dir):
-        parser.error(f"RESULTS_DIR {results_dir} holds no {TRIALS_FILE} (nor */{TRIALS_FILE})")
+    require_trials(parser, "RESULTS_DIR", results_dir)
     return results_dir
 
 
@@ -400,7 +411,11 @@ def write_markdown(path: Path, text: str) -> Path:
 def script_main(doc: str, build: Callable[[Path], "str | None"], out_name: str, title: str, what: str) -> None:
     """The body of every analysis script: RESULTS_DIR -> build(...) -> <RESULTS_DIR>/<out_name>."""
     results_dir = cli(doc.splitlines()[0])
-    text = build(results_dir)
+    write_study(results_dir, out_name, title, what, build(results_dir))
+
+
+def write_study(results_dir: Path, out_name: str, title: str, what: str, text: str | None) -> Path:
+    """<results_dir>/<out_name> with the study's title; one line and exit where build found no rows."""
     if text is None:
         raise SystemExit(f"no successful {what} under {results_dir}")
-    write_markdown(results_dir / out_name, f"# {title}\n\n" + text)
+    return write_markdown(results_dir / out_name, f"# {title}\n\n" + text)

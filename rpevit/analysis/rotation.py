@@ -27,7 +27,6 @@ Writes rotation.md and rotation_long.csv into RESULTS_DIR.
 """
 from __future__ import annotations
 
-import argparse
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -37,13 +36,12 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis.common import (column, fmt, has_random_features, markdown_table, pe_labels, ran_test_rotations,
-                                    read_trials, redraw_label, trial_files, write_markdown)
+                                    read_trials, redraw_label, require_trials, results_parser, write_study)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
                                         model_fields, overlapped, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
 from rpevit.data import DATASET_SPECS
 from rpevit.evaluation import ROTATIONS
-from rpevit.sweep.results import TRIALS_FILE
 
 INVARIANT_PE = "rotinv"  # the rotation-invariant RPE (rpevit/pe/rotation_invariant.py)
 UPRIGHT, RANDOM = "0", "random"
@@ -367,20 +365,15 @@ def bench_note(bench_dirs: Sequence[Path]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", type=Path, help="the rotation study's sweep folder, or a parent of several")
+    parser = results_parser(__doc__.splitlines()[0])
     parser.add_argument("--bench", type=Path, action="append", default=[], metavar="DIR",
                         help="a bench sweep folder of the same models, timed alone (repeatable); its times replace "
                              "the study's own, contended ones")
     args = parser.parse_args()
     for name, folder in [("RESULTS_DIR", args.results_dir), *(("--bench", d) for d in args.bench)]:
-        if not trial_files(folder):
-            parser.error(f"{name} {folder} holds no {TRIALS_FILE} (nor */{TRIALS_FILE})")
-    text = build(args.results_dir, args.bench)
-    if text is None:
-        raise SystemExit(f"no successful rotation-study trials under {args.results_dir}")
-    write_markdown(args.results_dir / "rotation.md", "# The rotation study\n\n" + text)
-
+        require_trials(parser, name, folder)
+    write_study(args.results_dir, "rotation.md", "The rotation study", "rotation-study trials",
+                build(args.results_dir, args.bench))
 
 if __name__ == "__main__":
     main()

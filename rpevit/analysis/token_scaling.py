@@ -21,7 +21,6 @@ Writes token_scaling.md and token_scaling.png into RESULTS_DIR.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -29,8 +28,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import column, fmt, markdown_table, pyplot, read_trials, save_figure, trial_files, \
-    write_markdown
+from rpevit.analysis.common import (column, fmt, markdown_table, pyplot, read_trials, require_trials, results_parser,
+                                    save_figure, write_study)
 
 TOP_DECADE = 10.0  # the exponent is fitted over N >= N_max / TOP_DECADE
 TIME = "train_ms_per_image"
@@ -284,17 +283,13 @@ def write_crossover(results_dir: Path, path: Path = CROSSOVER_FILE) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results_dir", type=Path, help="a sweep folder, or a parent of several")
+    parser = results_parser(__doc__.splitlines()[0])
     parser.add_argument("--write-crossover", action="store_true",
                         help=f"write the measured luo_rpe dense/FFT crossover into {CROSSOVER_FILE.name}")
     args = parser.parse_args()
-    if not trial_files(args.results_dir):
-        parser.error(f"RESULTS_DIR {args.results_dir} holds no trials.parquet (nor */trials.parquet)")
-    text = build(args.results_dir)
-    if text is None:
-        raise SystemExit(f"no successful token-scaling bench trials under {args.results_dir}")
-    write_markdown(args.results_dir / "token_scaling.md", "# Token scaling\n\n" + text)
+    require_trials(parser, "RESULTS_DIR", args.results_dir)
+    write_study(args.results_dir, "token_scaling.md", "Token scaling", "token-scaling bench trials",
+                build(args.results_dir))
     rows = scaling_rows(read_trials(args.results_dir, ["bench"]).frame)
     for kind, entry in luo_path_table(per_image(rows)).items():
         found = entry["fft_from_tokens"]
