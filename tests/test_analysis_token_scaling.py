@@ -67,6 +67,34 @@ def test_crossing_cases():
     assert how == "measured" and 256 < at < 1024
 
 
+@pytest.mark.parametrize("gap", [4e-16, -4e-16, 1e-9, 0.01])
+def test_parallel_fitted_lines_never_extrapolate_to_inf(gap):
+    # issue 39: two exponents equal by construction came out of the fit 4e-16 apart on another BLAS, and
+    # 2 ** (1 / 4e-16) overflowed to inf ('not reached' would have been published as N = inf)
+    assert math.isnan(token_scaling.extrapolated_crossing(4096.0, 2.0, gap))
+
+
+def test_extrapolated_crossing_cases():
+    assert token_scaling.extrapolated_crossing(256.0, 10.0 / 2.56, 1.0) == pytest.approx(1000.0)
+    assert math.isnan(token_scaling.extrapolated_crossing(256.0, 2.0, -1.0))  # the linear one grows faster
+    assert math.isnan(token_scaling.extrapolated_crossing(256.0, 1e300, 1.0))  # far beyond the reach: no figure
+    assert math.isnan(token_scaling.extrapolated_crossing(256.0, math.nan, 1.0))
+    reach = token_scaling.EXTRAPOLATION_REACH
+    assert token_scaling.extrapolated_crossing(1.0, reach ** 0.5, 0.5) == pytest.approx(reach)
+
+
+def test_crossovers_with_a_near_zero_exponent_gap_say_not_reached_without_a_figure(tmp_path):
+    out = write_sweep(tmp_path / "scaling", "scaling", scaling_rows())
+    table = token_scaling.per_image(token_scaling.scaling_rows(common.load_trials(out, task="bench")))
+    exps = token_scaling.exponents(table)
+    col = "train step ms / image exponent"
+    exps.loc[exps["variant"] == "favor+luo_rpe (dense)", col] -= 4e-16  # what the fit gave on CI's BLAS
+    cross = token_scaling.crossovers(table, exps).set_index("variant")
+    assert cross.loc["favor+luo_rpe (dense)", "how"] == "not reached"
+    assert math.isnan(cross.loc["favor+luo_rpe (dense)", "extrapolated N"])
+    assert "inf" not in "\n".join(token_scaling.describe_crossovers(cross.reset_index()))
+
+
 def test_an_unreached_crossover_is_extrapolated_from_the_exponents(tmp_path):
     rows = [r for r in scaling_rows() if r["tokens"] <= 256 or r["attention"] != "favor"]
     for r in rows:  # favor 10x slower: 0.1 N * 10 = N vs 1e-3 N^2 -> equal at N = 1000 (beyond 256)

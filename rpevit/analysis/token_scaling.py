@@ -32,6 +32,11 @@ from rpevit.analysis.common import (column, fmt, markdown_table, pyplot, read_tr
                                     save_figure, write_study)
 
 TOP_DECADE = 10.0  # the exponent is fitted over N >= N_max / TOP_DECADE
+# Fitted exponents closer than this are the same scaling: a decade of timings fixes a slope to a few
+# hundredths at best, and two lines that are parallel by construction come out of the fit ~1e-15 apart
+# (which BLAS ran decides the sign), so a crossing is extrapolated only beyond this gap.
+EXPONENT_TOLERANCE = 0.05
+EXTRAPOLATION_REACH = 1000.0  # an extrapolated crossing is shown only up to this multiple of the largest N
 TIME = "train_ms_per_image"
 INFER = "infer_ms_per_sample"
 MEMORY = "step_mem_mb_per_image"
@@ -144,6 +149,21 @@ def crossing(n: np.ndarray, ratio: np.ndarray) -> tuple[float, str]:
     return float(np.exp(x0 + (x1 - x0) * y0 / (y0 - y1))), "measured"
 
 
+def extrapolated_crossing(largest_n: float, ratio: float, gap: float) -> float:
+    """The N where two fitted power laws would cross beyond the largest measured N: the linear variant
+    is `ratio` (>= 1) times slower there and its exponent `gap` lower than its counterpart's, so the
+    ratio falls as (N / largest_n)^-gap. NaN where there is no crossing to project: the exponents differ
+    by less than EXPONENT_TOLERANCE (equal within the fit's precision), the linear one grows at least as
+    fast, or the crossing lies beyond EXTRAPOLATION_REACH times the largest N (computed in logs, so a
+    near-zero gap can never overflow to inf)."""
+    if not (math.isfinite(ratio) and ratio >= 1 and math.isfinite(gap) and gap >= EXPONENT_TOLERANCE):
+        return math.nan
+    log_reach = math.log(ratio) / gap
+    if log_reach > math.log(EXTRAPOLATION_REACH):
+        return math.nan
+    return float(largest_n * math.exp(log_reach))
+
+
 def crossovers(table: pd.DataFrame, exps: pd.DataFrame) -> pd.DataFrame:
     """Per device and linear variant: where its training step per image overtakes its counterpart's."""
     rows = []
@@ -158,10 +178,8 @@ def crossovers(table: pd.DataFrame, exps: pd.DataFrame) -> pd.DataFrame:
         ratio = g.loc[common_n, TIME].to_numpy(float) / ref.loc[common_n].to_numpy(float)
         at, how = crossing(common_n, ratio)
         last = ratio[np.isfinite(ratio)][-1] if np.isfinite(ratio).any() else math.nan
-        extrapolated = math.nan
         gap = slope.get((device, ref_name), math.nan) - slope.get((device, variant), math.nan)
-        if how == "not reached" and math.isfinite(last) and gap > 0:
-            extrapolated = float(common_n[-1] * last ** (1.0 / gap))
+        extrapolated = extrapolated_crossing(float(common_n[-1]), last, gap) if how == "not reached" else math.nan
         rows.append({"device": device, "variant": variant, "against": ref_name,
                      "ratio at smallest N": ratio[0], "ratio at largest N": last, "largest N": int(common_n[-1]),
                      "overtakes from N": at, "how": how, "extrapolated N": extrapolated})
@@ -251,7 +269,8 @@ def build(results_dir: Path) -> str | None:
              "`ratio`: the linear variant's training step per image over its counterpart's. `overtakes from N`: "
              "interpolated log-log between the last size where softmax was as fast and the next; `extrapolated N`: "
              "where the fitted top-decade lines would cross, beyond the measurements (a projection, not a "
-             "measurement).", ""]
+             f"measurement), given only where the exponents differ by at least {fmt(EXPONENT_TOLERANCE)} (closer "
+             f"ones are equal within the fit's precision) and within {fmt(EXTRAPOLATION_REACH)} x the largest N.", ""]
     paths = luo_path_table(table)
     if paths:
         lines = []
