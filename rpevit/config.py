@@ -114,6 +114,9 @@ class TrialConfig:
     mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim", gt=0)
     drop_path: float = _field(0.1, "model", "stochastic-depth rate of the last block (linear from 0)", ge=0, lt=1)
     dropout: float = _field(0.0, "model", "dropout after the attention and MLP projections", ge=0, lt=1)
+    init: str = _field("trunc_normal", "model", "initial Linear weights: trunc_normal (timm's ViT: std 0.02, zero "
+                       "biases) or torch_default (nn.Linear's own: uniform, scaled by 1/sqrt(fan_in))",
+                       choices=("trunc_normal", "torch_default"))
 
     # attention options
     num_features: int = _field(64, "attention", "m, random features of FAVOR+ / ReLU", gt=0)
@@ -168,6 +171,12 @@ class TrialConfig:
                                   ge=0, dataset_default=-1.0)
     label_smoothing: float = _field(0.1, "optim", "label smoothing of the cross-entropy", ge=0, lt=1)
     grad_clip: float = _field(1.0, "optim", "max global gradient norm", ge=0, note="0 = off")
+    lr_schedule: str = _field("cosine", "optim", "after the warm-up: cosine to 0 over the run, or wsd (warm-up, "
+                              "stable at the peak, then a 1-sqrt cool-down to 0 over the last cooldown_fraction; "
+                              "the budget ladder's schedule: shorter budgets branch off one run, docs/budget_ladder.md)",
+                              choices=("cosine", "wsd"), cost_free=True)
+    cooldown_fraction: float = _field(0.2, "optim", "wsd: fraction of the training steps the cool-down takes",
+                                      gt=0, le=1, cost_free=True)
 
     # data
     data_dir: str = _field("", "data", "folder with <dataset>.npz ('': $RPEVIT_DATA, else ./data)")
