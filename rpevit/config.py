@@ -140,6 +140,8 @@ class TrialConfig:
     # position encoding options
     rope_base: float = _field(100.0, "pe", "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0,
                               cost_free=True)
+    rope_mixed_base: float = _field(10.0, "pe", "RoPE-Mixed initial frequency magnitudes base^(-4k/d) (10: Heo et "
+                                    "al.'s reference code; rpevit/pe/rope.py)", gt=0, cost_free=True)
     luo_path: str = _field("auto", "pe", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense "
                            "matrix (auto: by token count)", choices=("auto", "fft", "dense"))
     luo_scale: float = _field(10.0, "pe", "the Luo bias table is luo_scale x a raw parameter "
