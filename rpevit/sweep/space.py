@@ -64,7 +64,7 @@ from typing import Any
 import yaml
 
 from rpevit import registry
-from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values
+from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values, unused_encoding_options
 from rpevit.tasks.budget_ladder import LADDER_FIELDS, check_ladder
 from rpevit.tasks.train_group import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
@@ -260,8 +260,10 @@ def trial_key(config: dict[str, Any]) -> str:
     fields with defaults are added to TrialConfig. Spaces hash the resolved config
     (rpevit.config.resolve_values): `batch_size: 0` and the recipe's 128 are one trial.
     """
+    unused = unused_encoding_options(config.get("pe", TrialConfig.pe))  # options that do not apply (their value
+    # follows the current default, which may have moved since a key was made: luo_scale 10 -> 1000)
     explicit = {k: v for k, v in sorted(config.items())
-                if k not in KEY_EXCLUDED_FIELDS and v != KEY_BASELINE.get(k)}
+                if k not in KEY_EXCLUDED_FIELDS and k not in unused and v != KEY_BASELINE.get(k)}
     return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -457,8 +459,9 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
 _FIELDS = tuple(f.name for f in fields(TrialConfig))
 _DEFAULTS = {f.name: f.default for f in fields(TrialConfig)}
 # What trial keys hash against: the defaults, except where a default changed after results were keyed
-# (redraw_interval 0 -> 100): a changed default must not change the key of a trial already run.
-KEY_BASELINE = {**_DEFAULTS, "redraw_interval": 0}
+# (redraw_interval 0 -> 100 -> 1, luo_scale 10 -> 1000): a changed default must not change the key of a
+# trial already run, so the baseline keeps the value the first keys were made with.
+KEY_BASELINE = {**_DEFAULTS, "redraw_interval": 0, "luo_scale": 10.0}
 
 
 def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
