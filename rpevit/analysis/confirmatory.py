@@ -15,16 +15,17 @@ is exploratory, and this file says how many rows it set aside and why. Writes co
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
 
 from rpevit.analysis import stats
 from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, read_trials
-from rpevit.sweep.declaration import Declaration, DeclarationError, Family, cell_of, read_record
+from rpevit.sweep.declaration import DECLARATION_FILE, Declaration, DeclarationError, Family, cell_of, read_record
 from rpevit.sweep.results import unix_seconds
 
 METRIC_TEXT = {"judged": "judged accuracy (mean over fresh draws for random-feature models, test_acc otherwise)",
@@ -156,6 +157,20 @@ def build(results_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def exploratory_note(folders: Sequence[Path]) -> str:
+    """One Markdown line for a report over these sweep folders: which declared their comparisons before they
+    ran (only those comparisons are confirmatory) and that every other verdict is exploratory."""
+    declared = sorted(Path(f).name for f in folders if os.path.lexists(Path(f) / DECLARATION_FILE))
+    if not declared:
+        return ("_Exploratory: no study in this report declared its comparisons before it ran (no folder holds a "
+                f"{DECLARATION_FILE}), so every verdict below describes these rows under Holm families chosen after "
+                "the data were seen. A study that declares them (a `declare:` block in its space) gets its "
+                "confirmatory table from `python analysis/confirmatory.py FOLDER`._")
+    return (f"_Declared before their runs: {', '.join(declared)}; only their declared comparisons are confirmatory "
+            f"(`confirmatory.md` in each, `python analysis/confirmatory.py FOLDER`). Every verdict below is "
+            f"exploratory: it describes these rows under Holm families chosen after the data were seen._")
+
+
 def main() -> None:
     from rpevit.analysis.common import results_parser, write_study
 
@@ -169,4 +184,4 @@ def main() -> None:
                 "declared comparisons", text)
 
 
-__all__ = ["Outcome", "build", "judge", "main"]
+__all__ = ["Outcome", "build", "exploratory_note", "judge", "main"]

@@ -38,8 +38,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (column, fmt, has_random_features, markdown_table, pe_labels, ran_test_rotations,
-                                    read_trials, redraw_label, require_trials, results_parser, write_study)
+from rpevit.analysis.common import (TrialRows, column, fmt, has_random_features, markdown_table, pe_labels,
+                                    ran_test_rotations, read_trials, redraw_label, require_trials, results_parser,
+                                    write_study)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
                                         model_fields, overlapped, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
@@ -325,10 +326,9 @@ def accuracy_cells(long: pd.DataFrame, cell: tuple, costs: pd.DataFrame) -> list
     return rows
 
 
-def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
-    """Markdown section (and rotation_long.csv) for the rotation rows under results_dir; None without any.
-    Bench rows come from results_dir and from each of bench_dirs: the study's own trials ran side by
-    side, so their times are contended; a bench sweep of the same models, alone, is the cost to quote."""
+def study(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> tuple[TrialRows, pd.DataFrame, pd.DataFrame] | None:
+    """(the rows read, the long table, the cost table) of the rotation rows under results_dir, with bench rows
+    from results_dir and each of bench_dirs; None without any rotation rows."""
     trials = read_trials(results_dir, ["train", "bench"])
     frame = trials.frame
     if frame.empty or "task" not in frame.columns:
@@ -336,19 +336,36 @@ def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
     rows = rotation_rows(frame[frame["task"] == "train"])
     if rows.empty:
         return None
-    long = long_table(rows)
-    long.to_csv(Path(results_dir) / CSV_FILE, index=False)
     bench = pd.concat([frame[frame["task"] == "bench"], *(read_trials(d, ["bench"]).frame for d in bench_dirs)],
                       ignore_index=True, sort=False)
-    costs = cost_table(rows, bench)
+    return trials, long_table(rows), cost_table(rows, bench)
+
+
+def cells(long: pd.DataFrame) -> list[tuple]:
+    """The CELL values of the long table, sorted: one table and one verdict each."""
+    return list(long[list(CELL)].drop_duplicates().sort_values(list(CELL)).itertuples(index=False, name=None))
+
+
+def mean_drops(long: pd.DataFrame, cell: tuple) -> dict[str, float]:
+    """Per encoding of one cell: its mean drop under exact quarter turns (accuracy fraction)."""
+    return {pe: float(np.mean(d)) for pe in long.loc[matching(long, cell, CELL), "pe"].unique()
+            if len(d := drops(long, (*cell, pe)))}
+
+
+def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
+    """Markdown section (and rotation_long.csv) for the rotation rows under results_dir; None without any.
+    Bench rows come from results_dir and from each of bench_dirs: the study's own trials ran side by
+    side, so their times are contended; a bench sweep of the same models, alone, is the cost to quote."""
+    found = study(results_dir, bench_dirs)
+    if found is None:
+        return None
+    trials, long, costs = found
+    long.to_csv(Path(results_dir) / CSV_FILE, index=False)
     parts = ["## Rotations: what a rotation-invariant RPE buys where rotation matters", "", trials.note(), ""]
-    cells = long[list(CELL)].drop_duplicates().sort_values(list(CELL)).itertuples(index=False, name=None)
-    for cell in cells:
+    for cell in cells(long):
         by_rotation, on_drop = families(long, cell)
         dataset, attention, qk_norm, redraw, augment = cell
-        mean_drops = {pe: float(np.mean(d)) for pe in long.loc[matching(long, cell), "pe"].unique()
-                      if len(d := drops(long, (*cell, pe)))}
-        parts += [verdict(cell, by_rotation, on_drop, mean_drops), "",
+        parts += [verdict(cell, by_rotation, on_drop, mean_drops(long, cell)), "",
                   f"### {dataset}, {attention} (qk_norm {qk_norm}, redraw {redraw}), augment {augment}: "
                   "accuracy % at each test rotation, mean [95% t] (n)", "",
                   markdown_table(["pe", *(f"test rot {r}" for r in ROTATIONS), "drop 0 → 90/180/270, points",

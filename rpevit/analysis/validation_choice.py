@@ -159,6 +159,23 @@ def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
     return out
 
 
+def cell_name(record: dict) -> str:
+    """'mnist / favor / rope': a record's cell as the tables and verdicts name it."""
+    return " / ".join(str(c) for c in record["cell"])
+
+
+def margins(records: list[dict]) -> dict[str, stats.Judged]:
+    """Per cell (cell_name) whose validation choice differs from the earlier one: the chosen candidate minus
+    the earlier one on validation (Welch), judged by Holm over those cells."""
+    family = {}
+    for record in records:
+        chosen, earlier = record["chosen"], record["earlier"]
+        if chosen is not None and earlier is not None and chosen != earlier:
+            a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
+            family[cell_name(record)] = lambda level, a=a, b=b: stats.welch(a, b, level)
+    return stats.judge_family(family) if family else {}
+
+
 def build(results_dir: Path) -> str | None:
     frame = load_trials(results_dir, task="train")
     if frame.empty:
@@ -172,23 +189,18 @@ def build(results_dir: Path) -> str | None:
              "the draw mean over fresh draws for random-feature backends (val_acc_draw_mean), final_val_acc "
              "otherwise; test accuracy is read once per trial and judged the same way. Intervals: 95% t (n).", ""]
     table = []
-    family = {}
     for record in records:
-        cell = " / ".join(str(c) for c in record["cell"])
+        cell = cell_name(record)
         for value, c in sorted(record["candidates"].items()):
             mark = (" **chosen on validation**" if value == record["chosen"] else "") + \
                    (" (earlier choice)" if value == record["earlier"] else "")
             failures = f"{c['failed']} of {c['seeds']} seeds failed: {c['error']}" if c["failed"] else ""
             table.append([cell, label(value) + mark, c["val"].text(100, 4), c["test"].text(100, 4), failures])
-        chosen, earlier = record["chosen"], record["earlier"]
-        if chosen is not None and earlier is not None and chosen != earlier:
-            a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
-            family[cell] = lambda level, a=a, b=b: stats.welch(a, b, level)
     lines.append(markdown_table(["cell", name, "validation accuracy %", "test accuracy %", "failed"], table))
     lines.append("")
-    judged = stats.judge_family(family) if family else {}
+    judged = margins(records)
     for record in records:
-        cell = " / ".join(str(c) for c in record["cell"])
+        cell = cell_name(record)
         chosen, earlier = record["chosen"], record["earlier"]
         edge = (f" It is the {record['edge']} {knob[0]} tried: the best may lie beyond the grid (not bracketed)."
                 if record["edge"] else "")
