@@ -153,11 +153,11 @@ def test_checkpoint_epochs_are_read_safely_and_only_from_the_trials_own_checkpoi
 def test_a_fused_group_takes_one_members_time_scaled_to_its_size(tmp_path):
     cfgs = [{**TINY, "seed": s} for s in range(4)]
     est = dl.Estimator([row({**TINY, "seed": 9}, 100.0, members=2)], "train", has_epochs=True)
-    group = lambda n: dl.Unit(tuple((f"k{i}", cfgs[i]) for i in range(n)), "fused")  # noqa: E731
+    group = lambda n: dl.Unit(tuple((f"{i:016x}", cfgs[i]) for i in range(n)), "fused")  # noqa: E731
     assert dl.unit_estimate(group(2), est, tmp_path).seconds == 100.0  # they run together
     assert dl.unit_estimate(group(1), est, tmp_path).seconds == 100.0
     assert dl.unit_estimate(group(4), est, tmp_path).seconds == 200.0  # twice the members of the row's group
-    checkpoint.save(tmp_path / "k0" / checkpoint.CHECKPOINT_NAME,  # member 0 is 1 epoch in: a sub-group of its own
+    checkpoint.save(tmp_path / f"{0:016x}" / checkpoint.CHECKPOINT_NAME,  # member 0 is 1 epoch in: a sub-group of its own
                     {"model": {}, "optimizer": {}, "scheduler": {}, "rng": {}, "history": [], "epoch": 1,
                      "fingerprint": checkpoint.fingerprint(TrialConfig.from_dict(cfgs[0]))})
     assert dl.unit_estimate(group(2), est, tmp_path).seconds == pytest.approx(150.0)  # 1 epoch, then 2, in turn
@@ -166,7 +166,7 @@ def test_a_fused_group_takes_one_members_time_scaled_to_its_size(tmp_path):
 def test_the_plan_admits_in_order_what_ends_before_the_deadline_on_its_slots(tmp_path):
     cfgs = [{**TINY, "seed": s, "epochs": e} for s, e in enumerate([2, 2, 20, 2, 2, 2])]
     est = dl.Estimator([row({**TINY, "seed": 99}, 100.0)], "train", has_epochs=True)  # 50 s per epoch
-    units = [dl.Unit(((f"k{i}", c),)) for i, c in enumerate(cfgs)]
+    units = [dl.Unit(((f"{i:016x}", c),)) for i, c in enumerate(cfgs)]
     each = dl.PER_TRIAL_S + 100.0
     deadline = dl.Deadline(NOW + dl.STARTUP_S + 2 * each + 1)
     plan = dl.plan_units(units, est, slots=2, now=NOW, deadline=deadline, checkpoint_root=tmp_path)

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rpevit.config import ConfigError, TrialConfig, section_fields
-from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics
+from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics, trial_folder
 
 STARTUP_S = 60.0  # from the plan to the first trials running: Tune, workers importing torch, warm-up trials
 PER_TRIAL_S = 5.0  # before each trial on a slot (measured: 0.3 s with reused workers, 5 s without)
@@ -311,7 +311,7 @@ def unit_estimate(unit: Unit, estimator: Estimator, checkpoint_root: Path) -> Es
     """Seconds for one Tune trial: a trial's own; a fused group's members run together (one
     member's time for their group size), sub-groups of members at different checkpoint epochs one
     after another; an interleaved timing run: its slowest member's time for its size."""
-    left = [(cfg, max(0, int(cfg.get("epochs", 1)) - epochs_done(checkpoint_root / key, cfg)))
+    left = [(cfg, max(0, int(cfg.get("epochs", 1)) - epochs_done(trial_folder(checkpoint_root, key), cfg)))
             for key, cfg in unit.members]
     if unit.kind == "single":
         return estimator.trial(*left[0])

@@ -57,6 +57,7 @@ from rpevit import registry
 from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values
 from rpevit.tasks.train_group import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
+from rpevit.sweep.results import KEY_LENGTH
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
                   "sample_seed", "seeds", "exclude", "include", "resources", "timing", "fuse")
@@ -226,7 +227,7 @@ def trial_key(config: dict[str, Any]) -> str:
     """
     explicit = {k: v for k, v in sorted(config.items())
                 if k not in KEY_EXCLUDED_FIELDS and v != KEY_BASELINE.get(k)}
-    return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:KEY_LENGTH]
 
 
 def parse_value(text: str) -> Any:

@@ -57,6 +57,7 @@ from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in i
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
 from rpevit.sweep.protocol import EPOCH, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
+from rpevit.sweep.results import trial_folder
 from rpevit.tasks.bench import combine_repeats
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
@@ -117,7 +118,7 @@ def run_single(spec: TrialSpec, member: Member) -> None:
     """One trial: re-report checkpointed epochs, run the task, report its summary row."""
     key = member.trial_key
     cfg = TrialConfig.from_dict(member.cfg, source=f"trial {key}")
-    ckpt_dir = Path(spec.checkpoint_root) / key
+    ckpt_dir = trial_folder(Path(spec.checkpoint_root), key)
     history = checkpointed_history(ckpt_dir, cfg)
     with epoch_reporter(spec, member) as report:
         for row in history:  # epochs finished before a kill / retry
@@ -147,7 +148,7 @@ def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
     for member in spec.members:
         cfg = TrialConfig.from_dict(member.cfg, source=f"trial {member.trial_key}")
         try:  # a foreign or broken checkpoint fails its member only
-            history = checkpointed_history(Path(spec.checkpoint_root) / member.trial_key, cfg)
+            history = checkpointed_history(trial_folder(Path(spec.checkpoint_root), member.trial_key), cfg)
         except ConfigError as err:
             report_failure(member, err)
             continue
@@ -159,7 +160,7 @@ def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
             reports[member.trial_key](row)
     if not members:
         return
-    folders = [Path(spec.checkpoint_root) / m.trial_key for m in members]
+    folders = [trial_folder(Path(spec.checkpoint_root), m.trial_key) for m in members]
     run_group = registry.GROUP_TASKS[configs[0].task]
     with trial_scope(configs[0], spec) as placement, ExitStack() as logs:
         writers = [logs.enter_context(trial_log(folder, echo=i == 0)) for i, folder in enumerate(folders)]
@@ -206,7 +207,7 @@ def run_timed(spec: TrialSpec) -> None:
         started.setdefault(key, time.time())
         warm.setdefault(key, _process["timed_runs"] > 0 or repeat == UNTIMED)
         try:
-            with trial_scope(cfg, spec) as placement, trial_log(Path(spec.checkpoint_root) / key) as log:
+            with trial_scope(cfg, spec) as placement, trial_log(trial_folder(Path(spec.checkpoint_root), key)) as log:
                 what = "untimed warm-up run" if repeat == UNTIMED else f"timed run {repeat + 1}/{timing.repeats}"
                 log(f"{describe(key, placement)}: {what}")
                 row = registry.TASKS[cfg.task](cfg, log=log if repeat != UNTIMED else None)
@@ -248,7 +249,7 @@ EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event
 
 def tensorboard_dir(spec: TrialSpec, key: str) -> Path:
     """results/<sweep>/tensorboard/<trial_key> (checkpoint_root is results/<sweep>/trials)."""
-    return Path(spec.checkpoint_root).parent / TENSORBOARD_DIR / key
+    return trial_folder(Path(spec.checkpoint_root).parent / TENSORBOARD_DIR, key)
 
 
 @contextmanager
