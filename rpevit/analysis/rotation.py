@@ -36,7 +36,8 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis.common import (column, fmt, has_random_features, markdown_table, pe_labels, ran_test_rotations,
-                                    read_trials, redraw_label, require_trials, results_parser, write_study)
+                                    read_trials, redraw_label, require_trials, results_parser, write_study,
+                                    write_text_file)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
                                         model_fields, overlapped, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
@@ -331,7 +332,7 @@ def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
     if rows.empty:
         return None
     long = long_table(rows)
-    long.to_csv(Path(results_dir) / CSV_FILE, index=False)
+    write_text_file(Path(results_dir) / CSV_FILE, long.to_csv(index=False))
     bench = pd.concat([frame[frame["task"] == "bench"], *(read_trials(d, ["bench"]).frame for d in bench_dirs)],
                       ignore_index=True, sort=False)
     costs = cost_table(rows, bench)

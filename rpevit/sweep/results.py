@@ -328,7 +328,29 @@ def read_results_table(path: Path) -> pa.Table | None:
     missing = [c for c in REQUIRED_COLUMNS.get(path.name, ()) if c not in table.column_names]
     if missing:
         raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
+    if path.name == TRIALS_FILE:
+        check_number_columns(table, path)
     return table
+
+
+_NUMBER_KINDS = (F64, I64, TIMESTAMP, BOOL)
+
+
+def check_number_columns(table: pa.Table, path: Path) -> None:
+    """DamagedResults where a column the schema of the file's task(s) declares a number (a metric, an
+    int or float config field, a time) is stored as text: sweep.py never writes that, and every mean,
+    interval and sort over it would fail or mislead. (Older writers' float times and text lists are
+    fine: those are numbers, or not declared numbers.)"""
+    tasks = set(table.column("task").unique().to_pylist()) if "task" in table.column_names else set()
+    declared = {f.name for task in (tasks or {"train"}) if isinstance(task, str)
+                for f in trials_schema(task) if f.type in _NUMBER_KINDS}
+    for field in table.schema:
+        if field.name in declared and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+                                       or pa.types.is_binary(field.type)):
+            value = next((v for v in table.column(field.name).to_pylist() if v is not None), None)
+            shown = repr(value) if value is None or len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise DamagedResults(path, f"column {field.name!r} holds text (such as {shown}), where the file sweep.py "
+                                       f"writes holds numbers")
 
 
 def set_aside(path: Path, reason: str) -> Path:
