@@ -116,3 +116,73 @@ def test_one_driver_per_sweep_loopback_ray_and_ray_dies_with_a_killed_driver(tmp
 
     with sweep_lock(results / "locked"):
         pass
+
+
+# ---- issue 39, item 4: SIGTERM at any moment ends the driver with 143 and one line, Ray shut down
+TERM_DURING_INIT = """
+import os, runpy, signal, sys, threading
+from rpevit.sweep import session  # no Ray import yet: sweep.py's own order of imports is kept
+
+real, delay = session._init_ray, float(sys.argv[1])
+def init(*args, **kwargs):  # SIGTERM while the embedded Ray starts
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    return real(*args, **kwargs)
+session._init_ray = init
+sys.argv = ["sweep.py", *sys.argv[2:]]
+runpy.run_path("sweep.py", run_name="__main__")
+"""
+
+
+def stopped(proc: subprocess.Popen, lines: list[str], seen: list[psutil.Process], results: Path) -> None:
+    """The driver ended on SIGTERM as it should: 143, one line saying so, no traceback or abort dump,
+    every process it started gone, the sweep lock free."""
+    try:
+        assert proc.wait(timeout=120) == 143, "".join(lines)[-3000:]
+        out = "".join(lines)
+        assert out.count("SIGTERM received, stopping") == 1, out[-3000:]
+        for noise in ("Traceback", "*** SIGTERM", "SIGABRT", "Exception ignored"):
+            assert noise not in out, out[-3000:]
+        deadline = time.time() + 15
+        while alive(seen) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not alive(seen), [(p.pid, p.name()) for p in alive(seen)]
+    finally:
+        for p in alive(seen):
+            p.kill()
+    from rpevit.sweep.lock import sweep_lock
+
+    with sweep_lock(results / "locked"):
+        pass
+
+
+@pytest.mark.parametrize("moment", ["imports", "ray.init", "ray.init+1s", "tune"])
+def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
+    space_file, results = tmp_path / "locked.yaml", tmp_path / "results"
+    space_file.write_text(yaml.safe_dump(SPACE))
+    argv = ["--space", str(space_file), "--results-dir", str(results), "--no-dashboard"]
+    if moment.startswith("ray.init"):
+        delay = "1.0" if moment.endswith("+1s") else "0.0"
+        proc = subprocess.Popen([sys.executable, "-c", TERM_DURING_INIT, delay, *argv], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    else:
+        proc, lines = start(space_file, results, "--no-dashboard")
+    seen: list[psutil.Process] = []
+    if moment == "imports":
+        time.sleep(0.3)  # python is importing torch, pandas, rpevit
+    elif moment == "tune":
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not list(results.glob("locked/trials/*/checkpoint.pt")):
+            seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
+            time.sleep(0.2)
+        assert proc.poll() is None, "".join(lines)[-3000:]
+    if moment.startswith("ray.init"):  # the driver signals itself; what it starts meanwhile is watched
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
+            time.sleep(0.1)
+    else:
+        seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
+        proc.send_signal(signal.SIGTERM)
+    stopped(proc, lines, seen, results)

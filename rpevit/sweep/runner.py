@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpevit import sigterm
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import migrate, session
 from rpevit.sweep.lock import sweep_dir, sweep_lock
@@ -66,7 +67,7 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
     res = space.resources.with_overrides(opts.cpus_per_trial, opts.gpus_per_trial, opts.max_concurrent,
                                          space.source)
     out_dir = sweep_dir(opts.results_dir, space.name)
-    with session.unwind_on_sigterm(), sweep_lock(out_dir):  # one driver per sweep (rpevit.sweep.lock)
+    with sigterm.unwinding(), sweep_lock(out_dir):  # one driver per sweep (rpevit.sweep.lock); SIGTERM: rpevit.sigterm
         migrated = migrate.migrate_folder(out_dir, space)  # results of the older key scheme (rpevit.sweep.migrate)
         if migrated:
             print(migrated, flush=True)
@@ -81,6 +82,7 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         if not plan.pending:
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info())
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)
+        session.import_ray()
         from rpevit.sweep.tune_run import run_before_deadline, run_tuner
 
         with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:

@@ -13,24 +13,28 @@ listen on the machine's address: `ray_session` checks the node address after sta
 to run a sweep on it, naming the fix.
 
 The reaper (reaper.py) ends the embedded Ray's processes when the driver dies; SIGTERM unwinds the
-driver like Ctrl-C (`unwind_on_sigterm`), so `ray.shutdown()` runs and the sweep lock is released.
+driver like Ctrl-C at any moment (rpevit.sigterm), so `ray.shutdown()` runs and the sweep lock is
+released: Ray is imported with its native failure-signal handler off for the driver (`import_ray`:
+it would dump stacks and abort on SIGTERM), and `ray.init()` runs inside `sigterm.held()` (a SIGTERM
+then ends the driver right after it, and the handler ray.init() installs, which exits with status 15,
+is kept out).
 """
 from __future__ import annotations
 
 import os
 import secrets
-import signal
 import subprocess
 import sys
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from rpevit import sigterm
 from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.space import SpaceError
 
+FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # "1": no native crash handler (read at `import ray`)
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (read at `import ray`)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x writes its dashboard token
@@ -66,22 +70,17 @@ def temporary_environ(changes: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-@contextmanager
-def unwind_on_sigterm() -> Iterator[None]:
-    """`kill <driver>` unwinds like Ctrl-C (SystemExit through every `finally`: ray.shutdown(), the
-    lock) for a block; the previous handler is restored after it. Main thread only (signals are)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+def import_ray() -> None:
+    """Ray's first import in this driver process, with Ray's native failure-signal handler off for the
+    driver: it would take SIGTERM from Python once the core worker starts, dump stacks and abort (exit
+    134). `RAY_DISABLE_FAILURE_SIGNAL_HANDLER` (Ray's documented switch) is read when Ray is imported,
+    so it is set for the import only: the Ray processes this driver starts keep their crash reports.
+    A value the user set stands; an earlier import (tests) is left as it is."""
+    if "ray" in sys.modules or FAILURE_HANDLER_ENV in os.environ:
+        import ray  # noqa: F401
         return
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    with temporary_environ({FAILURE_HANDLER_ENV: "1"}):
+        import ray  # noqa: F401
 
 
 @contextmanager
@@ -95,25 +94,25 @@ def ray_session(address: str | None, dashboard: bool, gpus_per_trial: float) -> 
         return
     address = cluster_address(address)
     watchdog = None if address else _start_reaper()
-    try:
-        _init_ray(address, dashboard, gpus_per_trial, owner=watchdog[1] if watchdog else None)
-        # Ray's core replaced the SIGTERM handler by one that aborts (no cleanup): put ours back
-        with unwind_on_sigterm():
-            yield True
-    finally:
-        clean = False
+    with sigterm.unwinding():  # ours throughout (restored as it was after the session)
         try:
-            ray.shutdown()
-            clean = True
+            with sigterm.held():  # SIGTERM during ray.init(): it ends right after, never midway
+                _init_ray(address, dashboard, gpus_per_trial, owner=watchdog[1] if watchdog else None)
+            yield True
         finally:
-            if watchdog is not None:  # closing the pipe wakes the reaper; CLEAN: Ray went down itself
-                try:
-                    if clean:
-                        watchdog[0].stdin.write(reaper.CLEAN)
-                    watchdog[0].stdin.close()
-                    watchdog[0].wait(timeout=10)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
+            clean = False
+            try:
+                ray.shutdown()
+                clean = True
+            finally:
+                if watchdog is not None:  # closing the pipe wakes the reaper; CLEAN: Ray went down itself
+                    try:
+                        if clean:
+                            watchdog[0].stdin.write(reaper.CLEAN)
+                        watchdog[0].stdin.close()
+                        watchdog[0].wait(timeout=10)
+                    except (OSError, subprocess.TimeoutExpired):
+                        pass
 
 
 def _start_reaper() -> tuple[subprocess.Popen, str] | None:
