@@ -23,6 +23,7 @@ from rpevit import sigterm  # noqa: E402
 from rpevit.config import ConfigError  # noqa: E402
 from rpevit.sweep.deadline import check_estimate, parse_deadline  # noqa: E402
 from rpevit.sweep.lock import sweep_dir  # noqa: E402
+from rpevit.sweep.session import check_address  # noqa: E402
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides  # noqa: E402
 
 
@@ -86,6 +87,8 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError(f"--data-dir has value {args.data_dir!r} but no trial reads a data folder (dataset "
                               f"{', '.join(FOLDERLESS_DATASETS)} is bundled with scikit-learn); allowed: leave "
                               f"--data-dir out")
+    check_data_files(args.data_dir, space)
+    check_address(args.address)  # its form (auto, host:port); whether a head answers: when Ray starts
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
     if local and any(t["device"] == "cuda" for t in space.trials):
         import torch
@@ -94,6 +97,19 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError("field 'device' has value 'cuda' but torch sees no CUDA device on this machine, "
                               "where the local Ray runs the trials; allowed: cpu, auto (or --address a cluster "
                               "with GPUs)")
+
+
+def check_data_files(data_dir: str | None, space: Space) -> None:
+    """Each dataset file the trials will read, checked as a trial checks it before reading
+    (rpevit.data.dataset_file: a folder where the .npz should be, a missing file with RPEVIT_OFFLINE=1)."""
+    from rpevit.data import FOLDERLESS_DATASETS, DataError, dataset_file
+
+    for dataset, folder in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
+        if dataset not in FOLDERLESS_DATASETS:
+            try:
+                dataset_file(dataset, folder or None)
+            except DataError as err:
+                raise ConfigError(str(err)) from err
 
 
 def check_results_dir(results_dir: str, name: str) -> None:

@@ -14,6 +14,11 @@ Three things stand in the way, and each is handled here or where it happens:
   right after ray.init() returns (a second one at once), and no other SIGTERM handler is installed.
 - Ray turns a SystemExit raised inside one of its calls (ray.wait in Tune's loop) into SystemExit(1):
   `received()` tells sweep.py's exit path that the run ended because of SIGTERM.
+- A Python handler runs only between bytecodes: a driver waiting inside Ray's C++ (a cluster that
+  accepts the connection but never answers) would never run it. `install()` also starts a watcher
+  thread on Python's wakeup fd, where the signal's number lands at once: GRACE_S after a SIGTERM the
+  driver has not ended, it exits 143 from there (the reaper ends an embedded Ray's processes, the
+  kernel releases the sweep lock, results files are only ever replaced whole).
 
 This module imports nothing heavy, so that sweep.py can install it first.
 """
@@ -22,14 +27,18 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143
 LINE = ("sweep.py: SIGTERM received, stopping: Ray is shut down and the sweep lock released; finished trials keep "
         "their rows, the others continue from their last checkpoint with --resume (exit 143)\n")
+GRACE_S = 30.0  # after a SIGTERM, the longest the driver may take to unwind before it exits without unwinding
 _received = False
+_handled = 0  # SIGTERMs our handler ran for
 _holding = False  # inside held(): the first SIGTERM is noted, not raised
+_watching = False
 
 
 def received() -> bool:
@@ -49,16 +58,35 @@ def note() -> None:
 
 
 def _on_sigterm(signum: int, _frame: object) -> None:
-    first = not _received
+    global _handled
+    _handled += 1
     note()
-    if not (_holding and first):  # held: the block ends first, unless SIGTERM comes again
+    if not (_holding and _handled == 1):  # held: the block ends first, unless SIGTERM comes again
         raise SystemExit(EXIT_CODE)
 
 
 def install() -> None:
-    """Our handler for SIGTERM from now on (main thread only, where Python runs signal handlers)."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _on_sigterm)
+    """Our handler for SIGTERM from now on, and the watcher that ends a driver stuck inside C code
+    GRACE_S after a SIGTERM (main thread only, where Python runs signal handlers)."""
+    global _watching
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    if not _watching:
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        threading.Thread(target=_watch, args=(read_end,), name="sigterm-watch", daemon=True).start()
+        _watching = True
+
+
+def _watch(read_end: int) -> None:
+    """Wait for SIGTERM's number on the wakeup fd; GRACE_S later, exit 143 if the driver still runs."""
+    while signal.SIGTERM not in os.read(read_end, 64):
+        pass
+    time.sleep(GRACE_S)
+    note()
+    os._exit(EXIT_CODE)
 
 
 @contextmanager

@@ -83,8 +83,11 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info())
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)
         session.import_ray()
-        from rpevit.sweep.tune_run import run_before_deadline, run_tuner
+        from rpevit.sweep.tune_run import nothing_fits, run_before_deadline, run_tuner
 
+        idle = nothing_fits(space, plan, opts, out_dir, deadline) if deadline is not None else None
+        if idle is not None:  # a Ray that would run nothing is not started
+            return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info(), deadline=idle)
         with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
             fixed_cluster = started_ray and not session.cluster_address(opts.address)
             session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)

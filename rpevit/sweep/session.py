@@ -22,9 +22,12 @@ is kept out).
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import socket
 import subprocess
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -53,6 +56,57 @@ def prefer_loopback(address: str | None) -> bool:
 def cluster_address(address: str | None) -> str | None:
     """The cluster to join: --address, else $RAY_ADDRESS, else None (an embedded local Ray)."""
     return address or os.environ.get("RAY_ADDRESS")
+
+
+ADDRESS_ALLOWED = ("auto (the Ray cluster `ray start --head` started on this machine), or host:port of a running "
+                   "Ray head (the address `ray start --head` prints; ray://host:port for Ray Client)")
+_ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(\d{1,5})")
+PROBE_TIMEOUT_S = 5.0  # a Ray head answers a TCP connect at once; Ray itself retries a dead address for minutes
+
+
+def address_source(address: str | None) -> str:
+    """How the cluster address was given: '--address' or '$RAY_ADDRESS' (for messages)."""
+    return "--address" if address else "$RAY_ADDRESS"
+
+
+def check_address(address: str | None) -> tuple[str, int] | None:
+    """The (host, port) of the cluster to join (None for auto or an embedded Ray); SpaceError, one line,
+    for anything else (`RAY_ADDRESS=bogus`, a port out of range). Checked before Ray is imported."""
+    chosen = cluster_address(address)
+    if chosen is None or chosen == "auto":
+        return None
+    found = _ADDRESS.fullmatch(chosen)
+    if not found or not 0 < int(found.group(2)) < 65536:
+        raise SpaceError(f"{address_source(address)} has value {chosen!r}; allowed: {ADDRESS_ALLOWED}")
+    return found.group(1).strip("[]"), int(found.group(2))
+
+
+def probe_address(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """SpaceError (one line) unless something accepts a TCP connection at the cluster address within
+    timeout_s, name lookup included: Ray would retry a dead address for minutes (`127.0.0.1:1`). The
+    connection is closed at once; it only asks whether anything listens there."""
+    target = check_address(address)
+    if target is None:
+        return
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(target, timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=connect, daemon=True)  # getaddrinfo has no timeout of its own
+    worker.start()
+    worker.join(timeout_s + 0.5)
+    if outcome and outcome[0] is None:
+        return
+    why = (f"nothing answered within {timeout_s:g} s" if not outcome else
+           " ".join(f"{type(outcome[0]).__name__}: {outcome[0].strerror or outcome[0]}".split()))
+    raise SpaceError(f"{address_source(address)} has value {cluster_address(address)!r}, but no Ray head answers "
+                     f"there ({why}); allowed: {ADDRESS_ALLOWED}: start it first, or leave --address and "
+                     f"$RAY_ADDRESS unset for a Ray of this sweep's own")
 
 
 @contextmanager
@@ -92,12 +146,13 @@ def ray_session(address: str | None, dashboard: bool, gpus_per_trial: float) -> 
     if ray.is_initialized():
         yield False
         return
-    address = cluster_address(address)
+    probe_address(address)  # bounded: a dead address is one line now, not minutes of Ray's retries
+    where, address = address_source(address), cluster_address(address)
     watchdog = None if address else _start_reaper()
     with sigterm.unwinding():  # ours throughout (restored as it was after the session)
         try:
             with sigterm.held():  # SIGTERM during ray.init(): it ends right after, never midway
-                _init_ray(address, dashboard, gpus_per_trial, owner=watchdog[1] if watchdog else None)
+                _init_ray(address, dashboard, gpus_per_trial, owner=watchdog[1] if watchdog else None, where=where)
             yield True
         finally:
             clean = False
@@ -127,14 +182,44 @@ def _start_reaper() -> tuple[subprocess.Popen, str] | None:
     return proc, token
 
 
-def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | None) -> None:
+JOIN_TIMEOUT_S = 120.0  # joining a live cluster takes seconds; Ray waits on one that does not answer for good
+
+
+@contextmanager
+def bounded(seconds: float, message: str) -> Iterator[None]:
+    """A block that waits inside Ray's C++ (which no signal handler interrupts, and which retries a
+    head that never answers for good) may take `seconds`: then `error: message` on stderr and exit 2
+    from a watcher thread. Only for joining a cluster: this driver has no Ray processes of its own to
+    leave behind then, and the kernel releases the sweep lock."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            os.write(2, f"error: {message}\n".encode())
+            os._exit(2)
+
+    threading.Thread(target=watch, name="ray-join-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | None, where: str = "--address") -> None:
     """Join a cluster, or start an embedded Ray that listens on 127.0.0.1 only (refused otherwise)."""
     import ray
 
     env = {NOSET_ENV: "1"} if 0 < gpus < 1 else {}  # see rpevit.sweep.gpus
     runtime_env = {"env_vars": env} if env else None
     if address:
-        ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        try:
+            with bounded(JOIN_TIMEOUT_S, f"{where} has value {address!r}, but no Ray cluster answered there within "
+                                         f"{JOIN_TIMEOUT_S:g} s (something listens, but not a Ray head, or `auto` "
+                                         f"found a cluster that is gone); allowed: {ADDRESS_ALLOWED}"):
+                ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:  # auto without a cluster, not a Ray head, ...
+            raise SpaceError(f"{where} has value {address!r}, but Ray could not join a cluster there "
+                             f"({' '.join(str(err).split())[:300]}); allowed: {ADDRESS_ALLOWED}") from err
     else:
         with temporary_environ({LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}):
             ctx = ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", runtime_env=runtime_env,
