@@ -25,7 +25,7 @@ from ray.tune import Callback
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import session
 from rpevit.sweep.plan import SweepPlan
-from rpevit.sweep.protocol import SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
+from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
 from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError, read_rows
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import Resources, Space
@@ -244,10 +244,18 @@ class Progress(Callback):
         self.total, self.every_s = total, every_s
         self.best: tuple[float, str] = (-math.inf, "")
         self.last = 0.0
+        self.notes: set[str] = set()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         """Best = the highest judged test accuracy of the finished trials (summary rows): the mean over
-        fresh draws for random-feature models, whose one-draw val_acc ranks a lottery (issue 31)."""
+        fresh draws for random-feature models, whose one-draw val_acc ranks a lottery (issue 31). A
+        trial's NOTE (TensorBoard skipped, ...) is printed, each distinct line once."""
+        if result.get("kind") == NOTE:
+            line = str(result.get("error", ""))
+            if line and line not in self.notes:
+                self.notes.add(line)
+                print(f"warning: {line}", flush=True)
+            return
         if result.get("kind") != SUMMARY:
             return
         acc = judged_value(result.get("row") or {}, "test_acc")
