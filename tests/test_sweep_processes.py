@@ -12,6 +12,7 @@ import pytest
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -186,3 +187,46 @@ def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
         seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
         proc.send_signal(signal.SIGTERM)
     stopped(proc, lines, seen, results)
+
+
+# ---- issue 39, item 11: the embedded Ray's sessions (trial logs among them) are this user's alone
+PRIVATE_SESSION = """
+import os, stat, sys
+from rpevit.sweep import session
+import ray
+with session.ray_session(None, True, 0.0):
+    folder = ray._private.worker._global_node.get_session_dir_path()  # where this Ray keeps logs, sockets
+    logs = os.path.join(folder, "logs")
+    print(folder, oct(stat.S_IMODE(os.stat(os.path.dirname(os.path.dirname(folder))).st_mode)),
+          len(os.listdir(logs)) > 0, flush=True)
+"""
+
+
+def test_the_embedded_rays_session_folder_is_behind_a_folder_only_this_user_enters(tmp_path):
+    from rpevit.sweep import session
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_TMPDIR", "TMPDIR", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", PRIVATE_SESSION], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder, mode, has_logs = done.stdout.split()[-3:]
+    private = Path("/tmp") / f"rpevit-{os.getuid()}"
+    assert Path(folder).parent == private / "ray" and mode == "0o700" and has_logs == "True", done.stdout
+    assert private.stat().st_uid == os.getuid()
+    assert session.private_temp_dir() == private / "ray"
+
+
+def test_a_private_temp_folder_that_is_a_link_or_open_is_refused_or_closed(tmp_path, monkeypatch):
+    from rpevit.sweep import session
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    folder = tmp_path / f"rpevit-{os.getuid()}"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    assert session.private_temp_dir() == folder / "ray" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder.symlink_to(elsewhere)
+    with pytest.raises(session.SpaceError, match="is a symbolic link; allowed: a folder of this user's, mode 0700"):
+        session.private_temp_dir()

@@ -12,7 +12,9 @@ is not set unconditionally. Where Ray was imported earlier in cluster mode, the 
 listen on the machine's address: `ray_session` checks the node address after start-up and refuses
 to run a sweep on it, naming the fix.
 
-The reaper (reaper.py) ends the embedded Ray's processes when the driver dies; SIGTERM unwinds the
+The embedded Ray keeps its sessions (logs, sockets) in a folder only this user can enter
+(`private_temp_dir`: Ray's own /tmp/ray/session_* are 0777). The reaper (reaper.py) ends the
+embedded Ray's processes when the driver dies; SIGTERM unwinds the
 driver like Ctrl-C at any moment (rpevit.sigterm), so `ray.shutdown()` runs and the sweep lock is
 released: Ray is imported with its native failure-signal handler off for the driver (`import_ray`:
 it would dump stacks and abort on SIGTERM), and `ray.init()` runs inside `sigterm.held()` (a SIGTERM
@@ -25,6 +27,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -223,7 +226,7 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
     else:
         with temporary_environ({LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}):
             ctx = ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", runtime_env=runtime_env,
-                           log_to_driver=False)
+                           log_to_driver=False, _temp_dir=str(private_temp_dir()))
         node_ip = ray.util.get_node_ip_address()
         if node_ip not in LOOPBACK:
             raise SpaceError(f"the embedded Ray listens on {node_ip}, not 127.0.0.1 (Ray was imported in this "
@@ -238,6 +241,35 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
     where = f"joined {address}" if address else "started locally on 127.0.0.1"
     print(f"ray {where}: {resources.get('CPU', 0):g} CPU, {resources.get('GPU', 0):g} GPU, "
           f"{len(ray.nodes())} node(s); dashboard: {'http://' + url if url else 'off'}{auth}", flush=True)
+
+
+def private_temp_dir() -> Path:
+    """The embedded Ray's temp dir (its sessions: logs, sockets, spilled objects, runtime envs):
+    `ray` inside `<$RAY_TMPDIR, else $TMPDIR, else /tmp>/rpevit-<uid>`, a folder of this user's with
+    mode 0700. Ray makes its temp dirs world-readable and -writable (0777: `/tmp/ray/session_*`, trial
+    logs included); inside a 0700 folder nobody else reaches them. Passed as ray.init(_temp_dir=...),
+    the root temp directory ray.init documents; Ray chooses the same base itself. SpaceError (one line)
+    for a base that is not a folder this user can write, or a `rpevit-<uid>` there that is a link or
+    another user's."""
+    base = Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp")
+    folder = base / f"rpevit-{os.getuid()}"
+    allowed = (f"a folder of this user's, mode 0700 (made if missing): remove {folder} or set RAY_TMPDIR to a "
+               f"folder of your own")
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError as err:
+        raise SpaceError(f"the embedded Ray's temp folder {folder} cannot be made ({err.strerror or err}); "
+                         f"allowed: {allowed}") from err
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        raise SpaceError(f"the embedded Ray's temp folder {folder} is {'a symbolic link' if stat.S_ISLNK(found.st_mode) else 'not a folder'}; "
+                         f"allowed: {allowed}")
+    if found.st_uid != os.getuid():
+        raise SpaceError(f"the embedded Ray's temp folder {folder} belongs to user id {found.st_uid}, not this user "
+                         f"({os.getuid()}); allowed: {allowed}")
+    if found.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    return folder / "ray"
 
 
 def private_token_file(path: Path = RAY_TOKEN_FILE) -> Path:
