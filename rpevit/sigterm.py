@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143
-LINE = ("sweep.py: SIGTERM received, stopping: Ray is shut down and the sweep lock released; finished trials keep "
+LINE = ("sweep.py: SIGTERM received, stopping (Ray is shut down, the sweep lock released): finished trials keep "
         "their rows, the others continue from their last checkpoint with --resume (exit 143)\n")
 GRACE_S = 30.0  # after a SIGTERM, the longest the driver may take to unwind before it exits without unwinding
 _received = False
