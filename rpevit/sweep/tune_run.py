@@ -181,7 +181,8 @@ def nothing_fits(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Pat
     if admitted:
         return None
     print_deadline_plan(decision, admitted)
-    print("nothing fits before the deadline: Ray is not started", flush=True)
+    print("nothing fits before the deadline, even with every Tune trial on a slot of its own: Ray is not started",
+          flush=True)
     return DeadlineReport(deadline, [], left, decision.estimate_text(decision.left))
 
 
