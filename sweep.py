@@ -4,19 +4,27 @@ The space is expanded and validated before anything runs (`--dry-run` shows the 
 Results land in <results-dir>/<name>/{trials,epochs}.parquet; `--resume` continues a killed
 sweep. `--deadline` starts only the trials predicted to end before it (rpevit/sweep/deadline.py) and
 prints the command that continues. Exit code: 0 all trials ok (or left for a later --resume by
---deadline), 1 some failed, 2 bad space or options (or the sweep folder is in use by another driver).
+--deadline), 1 some failed, 2 bad space or options (or the sweep folder is in use by another driver),
+143 stopped by SIGTERM (at any moment: one line, Ray shut down, the lock released; rpevit/sigterm.py).
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-from pathlib import Path
+if __name__ == "__main__":  # first: the imports below take seconds, and SIGTERM must end even them in 143
+    from rpevit import sigterm
 
-from rpevit.config import ConfigError
-from rpevit.sweep.deadline import check_estimate, parse_deadline
-from rpevit.sweep.lock import sweep_dir
-from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides
+    sigterm.install()
+
+import argparse  # noqa: E402 (every import below: after the SIGTERM handler)
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from rpevit import sigterm  # noqa: E402
+from rpevit.config import ConfigError  # noqa: E402
+from rpevit.sweep.deadline import check_estimate, parse_deadline  # noqa: E402
+from rpevit.sweep.lock import sweep_dir  # noqa: E402
+from rpevit.sweep.session import check_address  # noqa: E402
+from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,6 +90,8 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError(f"--data-dir has value {args.data_dir!r} but no trial reads a data folder (dataset "
                               f"{', '.join(FOLDERLESS_DATASETS)} is bundled with scikit-learn); allowed: leave "
                               f"--data-dir out")
+    check_data_files(args.data_dir, space)
+    check_address(args.address)  # its form (auto, host:port); whether a head answers: when Ray starts
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
     if local and any(t["device"] == "cuda" for t in space.trials):
         import torch
@@ -90,6 +100,19 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError("field 'device' has value 'cuda' but torch sees no CUDA device on this machine, "
                               "where the local Ray runs the trials; allowed: cpu, auto (or --address a cluster "
                               "with GPUs)")
+
+
+def check_data_files(data_dir: str | None, space: Space) -> None:
+    """Each dataset file the trials will read, checked as a trial checks it before reading
+    (rpevit.data.dataset_file: a folder where the .npz should be, a missing file with RPEVIT_OFFLINE=1)."""
+    from rpevit.data import FOLDERLESS_DATASETS, DataError, dataset_file
+
+    for dataset, folder in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
+        if dataset not in FOLDERLESS_DATASETS:
+            try:
+                dataset_file(dataset, folder or None)
+            except DataError as err:
+                raise ConfigError(str(err)) from err
 
 
 def check_results_dir(results_dir: str, name: str) -> None:
@@ -129,6 +152,17 @@ def print_fields() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; the exit status (module docstring). SIGTERM at any moment: 143 after one line
+    (rpevit.sigterm), even where Ray turned the unwinding into another exit."""
+    try:
+        return run(argv)
+    except BaseException:
+        if sigterm.received():
+            return sigterm.EXIT_CODE
+        raise
+
+
+def run(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.fields:

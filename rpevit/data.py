@@ -111,6 +111,24 @@ def _cached(key: tuple, load: Callable[[], dict[str, np.ndarray]]) -> dict[str, 
     return dict(_array_cache[key])
 
 
+def dataset_file(name: str, data_dir: str | os.PathLike | None = None) -> Path:
+    """Where a trial reads dataset `name` (not a folderless one), checked as it will check it before
+    reading: the folder is not a file, the .npz is a file (not a folder, a FIFO, a device) where it
+    exists, and where it does not, a download is allowed (not RPEVIT_OFFLINE=1). DataError otherwise.
+    `sweep.py --dry-run` calls it for every trial's dataset, so the dry run refuses what a trial would."""
+    folder = resolve_data_dir(data_dir)
+    if folder.exists() and not folder.is_dir():
+        raise DataError(f"field 'data_dir' has value {str(folder)!r}, which is a file; allowed: a folder "
+                        f"holding {name}.npz (or nothing: $RPEVIT_DATA, else ./data)")
+    path = folder / f"{name}.npz"
+    if path.exists() and not path.is_file():
+        raise DataError(f"dataset file {path} is not a file; allowed: an .npz archive with keys "
+                        f"x_train, y_train, x_test, y_test")
+    if not path.exists() and os.environ.get("RPEVIT_OFFLINE") == "1":
+        _download(name, folder, path)  # refuses offline, with the message a trial would give
+    return path
+
+
 def load_arrays(name: str, data_dir: str | os.PathLike | None = None) -> dict[str, np.ndarray]:
     """The four arrays of a dataset, validated against its spec (read-only when cached)."""
     if name not in DATASET_SPECS:
@@ -120,16 +138,9 @@ def load_arrays(name: str, data_dir: str | os.PathLike | None = None) -> dict[st
             raise DataError(f"field 'data_dir' has value {str(data_dir)!r} but dataset {name!r} is bundled with "
                             f"scikit-learn and reads no data folder; allowed: no data_dir for {name}")
         return _cached((name,), _digits_arrays)
-    folder = resolve_data_dir(data_dir)
-    if folder.exists() and not folder.is_dir():
-        raise DataError(f"field 'data_dir' has value {str(folder)!r}, which is a file; allowed: a folder "
-                        f"holding {name}.npz (or nothing: $RPEVIT_DATA, else ./data)")
-    path = folder / f"{name}.npz"
-    if path.exists() and not path.is_file():
-        raise DataError(f"dataset file {path} is not a file; allowed: an .npz archive with keys "
-                        f"x_train, y_train, x_test, y_test")
+    path = dataset_file(name, data_dir)
     if not path.exists():
-        _download(name, folder, path)
+        _download(name, path.parent, path)
     stat = path.stat()
     return _cached((name, str(path), stat.st_size, stat.st_mtime_ns), lambda: _read_npz(name, path))
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,100 @@ def test_report_reads_only_the_studies_it_lists_and_names_the_others(tmp_path):
     assert "not read: smoke" in gap_closure.build(parent)  # each script says so too
     (parent / common.STUDIES_FILE).unlink()  # no list: every folder, as before
     assert "| smoke | train | 2 |" in report.build_report(parent)
+
+
+# ---- issue 39: what the analysis reads is untrusted, what it writes goes through no link
+def run_report(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "analysis" / "report.py"), str(folder)], capture_output=True,
+                          text=True, cwd=folder.parent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("planted", ["report.md", "gap_closure.png"])
+def test_the_report_refuses_to_write_through_a_planted_link(tmp_path, planted):
+    folder = write_sweep(tmp_path / "main", "main", train_rows())
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (folder / planted).symlink_to(victim)
+    done = run_report(folder)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0 and f"{folder / planted} is a symbolic link" in done.stderr
+    assert victim.read_text() == "precious" and (folder / planted).is_symlink()
+
+
+def test_analysis_outputs_are_atomic_and_refuse_links(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for name in ("study.md", "table.csv", "figure.png"):
+        (tmp_path / name).symlink_to(victim)
+    with pytest.raises(SystemExit, match="study.md is a symbolic link"):
+        common.write_markdown(tmp_path / "study.md", "# x")
+    with pytest.raises(SystemExit, match="table.csv is a symbolic link"):
+        common.write_text_file(tmp_path / "table.csv", "a,b\n")
+    fig = common.pyplot().figure()
+    with pytest.raises(SystemExit, match="figure.png is a symbolic link"):
+        common.save_figure(fig, tmp_path / "figure.png")
+    assert victim.read_text() == "precious"
+    common.write_markdown(tmp_path / "fine.md", "# fine")  # a plain path: written, no temp file left
+    assert (tmp_path / "fine.md").read_text() == "# fine\n" and not list(tmp_path.glob(".*.tmp"))
+
+
+def test_values_from_files_are_inert_markdown():
+    assert common.md_text("sparse_cayley_string (f=0.05)") == "sparse_cayley_string (f=0.05)"  # ordinary: as is
+    assert common.md_text("<script>alert(1)</script>") == "&lt;script&gt;alert(1)&lt;/script&gt;"
+    assert common.md_text("[x](javascript:alert(1))") == "\\[x\\](javascript:alert(1))"
+    assert common.md_text("<img src=x onerror=alert(1)>") == "&lt;img src=x onerror=alert(1)&gt;"
+    assert common.md_text("a\nb\r\nc\u2028d\x1b[31m") == "a b c d [31m".replace("[", "\\[")
+    assert common.md_text("\\[x](y)") == "\\\\\\[x\\](y)"  # a backslash cannot un-escape the bracket
+    assert common.code_span("results") == "`results`" and common.code_span("a`b") == "``a`b``"
+    assert common.short("x" * 10, limit=4) == "xxxx… (10 characters)" and common.short("xy", limit=4) == "xy"
+
+
+MALICIOUS = "<script>alert(1)</script>\n| [x](javascript:alert(1)) <img src=x onerror=alert(1)>"
+
+
+def assert_inert(text: str) -> None:
+    assert "<script" not in text and "<img" not in text and "<b>" not in text
+    assert not re.search(r"(?<!\\)\]\(javascript", text)  # no link can form: every such ] is escaped
+    for line in text.splitlines():  # a line break inside a value would have split a table row
+        assert not line.startswith("|") or line.rstrip().endswith("|"), line
+
+
+@pytest.mark.slow
+def test_names_from_files_reach_the_report_inert_and_bounded(tmp_path, figures):
+    parent = tmp_path / "results"
+    rows = train_rows()
+    for r in rows:
+        if r["attention"] == "favor":
+            r["attention"] = MALICIOUS
+        if r["pe"] == "rope":
+            r["pe"] = "x" * 1_000_000  # a megabyte name: cut before any table or figure
+    folder = write_sweep(parent / "main<img src=x onerror=alert(2)>", "main", rows)  # a folder name: one line
+    (folder / "rotinv").mkdir()
+    (folder / "rotinv" / "rotinv_concentration.md").write_text("# r\n\n[x](javascript:alert(3)) <b>hi</b>\n")
+    text = report.build_report(parent)
+    assert_inert(text)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt; \\| \\[x\\](javascript:alert(1))" in text
+    assert "| main&lt;img src=x onerror=alert(2)&gt; | train |" in text and "&lt;b&gt;hi&lt;/b&gt;" in text
+    assert ("x" * common.LABEL_LIMIT + "… (1,000,000 characters)") in text and "x" * (common.LABEL_LIMIT + 1) not in text
+    assert max(map(len, text.splitlines())) < 20 * common.LABEL_LIMIT
+    labels = [t.get_text() for fig in figures for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert labels and max(map(len, labels)) < 2 * common.LABEL_LIMIT
+    frame = common.load_trials(folder)
+    assert {len(v) for v in frame["pe"] if v.startswith("xxx")} == {common.LABEL_LIMIT + len("… (1,000,000 characters)")}
+
+
+@pytest.mark.slow
+def test_a_metric_stored_as_text_is_one_line_not_a_traceback(tmp_path, capsys):
+    parent = tmp_path / "results"
+    folder = write_sweep(parent / "main", "main", train_rows())
+    write_sweep(parent / "other", "other", train_rows())
+    frame = pd.read_parquet(folder / TRIALS_FILE)
+    frame["test_acc"] = frame["test_acc"].astype(str)
+    frame.to_parquet(folder / TRIALS_FILE)
+    done = run_report(folder)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().count("\n") == 0
+    assert "column 'test_acc' holds text (such as '0.9'" in done.stderr and str(folder / TRIALS_FILE) in done.stderr
+    text = report.build_report(parent)  # under a parent: that folder is skipped, the rest reported
+    assert "| main | ? |" in text and "| other | train | 15 |" in text

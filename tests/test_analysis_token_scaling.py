@@ -132,3 +132,15 @@ def test_out_of_memory_rows_are_shown_and_left_out_of_the_fit(tmp_path):
     exps = token_scaling.exponents(table).set_index("variant")
     assert exps.loc["softmax+rope", "out of memory at N"] == "4096"
     assert exps.loc["softmax+rope", "train step ms / image exponent"] == pytest.approx(2.0)  # over the sizes that ran
+
+
+def test_the_crossover_file_is_never_written_through_a_link(tmp_path):
+    parent = tmp_path / "all"
+    write_sweep(parent / "scaling", "scaling", scaling_rows())
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "luo_crossover.json"
+    link.symlink_to(victim)
+    with pytest.raises(SystemExit, match=r"^error: .*luo_crossover.json is a symbolic link .*allowed: a regular file"):
+        token_scaling.write_crossover(parent, link)
+    assert victim.read_text() == "precious" and link.is_symlink()

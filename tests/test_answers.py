@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rpevit.analysis import answers, confirmatory, gap_closure
+from rpevit.sweep.results import LinkRefused
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import parse
@@ -88,7 +89,7 @@ def test_writes_never_follow_a_symbolic_link(tmp_path):
     target.write_text("keep")
     link = tmp_path / "link.md"
     link.symlink_to(target)
-    with pytest.raises(GeneratedTextError, match="symbolic link"):
+    with pytest.raises(LinkRefused, match="symbolic link"):
         write_atomic(link, "overwritten")
     assert target.read_text() == "keep"
 

@@ -250,3 +250,107 @@ def test_sizes_that_only_the_allocator_would_refuse_are_bounded_in_the_cli(capsy
     assert err.count("\n") == 1 and f"field {name!r} has value {value}; allowed: an integer in {limit}" in err, err
     assert time.time() - t0 < 5
     TrialConfig.from_dict({name: int(limit.split("..")[1])})  # the bound itself is allowed
+
+
+# ---- issue 39, items 5, 6 and 9: bounded waits, one line, and a dry run that checks the data file
+def test_a_space_that_is_not_a_regular_file_is_refused_without_blocking(tmp_path, capsys) -> None:
+    import threading
+
+    fifo = tmp_path / "space.yaml"
+    os.mkfifo(fifo)  # open() would wait for a writer forever
+    codes: list[int] = []
+    worker = threading.Thread(target=lambda: codes.append(sweep.main(["--space", str(fifo), "--dry-run"])),
+                              daemon=True)
+    worker.start()
+    worker.join(20)
+    assert codes == [2], "sweep.py blocked on a FIFO named by --space"
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{fifo}: the space file is a named pipe (FIFO); allowed: a YAML space file" in err
+    for path, what in ((tmp_path, "a folder"), (Path("/dev/zero"), "a device")):
+        assert sweep.main(["--space", str(path), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"the space file is {what}; allowed" in err, err
+
+
+@pytest.mark.parametrize("value, env", [("bogus", False), ("bogus", True), ("127.0.0.1:99999", False),
+                                        ("local", False), ("http://127.0.0.1:8265", True), ("host:", False)])
+def test_a_cluster_address_of_no_known_form_is_one_line_before_ray(tmp_path, capsys, monkeypatch, value, env) -> None:
+    space = write_space(tmp_path, {"name": "s", "fixed": TINY})
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if env:
+        monkeypatch.setenv("RAY_ADDRESS", value)
+    argv = ["--space", str(space), "--results-dir", str(tmp_path / "r"), *([] if env else ["--address", value])]
+    for extra in (["--dry-run"], []):
+        assert sweep.main(argv + extra) == 2
+        err = capsys.readouterr().err
+        where = "$RAY_ADDRESS" if env else "--address"
+        assert err.count("\n") == 1 and f"error: {where} has value {value!r}; allowed: auto" in err, err
+
+
+def test_a_cluster_address_nothing_answers_at_is_refused_at_once(tmp_path) -> None:
+    import socket
+
+    from rpevit.sweep import session
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{taken.getsockname()[1]}"  # bound, not listening: refused
+        t0 = time.monotonic()
+        with pytest.raises(SpaceError, match=f"--address has value '{dead}', but no Ray head answers there "
+                                             f"\\(ConnectionRefusedError"):
+            session.probe_address(dead)
+        assert time.monotonic() - t0 < session.PROBE_TIMEOUT_S
+        taken.listen(1)
+        session.probe_address(dead)  # something listens: Ray is asked (bounded by JOIN_TIMEOUT_S)
+    assert session.check_address("auto") is None and session.check_address("[::1]:6379") == ("::1", 6379)
+    assert session.check_address("ray://head.cluster:10001") == ("head.cluster", 10001)
+
+
+@pytest.mark.slow
+def test_a_dead_or_silent_cluster_address_ends_the_sweep_in_one_line_in_bounded_time(tmp_path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    space = write_space(tmp_path, {"name": "s", "fixed": TINY})
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        dead = f"127.0.0.1:{taken.getsockname()[1]}"
+        env = {**os.environ, "RAY_ADDRESS": dead}
+        done = subprocess.run([sys.executable, "sweep.py", "--space", str(space), "--results-dir", str(tmp_path / "r")],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert f"error: $RAY_ADDRESS has value '{dead}', but no Ray head answers there" in done.stderr
+    # something accepts the connection but never speaks Ray's protocol: Ray would wait for good
+    silent = ("import runpy, socket, sys, threading\n"
+              "server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen(8)\n"
+              "threading.Thread(target=lambda: [server.accept() for _ in iter(int, 1)], daemon=True).start()\n"
+              "from rpevit.sweep import session\n"
+              "session.JOIN_TIMEOUT_S = 15.0\n"
+              "sys.argv = ['sweep.py', *sys.argv[1:], '--address', '127.0.0.1:%d' % server.getsockname()[1]]\n"
+              "runpy.run_path('sweep.py', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", silent, "--space", str(space), "--results-dir", str(tmp_path / "r")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and "but no Ray cluster answered there within 15 s" in errors[0], done.stderr[-2000:]
+
+
+def test_the_dry_run_checks_the_data_file_as_a_trial_will(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("RPEVIT_OFFLINE", "1")
+    space = write_space(tmp_path, {"name": "m", "fixed": {**TINY, "dataset": "mnist"}})
+    folder_npz = tmp_path / "as_folder"
+    (folder_npz / "mnist.npz").mkdir(parents=True)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases = [
+        ([str(space), "--data-dir", str(folder_npz)], ["dataset file", "mnist.npz is not a file", "allowed"]),
+        ([str(space), "--data-dir", str(empty)], ["mnist.npz does not exist and downloads are off",
+                                                  "RPEVIT_OFFLINE=1"]),
+    ]
+    assert_refused_in_one_line(capsys, cases)
+    (empty / "mnist.npz").write_bytes(b"")  # there: the dry run passes (the trial reads and checks it)
+    assert sweep.main(["--space", str(space), "--data-dir", str(empty), "--dry-run"]) == 0
+    monkeypatch.delenv("RPEVIT_OFFLINE")  # online, a missing file is downloaded by the trial: no refusal
+    assert sweep.main(["--space", str(space), "--data-dir", str(tmp_path / "fresh"), "--dry-run"]) == 0
+    assert not (tmp_path / "fresh").exists()  # and the dry run downloads nothing

@@ -14,7 +14,7 @@ import pytest
 from rpevit import checkpoint
 from rpevit.analysis import common
 from rpevit.cli import main as cli_main
-from rpevit.config import TrialConfig, resolve_values
+from rpevit.config import ConfigError, TrialConfig, resolve_values
 from rpevit.sweep import migrate
 from rpevit.sweep.protocol import EPOCH, SUMMARY, Report
 from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE
@@ -141,3 +141,116 @@ def test_options_of_an_encoding_the_trial_does_not_use_do_not_make_another_trial
     assert [t["rotinv_draws"] for t in used.trials] == [4, 8]
     shared = resolve_values({"pe": "rope", "rope_base": 50.0})  # rope_base is rope's (and circulant's) own
     assert shared["rope_base"] == 50.0
+
+
+# ---------------------------------------------------------------- issue 39: keys from files, ok rows first
+def rewrite_rows(path, change) -> None:
+    """Rewrite a results file's rows through `change(rows) -> rows` (a crafted or damaged file)."""
+    from rpevit.sweep.results import read_rows, to_table, trials_schema, epochs_schema, write_table_atomic
+
+    schema = trials_schema("train") if path.name == TRIALS_FILE else epochs_schema("train")
+    write_table_atomic(to_table(change(read_rows(path)), schema), path)
+
+
+@pytest.mark.parametrize("where", [TRIALS_FILE, EPOCHS_FILE, SPACE_FILE])
+def test_a_key_that_is_a_path_stops_the_migration_in_one_line_and_moves_nothing(tmp_path, capsys, where):
+    out, requested, keys = old_scheme_folder(tmp_path)
+    victim = tmp_path / "victims" / "precious_dir"
+    victim.mkdir(parents=True)
+    (victim / "thesis.tex").write_text("years of work")
+    bad = "../../victims/precious_dir"  # trials/<bad> is the victim: a placeholder config resolves to a new key
+    if where == TRIALS_FILE:
+        rewrite_rows(out / TRIALS_FILE, lambda rows: rows + [{**rows[1], "seed": 5, "trial_key": bad}])
+        row = 4
+    elif where == EPOCHS_FILE:
+        rewrite_rows(out / EPOCHS_FILE, lambda rows: [{**rows[0], "trial_key": bad}] + rows)
+        row = 1
+    else:
+        (out / SPACE_FILE).write_text(json.dumps({"name": "old", "source": "old.yaml", "trial_keys": [*keys, bad]}))
+        row = 4
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    folders = sorted(p.name for p in (out / "trials").iterdir())
+
+    assert migrate.main([str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out / where}, row {row} has trial_key '{bad}'" in err, err
+    assert "allowed: 16 lowercase hex digits" in err and "nothing was moved" in err
+    assert (victim / "thesis.tex").read_text() == "years of work"  # not moved into the sweep folder
+    assert sorted(p.name for p in (out / "trials").iterdir()) == folders
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != ".sweep.lock"}
+    assert after == {k: v for k, v in before.items() if k != ".sweep.lock"}  # no file rewritten, no backup made
+
+    space = expand_space({"name": "old", "fixed": TINY, "grid": {"seed": [0, 1]}}, source="old.yaml")
+    with pytest.raises(ConfigError, match="has trial_key '../../victims/precious_dir'"):
+        run_sweep(space, SweepOptions(results_dir=tmp_path, resume=True, dashboard=False))  # sweep.py --resume
+    assert (victim / "thesis.tex").exists()
+
+
+def test_a_migrated_folder_with_a_key_that_is_a_path_is_refused_before_anything_runs(tmp_path):
+    out, _, _ = old_scheme_folder(tmp_path)
+    space = expand_space({"name": "old", "fixed": TINY, "grid": {"seed": [0, 1]}}, source="old.yaml")
+    migrate.migrate_folder(out, space)
+    rewrite_rows(out / TRIALS_FILE, lambda rows: rows + [{**rows[0], "trial_key": "../../etc"}])
+    with pytest.raises(ConfigError, match=r"row 3 has trial_key '../../etc'"):
+        plan_sweep(space, out, resume=True, retry_failed=False, data_dir=None, resources=space.resources)
+
+
+def test_every_path_a_trial_key_names_is_checked(tmp_path):
+    from rpevit.sweep import trainable
+    from rpevit.sweep.deadline import Estimator, Unit, unit_estimate
+    from rpevit.sweep.protocol import TrialSpec
+    from rpevit.sweep.results import trial_folder
+
+    good = trial_key(TrialConfig.from_dict(TINY).to_dict())
+    assert trial_folder(tmp_path, good) == tmp_path / good
+    spec = TrialSpec(name="x", checkpoint_root=str(tmp_path / "trials"))
+    for bad in ("../x", "/etc", "", "ABCDEF0123456789", good + "0", None):
+        with pytest.raises(ConfigError, match="allowed: 16 lowercase hex digits"):
+            trial_folder(tmp_path, bad)
+        with pytest.raises(ConfigError):
+            trainable.tensorboard_dir(spec, bad)
+    with pytest.raises(ConfigError):
+        unit_estimate(Unit((("../../x", TINY),)), Estimator([], "train", has_epochs=True), tmp_path)
+
+
+def test_an_epoch_row_is_stored_under_its_trials_key_whatever_the_row_says(tmp_path):
+    out, _, keys = old_scheme_folder(tmp_path)
+    writer = ParquetResults(out, "old", {}, {k: i for i, k in enumerate(keys)})
+    trial = SimpleNamespace(trial_id="t9")
+    row = {"epoch": 7, "train_loss": 0.5, "trial_key": "../../x"}  # e.g. a history row of a crafted checkpoint
+    writer.on_trial_result(0, [], trial, Report(EPOCH, keys[0], row).to_tune())
+    writer.on_experiment_end([])
+    epochs = pd.read_parquet(out / EPOCHS_FILE)
+    assert set(epochs["trial_key"]) == set(keys) and (epochs["epoch"] == 7).sum() == 1
+
+
+def failed_first_folder(tmp_path):
+    """old_scheme_folder with seed 0's first spelling failed: its second spelling (batch_size 16 given,
+    test_acc 0.7) is the same computation, finished."""
+    out, requested, keys = old_scheme_folder(tmp_path)
+    rewrite_rows(out / TRIALS_FILE, lambda rows: [{**rows[0], "status": "failed", "error": "RuntimeError: boom",
+                                                  "test_acc": None}] + rows[1:])
+    return out, requested, keys
+
+
+def test_migration_keeps_the_ok_row_over_a_failed_one_of_the_same_computation(tmp_path):
+    out, _, old_keys = failed_first_folder(tmp_path)
+    space = expand_space({"name": "old", "fixed": TINY, "grid": {"seed": [0, 1]}}, source="old.yaml")
+    message = migrate.migrate_folder(out, space)
+    assert "1 duplicate row(s)" in message
+    trials = pd.read_parquet(out / TRIALS_FILE)
+    assert trials["trial_key"].tolist() == space.keys
+    assert trials["status"].tolist() == ["ok", "ok"] and trials["test_acc"].tolist() == [0.7, 0.6]
+    epochs = pd.read_parquet(out / EPOCHS_FILE)
+    assert dict(zip(epochs["trial_key"], epochs["train_loss"])) == dict(zip(space.keys, [3.0, 2.0]))  # the kept row's
+    assert (out / "trials" / space.keys[0] / "marker").read_text() == old_keys[2]  # its checkpoint folder too
+    kept = pd.read_parquet(out / (TRIALS_FILE + migrate.BACKUP_SUFFIX))
+    assert kept["status"].tolist() == ["failed", "ok", "ok"]  # the failed one stays in the original
+    plan = plan_sweep(space, out, resume=True, retry_failed=True, data_dir=None, resources=space.resources)
+    assert plan.pending == []  # finished: nothing to retry
+
+
+def test_the_analysis_counts_the_ok_row_of_a_computation_stored_twice(tmp_path):
+    out, _, _ = failed_first_folder(tmp_path)
+    frame = common.load_trials(out)
+    assert len(frame) == 2 and sorted(frame["test_acc"]) == [0.6, 0.7]

@@ -397,3 +397,25 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
     epochs = pd.read_parquet(folder / EPOCHS_FILE)
     assert len(trials) == 3 and set(trials["status"]) == {"ok"}
     assert len(epochs) == 6 and not epochs.duplicated(["trial_key", "epoch"]).any()
+
+
+# ---- issue 39: one no-follow atomic writer for every results file and analysis output
+def test_the_atomic_writer_never_writes_through_a_link(tmp_path) -> None:
+    from rpevit.sweep.results import LinkRefused, atomic_file, temp_name, write_text_atomic
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    target = tmp_path / "space.json"
+    temp_name(target).symlink_to(victim)  # a planted temp file of this pid: removed, never written through
+    write_text_atomic(target, "{}")
+    assert target.read_text() == "{}" and victim.read_text() == "precious" and not temp_name(target).exists()
+    link = tmp_path / "report.md"
+    link.symlink_to(victim)
+    with pytest.raises(LinkRefused, match="report.md is a symbolic link .*allowed: a regular file or nothing"):
+        write_text_atomic(link, "x")
+    assert victim.read_text() == "precious" and link.is_symlink()
+    with pytest.raises(RuntimeError):  # a write that fails leaves the old file and no temp file
+        with atomic_file(target) as handle:
+            handle.write(b"half")
+            raise RuntimeError("disk full")
+    assert target.read_text() == "{}" and not temp_name(target).exists()

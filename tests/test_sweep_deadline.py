@@ -153,11 +153,11 @@ def test_checkpoint_epochs_are_read_safely_and_only_from_the_trials_own_checkpoi
 def test_a_fused_group_takes_one_members_time_scaled_to_its_size(tmp_path):
     cfgs = [{**TINY, "seed": s} for s in range(4)]
     est = dl.Estimator([row({**TINY, "seed": 9}, 100.0, members=2)], "train", has_epochs=True)
-    group = lambda n: dl.Unit(tuple((f"k{i}", cfgs[i]) for i in range(n)), "fused")  # noqa: E731
+    group = lambda n: dl.Unit(tuple((f"{i:016x}", cfgs[i]) for i in range(n)), "fused")  # noqa: E731
     assert dl.unit_estimate(group(2), est, tmp_path).seconds == 100.0  # they run together
     assert dl.unit_estimate(group(1), est, tmp_path).seconds == 100.0
     assert dl.unit_estimate(group(4), est, tmp_path).seconds == 200.0  # twice the members of the row's group
-    checkpoint.save(tmp_path / "k0" / checkpoint.CHECKPOINT_NAME,  # member 0 is 1 epoch in: a sub-group of its own
+    checkpoint.save(tmp_path / f"{0:016x}" / checkpoint.CHECKPOINT_NAME,  # member 0 is 1 epoch in: a sub-group of its own
                     {"model": {}, "optimizer": {}, "scheduler": {}, "rng": {}, "history": [], "epoch": 1,
                      "fingerprint": checkpoint.fingerprint(TrialConfig.from_dict(cfgs[0]))})
     assert dl.unit_estimate(group(2), est, tmp_path).seconds == pytest.approx(150.0)  # 1 epoch, then 2, in turn
@@ -166,7 +166,7 @@ def test_a_fused_group_takes_one_members_time_scaled_to_its_size(tmp_path):
 def test_the_plan_admits_in_order_what_ends_before_the_deadline_on_its_slots(tmp_path):
     cfgs = [{**TINY, "seed": s, "epochs": e} for s, e in enumerate([2, 2, 20, 2, 2, 2])]
     est = dl.Estimator([row({**TINY, "seed": 99}, 100.0)], "train", has_epochs=True)  # 50 s per epoch
-    units = [dl.Unit(((f"k{i}", c),)) for i, c in enumerate(cfgs)]
+    units = [dl.Unit(((f"{i:016x}", c),)) for i, c in enumerate(cfgs)]
     each = dl.PER_TRIAL_S + 100.0
     deadline = dl.Deadline(NOW + dl.STARTUP_S + 2 * each + 1)
     plan = dl.plan_units(units, est, slots=2, now=NOW, deadline=deadline, checkpoint_root=tmp_path)
@@ -202,32 +202,100 @@ def test_a_fused_summary_counts_each_group_once(tmp_path, capsys):
 def test_only_what_fits_starts_in_space_order_and_nothing_started_is_lost(tmp_path, two_cpu_ray, capsys):
     space = expand_space({"name": "dl", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]},
                          source="dl.yaml")
-    # measured rows of the same recipes (seed 100: not in this space, set aside, still measurements): 100 s each
+    # measured rows of the same recipes (seed 100: not in this space, set aside, still measurements): ape
+    # 100 s, rope 1000 s (the slowest row of a level counts, so the rope trials stay at 1000 s however fast
+    # the ape ones turn out)
     (tmp_path / "dl").mkdir()
-    old = [row({**TINY, "pe": pe, "seed": 100}, 100.0, key=f"old-{pe}") for pe in ("ape", "rope")]
+    old = [row({**TINY, "pe": pe, "seed": 100}, seconds, key=f"{i:016x}")
+           for i, (pe, seconds) in enumerate((("ape", 100.0), ("rope", 1000.0)))]
     write_table_atomic(to_table(old, trials_schema("train")), tmp_path / "dl" / TRIALS_FILE)
     each = dl.PER_TRIAL_S + 100.0
-    deadline = time.time() + dl.STARTUP_S + 2 * each + 30  # one slot: two fit, the third would end 75 s late
+    deadline = time.time() + dl.STARTUP_S + 2 * each + 30  # one slot: both ape trials fit, no rope trial does
     opts = SweepOptions(results_dir=tmp_path, dashboard=False, resume=True, max_concurrent=1, deadline=deadline,
                         progress_every_s=1e9)
     outcome = execute_sweep(space, opts)
     out = capsys.readouterr().out
     assert outcome.exit_code == 0, out[-3000:]
+    ape = [k for i, k in enumerate(space.keys) if space.trials[i]["pe"] == "ape"]
     trials = pd.read_parquet(tmp_path / "dl" / TRIALS_FILE)
     ran = trials[trials["trial_key"].isin(space.keys)]
-    assert list(ran["trial_key"]) == space.keys[:2] and set(ran["status"]) == {"ok"}  # in space order
+    assert list(ran["trial_key"]) == ape and set(ran["status"]) == {"ok"}  # in space order
     epochs = pd.read_parquet(tmp_path / "dl" / "epochs.parquet")
-    assert sorted(epochs["trial_key"]) == sorted(space.keys[:2] * 2)  # every epoch of what ran
-    for key in space.keys[2:]:  # never started: no folder, no checkpoint
+    assert sorted(epochs["trial_key"]) == sorted(ape * 2)  # every epoch of what ran
+    for key in set(space.keys) - set(ape):  # never started: no folder, no checkpoint
         assert not (tmp_path / "dl" / "trials" / key).exists()
     assert "deadline plan: starting 2 of 4 Tune trial(s) (2 trial(s))" in out
     assert "ran 2 trial(s), left 2 that would not end before it; estimate: 1 min 40 s per Tune trial" in out
-    assert "same recipe 2" in out
+    assert "round 2 (after the last finished): starting 0 of 2 Tune trial(s)" in out  # planned again: still too long
+    assert "then 16 min 40 s per Tune trial (from rows of: same recipe 2" in out
     command = next(ln for ln in out.splitlines() if ln.startswith("continue with: ")).removeprefix("continue with: ")
     assert shlex.split(command) == ["python", "sweep.py", "--space", "dl.yaml", "--name", "dl", "--results-dir",
                                     str(tmp_path), "--resume", "--deadline", dl.NEW_DEADLINE]
 
-    # the resume that completes the rest: test_the_command_line_prints_the_resume_command_that_finishes_the_sweep
+    # the resume: test_the_command_line_prints_the_resume_command_that_continues_the_sweep
+
+
+@pytest.mark.slow
+def test_the_plan_is_made_again_when_the_trials_started_have_finished(tmp_path, two_cpu_ray, capsys):
+    """Issue 39: a 3-minute deadline left minutes unused while trials the first plan left waited. The
+    estimates (100 s a trial) are far above what these trials take (seconds): the first plan admits one
+    on one slot; once it has finished, the time actually left admits more."""
+    space = expand_space({"name": "again", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]},
+                         source="again.yaml")
+    (tmp_path / "again").mkdir()
+    old = [row({**TINY, "pe": pe, "seed": 100}, 100.0, key=f"{i:016x}") for i, pe in enumerate(("ape", "rope"))]
+    write_table_atomic(to_table(old, trials_schema("train")), tmp_path / "again" / TRIALS_FILE)
+    deadline = time.time() + dl.STARTUP_S + (dl.PER_TRIAL_S + 100.0) + 60  # the first plan: one of four
+    outcome = execute_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False, resume=True, max_concurrent=1,
+                                                deadline=deadline, progress_every_s=1e9))
+    out = capsys.readouterr().out
+    assert outcome.exit_code == 0, out[-3000:]
+    assert "deadline plan: starting 1 of 4 Tune trial(s)" in out
+    assert "deadline plan, round 2 (after the last finished): starting" in out, out[-3000:]
+    trials = pd.read_parquet(tmp_path / "again" / TRIALS_FILE)
+    ran = trials[trials["trial_key"].isin(space.keys)]
+    assert len(ran) >= 2 and set(ran["status"]) == {"ok"}
+    assert list(ran["trial_key"]) == space.keys[:len(ran)]  # still in space order
+
+
+def test_when_nothing_can_fit_ray_is_not_started_and_no_probe_is_claimed(tmp_path, monkeypatch, capsys):
+    from rpevit.sweep import session
+
+    monkeypatch.setattr(session, "ray_session", lambda *a, **k: pytest.fail("Ray was started"))
+    space = expand_space({"name": "near", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}}, source="near.yaml")
+    near = time.time() + dl.STARTUP_S / 2  # nothing known, and not even a probe's start-up fits
+    outcome = execute_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False, deadline=near))
+    out = capsys.readouterr().out
+    assert outcome.exit_code == 0 and "Ray is not started" in out
+    assert "starting 0 of 2 Tune trial(s)" in out and "the deadline leaves no time for a probe" in out
+    assert "starts alone as a probe" not in out
+    assert "ran 0 trial(s), left 2" in out and "continue with: " in out
+    (tmp_path / "near" / TRIALS_FILE).parent.mkdir(exist_ok=True)  # known, but longer than the time left
+    write_table_atomic(to_table([row({**TINY, "pe": "ape", "seed": 9}, 1000.0, key=f"{7:016x}")],
+                                trials_schema("train")), tmp_path / "near" / TRIALS_FILE)
+    outcome = execute_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False, resume=True,
+                                                deadline=time.time() + 600))
+    out = capsys.readouterr().out
+    assert outcome.exit_code == 0 and "Ray is not started" in out and "16 min 40 s per Tune trial" in out
+
+
+def test_absurd_deadlines_and_estimates_are_one_line_and_day_counts_are_bounded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TZ", "Europe/Berlin")
+    time.tzset()
+    try:
+        for text, why in [("9999-12-31T23:59", "which is more than a year ahead"),
+                          ("0001-01-01T00:00", "which has passed \\(more than a year ago\\)"),
+                          ("2099-01-01T00:00\\+01:00", "which is more than a year ahead")]:
+            with pytest.raises(ConfigError, match=f"^--deadline has value '{text}', {why}; allowed"):
+                dl.parse_deadline(text.replace("\\", ""))
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    with pytest.raises(ConfigError, match=r"--deadline-estimate has value 1e\+300; allowed: .* at most 31,622,400"):
+        dl.check_estimate(1e300, dl.parse_deadline("90m"))
+    assert dl.span(1e300) == dl.span(math.inf) == "more than a year" and dl.span(3 * 86400) == "3 d 00 h"
+    with pytest.raises(ConfigError, match="deadline has value 1e\\+300; allowed: a Unix time at most a year ahead"):
+        dl.as_deadline(1e300)
 
 
 @pytest.mark.slow
@@ -239,7 +307,8 @@ def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp
     out = capsys.readouterr().out
     assert outcome.exit_code == 0, out[-3000:]
     assert "starting 1 of 3 Tune trial(s) (1 trial(s))" in out and "estimate: nothing known yet" in out
-    assert "starting 2 of 2 Tune trial(s) (2 trial(s))" in out and "from rows of: same task 2" in out
+    assert "round 2 (after the last finished): starting 2 of 2 Tune trial(s) (2 trial(s))" in out
+    assert "from rows of: same task 2" in out
     trials = pd.read_parquet(tmp_path / "probe" / TRIALS_FILE).set_index("trial_key")
     assert set(trials["status"]) == {"ok"} and len(trials) == 3
     probe = trials.loc[space.keys[0]]
@@ -247,12 +316,13 @@ def test_with_nothing_known_one_trial_probes_and_the_rest_is_planned_from_it(tmp
 
 
 @pytest.mark.slow
-def test_the_command_line_prints_the_resume_command_that_finishes_the_sweep(tmp_path):
-    space = {"name": "dlcli", "fixed": TINY, "grid": {"pe": ["ape", "rope"]}, "seeds": [0, 1]}
+def test_the_command_line_prints_the_resume_command_that_continues_the_sweep(tmp_path):
+    space = {"name": "dlcli", "fixed": TINY, "grid": {"pe": ["ape", "rope"], "epochs": [2, 10000]}}
     path = tmp_path / "dlcli.yaml"
     path.write_text(yaml.safe_dump(space))
     results = tmp_path / "out dir"
-    # no rows yet: 100 s per epoch from --deadline-estimate; one at a time, two of the 205 s trials fit in 9.5 min
+    # no rows yet: 100 s per epoch from --deadline-estimate; one at a time, the two 2-epoch trials (205 s) fit
+    # in 9.5 min; the 10000-epoch ones do not, also once the first rows say how fast an epoch really is
     first = subprocess.run([sys.executable, "sweep.py", "--space", str(path), "--name", "mine", "--results-dir",
                             str(results), "--set", "lr=0.002", "--no-dashboard", "--max-concurrent", "1",
                             "--deadline", "9.5m", "--deadline-estimate", "100"], cwd=ROOT, capture_output=True,
@@ -264,19 +334,17 @@ def test_the_command_line_prints_the_resume_command_that_finishes_the_sweep(tmp_
     argv = shlex.split(line.removeprefix("continue with: "))
     assert argv == ["python", "sweep.py", "--space", str(path), "--name", "mine", "--results-dir", str(results),
                     "--set", "lr=0.002", "--resume", "--deadline", dl.NEW_DEADLINE]
-    first_rows = tmp_path / "first.parquet"
-    shutil.copy(results / "mine" / TRIALS_FILE, first_rows)
-    assert len(pd.read_parquet(first_rows)) == 2
-    argv = [sys.executable, *argv[1:-1], "30m", "--no-dashboard"]
+    before = pd.read_parquet(results / "mine" / TRIALS_FILE)
+    assert len(before) == 2 and set(before["epochs"]) == {2} and set(before["lr"]) == {0.002}
+    # 5 minutes: a 10000-epoch trial is predicted at 5000x a measured 2-epoch row (over a tenth of a second
+    # on any machine), so it does not fit, and the command ends without starting Ray
+    argv = [sys.executable, *argv[1:-1], "5m", "--no-dashboard"]
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
-    assert "set aside" not in again.stdout and "2 already done, 2 to run" in again.stdout
-    assert "continue with" not in again.stdout and "ran 2 trial(s), left 0" in again.stdout
+    assert "set aside" not in again.stdout and "2 already done, 2 to run" in again.stdout  # the same trials
+    assert "Ray is not started" in again.stdout and "ran 0 trial(s), left 2" in again.stdout
     trials = pd.read_parquet(results / "mine" / TRIALS_FILE)
-    assert len(trials) == 4 and trials["trial_key"].is_unique and set(trials["status"]) == {"ok"}
-    assert set(trials["lr"]) == {0.002}  # the same trials: --set was repeated
-    before = pd.read_parquet(first_rows)
-    kept = trials.set_index("trial_key").loc[before["trial_key"], "started_at"]
-    assert (kept.to_numpy() == before["started_at"].to_numpy()).all()  # what ran first was not rerun
+    assert trials["trial_key"].tolist() == before["trial_key"].tolist()
+    assert (trials["started_at"].to_numpy() == before["started_at"].to_numpy()).all()  # what ran was not rerun
     epochs = pd.read_parquet(results / "mine" / "epochs.parquet")
-    assert len(epochs) == 4 * 2 and not epochs.duplicated(["trial_key", "epoch"]).any()
+    assert len(epochs) == 2 * 2 and not epochs.duplicated(["trial_key", "epoch"]).any()

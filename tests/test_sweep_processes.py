@@ -12,6 +12,7 @@ import pytest
 
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -116,3 +117,116 @@ def test_one_driver_per_sweep_loopback_ray_and_ray_dies_with_a_killed_driver(tmp
 
     with sweep_lock(results / "locked"):
         pass
+
+
+# ---- issue 39, item 4: SIGTERM at any moment ends the driver with 143 and one line, Ray shut down
+TERM_DURING_INIT = """
+import os, runpy, signal, sys, threading
+from rpevit.sweep import session  # no Ray import yet: sweep.py's own order of imports is kept
+
+real, delay = session._init_ray, float(sys.argv[1])
+def init(*args, **kwargs):  # SIGTERM while the embedded Ray starts
+    threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    return real(*args, **kwargs)
+session._init_ray = init
+sys.argv = ["sweep.py", *sys.argv[2:]]
+runpy.run_path("sweep.py", run_name="__main__")
+"""
+
+
+def stopped(proc: subprocess.Popen, lines: list[str], seen: list[psutil.Process], results: Path) -> None:
+    """The driver ended on SIGTERM as it should: 143, one line saying so, no traceback or abort dump,
+    every process it started gone, the sweep lock free."""
+    try:
+        assert proc.wait(timeout=120) == 143, "".join(lines)[-3000:]
+        out = "".join(lines)
+        assert out.count("SIGTERM received, stopping") == 1, out[-3000:]
+        for noise in ("Traceback", "*** SIGTERM", "SIGABRT", "Exception ignored"):
+            assert noise not in out, out[-3000:]
+        deadline = time.time() + 15
+        while alive(seen) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not alive(seen), [(p.pid, p.name()) for p in alive(seen)]
+    finally:
+        for p in alive(seen):
+            p.kill()
+    from rpevit.sweep.lock import sweep_lock
+
+    with sweep_lock(results / "locked"):
+        pass
+
+
+@pytest.mark.parametrize("moment", ["imports", "ray.init", "ray.init+1s", "tune"])
+def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
+    space_file, results = tmp_path / "locked.yaml", tmp_path / "results"
+    space_file.write_text(yaml.safe_dump(SPACE))
+    argv = ["--space", str(space_file), "--results-dir", str(results), "--no-dashboard"]
+    if moment.startswith("ray.init"):
+        delay = "1.0" if moment.endswith("+1s") else "0.0"
+        proc = subprocess.Popen([sys.executable, "-c", TERM_DURING_INIT, delay, *argv], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        lines: list[str] = []
+        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    else:
+        proc, lines = start(space_file, results, "--no-dashboard")
+    seen: list[psutil.Process] = []
+    if moment == "imports":
+        time.sleep(0.3)  # python is importing torch, pandas, rpevit
+    elif moment == "tune":
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not list(results.glob("locked/trials/*/checkpoint.pt")):
+            seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
+            time.sleep(0.2)
+        assert proc.poll() is None, "".join(lines)[-3000:]
+    if moment.startswith("ray.init"):  # the driver signals itself; what it starts meanwhile is watched
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
+            time.sleep(0.1)
+    else:
+        seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
+        proc.send_signal(signal.SIGTERM)
+    stopped(proc, lines, seen, results)
+
+
+# ---- issue 39, item 11: the embedded Ray's sessions (trial logs among them) are this user's alone
+PRIVATE_SESSION = """
+import os, stat, sys
+from rpevit.sweep import session
+import ray
+with session.ray_session(None, True, 0.0):
+    folder = ray._private.worker._global_node.get_session_dir_path()  # where this Ray keeps logs, sockets
+    logs = os.path.join(folder, "logs")
+    print(folder, oct(stat.S_IMODE(os.stat(os.path.dirname(os.path.dirname(folder))).st_mode)),
+          len(os.listdir(logs)) > 0, flush=True)
+"""
+
+
+def test_the_embedded_rays_session_folder_is_behind_a_folder_only_this_user_enters(tmp_path):
+    from rpevit.sweep import session
+
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_TMPDIR", "TMPDIR", "RAY_ADDRESS")}
+    done = subprocess.run([sys.executable, "-c", PRIVATE_SESSION], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    folder, mode, has_logs = done.stdout.split()[-3:]
+    private = Path("/tmp") / f"rpevit-{os.getuid()}"
+    assert Path(folder).parent == private / "ray" and mode == "0o700" and has_logs == "True", done.stdout
+    assert private.stat().st_uid == os.getuid()
+    assert session.private_temp_dir() == private / "ray"
+
+
+def test_a_private_temp_folder_that_is_a_link_or_open_is_refused_or_closed(tmp_path, monkeypatch):
+    from rpevit.sweep import session
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    folder = tmp_path / f"rpevit-{os.getuid()}"
+    folder.mkdir(mode=0o755)
+    os.chmod(folder, 0o755)
+    assert session.private_temp_dir() == folder / "ray" and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    folder.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    folder.symlink_to(elsewhere)
+    with pytest.raises(session.SpaceError, match="is a symbolic link; allowed: a folder of this user's, mode 0700"):
+        session.private_temp_dir()

@@ -157,9 +157,11 @@ seeds: [0, 1]
         parse_overrides(["dataset"], flag="--only")
 
 
-def test_only_on_the_command_line_runs_one_half_of_all12(capsys):
+def test_only_on_the_command_line_runs_one_half_of_all12(tmp_path, capsys):
+    (tmp_path / "cifar10.npz").write_bytes(b"")  # the dry run checks that the file a trial reads is there
     assert sweep.main(["--space", str(ROOT / "search_spaces" / "all12.yaml"), "--only", "dataset=cifar10",
-                       "--set", "epochs=2", "--set", "warmup_epochs=0.2", "--dry-run"]) == 0
+                       "--set", "epochs=2", "--set", "warmup_epochs=0.2", "--data-dir", str(tmp_path),
+                       "--dry-run"]) == 0
     assert "36 trials in sweep 'all12'" in capsys.readouterr().out
     assert sweep.main(["--space", str(ROOT / "search_spaces" / "all12.yaml"), "--only", "pe=alibi",
                        "--dry-run"]) == 2

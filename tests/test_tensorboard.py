@@ -114,3 +114,29 @@ def test_only_finite_numbers_are_written(tmp_path):
                "attn_tv_per_layer": [0.1, 0.2], "note": "text", "flag": True})
     board.close()
     assert events(tmp_path / "tb" / "k") == {"val_acc": [(1, 0.5)]}
+
+
+# ---- issue 39, item 8: a TensorBoard folder that cannot be written is said, not skipped silently
+@pytest.mark.slow
+def test_a_linked_event_folder_is_said_in_the_trials_log_and_the_sweeps_output(tmp_path, reports, capsys):
+    from rpevit.sweep.protocol import NOTE
+    from rpevit.sweep.tune_run import Progress
+
+    one = member(attention="softmax", pe="ape", epochs=1, seed=0)
+    spec = TrialSpec(one.trial_key, (one,), checkpoint_root=str(tmp_path / "sweep" / "trials"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "sweep" / trainable.TENSORBOARD_DIR).mkdir(parents=True)
+    (tmp_path / "sweep" / trainable.TENSORBOARD_DIR / one.trial_key).symlink_to(elsewhere)
+    trainable.run_single(spec, one)
+    assert [r["kind"] for r in reports] == [NOTE, EPOCH, SUMMARY]  # the trial trained on
+    note = reports[0]["error"]
+    assert f"no TensorBoard events for trial {one.trial_key}:" in note and "is a symbolic link" in note
+    assert not list(elsewhere.iterdir())  # nothing written through the link
+    log = (tmp_path / "sweep" / "trials" / one.trial_key / "log.txt").read_text()
+    assert note in log
+    progress = Progress(total=1, every_s=1e9)  # the driver's printer: the line in the sweep's output, once
+    capsys.readouterr()
+    for _ in range(2):
+        progress.on_trial_result(0, [], None, reports[0])
+    assert capsys.readouterr().out == f"warning: {note}\n"

@@ -12,19 +12,29 @@ search_spaces/smoke.yaml` writes `results/smoke/`) never enters the committed re
 STUDIES file every folder is read. A trials.parquet that cannot be read stops a script given that
 one sweep folder with one line naming it and what to do; under a parent, its folder is skipped with
 that line (on stderr, and in the Markdown) and the rest is reported.
+
+Everything read from a file is untrusted. Text values of the rows (names: pe, attention, dataset,
+environment, ...) are bounded to LABEL_LIMIT characters and made inert for Markdown as they are
+read (`untrusted_names`, `md_text`), so no table cell, heading, prose line or figure label can carry
+HTML, a link or a line break in, nor a megabyte label into matplotlib; folder names are passed through
+`md_text` (or `code_span`) where they reach the Markdown. Every file a script writes (Markdown,
+PNG, CSV, JSON) goes through `output_file`: atomic, never through a symbolic link (refused in one line).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
+import re
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -33,7 +43,8 @@ from rpevit import config, registry
 from rpevit.attention.base import RandomFeatureBackend
 from rpevit.sweep.protocol import OK
 from rpevit.sweep import migrate, results
-from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, DamagedResults, read_results_table
+from rpevit.sweep.results import (SPACE_FILE, STR, TRIALS_FILE, DamagedResults, LinkRefused, atomic_file,
+                                  read_results_table, trials_schema)
 
 
 ENVIRONMENT_COLUMNS = tuple(name for name, _ in results.ENVIRONMENT_COLUMNS)  # where a row was produced
@@ -63,6 +74,63 @@ def attention_class(name: Any) -> type | None:
 
 
 ROTATION_METRIC_PREFIX = "test_acc_rot"  # test_acc_rot0 ... test_acc_rot_random and their draw statistics
+
+
+LABEL_LIMIT = 200  # characters of a name read from a file that reach a table or a figure (a 1 MB `pe` would not plot)
+_MD_ESCAPES = str.maketrans({"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "&": "&amp;", "<": "&lt;",
+                             ">": "&gt;"})
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")  # line breaks and terminal escapes: one space
+_UNSAFE = re.compile(r"[\\`\[\]&<>\x00-\x1f\x7f\u0085\u2028\u2029]")
+
+
+def short(text: str, limit: int = LABEL_LIMIT) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
+
+def md_text(value: Any) -> str:
+    """A value read from a file, as inert Markdown text: line breaks and control characters become a
+    space (a newline would end a table row), `\\ ` [ ]` are backslash-escaped (no link, image or code
+    span can open), `& < >` become entities (no HTML). Text without those characters is unchanged, so
+    ordinary names print as before; `|` is escaped by markdown_table, where it would split a cell."""
+    text = str(value)
+    if not _UNSAFE.search(text):
+        return text
+    return _CONTROL.sub(" ", text).translate(_MD_ESCAPES)
+
+
+def code_span(value: Any) -> str:
+    """A value read from a file (a path) as a Markdown code span: fenced by one backtick more than its
+    longest run of them, line breaks as spaces; inside a code span nothing is markup or HTML."""
+    text = _CONTROL.sub(" ", str(value))
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+@functools.cache
+def _text_columns() -> frozenset[str]:
+    """The columns every registered task's trials.parquet declares as text (names, versions, errors)."""
+    registry.load_all()
+    return frozenset(f.name for task in registry.TASKS for f in trials_schema(task) if f.type == STR)
+
+
+def untrusted_names(frame: pd.DataFrame) -> pd.DataFrame:
+    """The frame with every declared text column's values bounded (short) and made inert (md_text):
+    what reaches the Markdown, the figures and the CSVs from these rows is then safe, wherever a
+    study module prints it."""
+    def clean(value: Any) -> Any:
+        if not isinstance(value, str) or (len(value) <= LABEL_LIMIT and not _UNSAFE.search(value)):
+            return value
+        return md_text(short(value))
+
+    out = frame
+    for name in _text_columns().intersection(frame.columns):
+        cleaned = frame[name].map(clean)
+        if not cleaned.equals(frame[name]):
+            out = out.copy() if out is frame else out
+            out[name] = cleaned
+    return out
 
 
 def trial_files(results_dir: Path) -> list[Path]:
@@ -115,10 +183,10 @@ def studies_note(results_dir: Path) -> str:
     skipped, missing = unlisted_folders(results_dir)
     parts = []
     if skipped:
-        parts.append(f"not read: {', '.join(skipped)} (not listed in {STUDIES_FILE}, which names the studies "
-                     f"this report is made of)")
+        parts.append(f"not read: {', '.join(map(md_text, skipped))} (not listed in {STUDIES_FILE}, which names the "
+                     f"studies this report is made of)")
     if missing:
-        parts.append(f"listed in {STUDIES_FILE} but holding no {TRIALS_FILE}: {', '.join(missing)}")
+        parts.append(f"listed in {STUDIES_FILE} but holding no {TRIALS_FILE}: {', '.join(map(md_text, missing))}")
     return "; ".join(f"_{p}_" for p in parts)
 
 
@@ -146,7 +214,7 @@ def read_sweep(path: Path, results_dir: Path) -> pd.DataFrame | None:
             _WARNED.add(path)
             print(f"warning: {damaged_text(err)}", file=sys.stderr, flush=True)
         return None
-    return migrate.resolved_frame(table.to_pandas()) if table is not None else pd.DataFrame()
+    return untrusted_names(migrate.resolved_frame(table.to_pandas())) if table is not None else pd.DataFrame()
 
 
 def space_keys(folder: Path) -> set[str] | None:
@@ -204,10 +272,10 @@ class TrialRows:
             parts.append(f"_{self.rotation_study} row{s} of the rotation study (test-time rotations) left to its own "
                          "section: its training augmentation differs_")
         if self.without_space:
-            parts.append(f"_no {SPACE_FILE} in {', '.join(self.without_space)}: all rows there kept_")
+            parts.append(f"_no {SPACE_FILE} in {', '.join(map(md_text, self.without_space))}: all rows there kept_")
         if self.damaged:
-            parts.append(f"_skipped, {TRIALS_FILE} cannot be read: {', '.join(self.damaged)} (see the warning on "
-                         f"stderr)_")
+            parts.append(f"_skipped, {TRIALS_FILE} cannot be read: {', '.join(map(md_text, self.damaged))} (see the "
+                         f"warning on stderr)_")
         if self.studies:
             parts.append(self.studies)
         return "; ".join(parts)
@@ -359,13 +427,18 @@ def pyplot():
 def save_figure(fig, path: Path) -> Path:
     """Saved with everything drawn in it, legends placed outside the axes included (bbox "tight"):
     tight_layout cannot make room for a long outside legend, and warns so; the crop does it. A figure
-    made with a layout engine of its own (`layout="constrained"`) keeps it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
-        if fig.get_layout_engine() is None:
-            fig.tight_layout()
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    pyplot().close(fig)
+    made with a layout engine of its own (`layout="constrained"`) keeps it. Written through
+    output_file (atomic, never through a link)."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
+            if fig.get_layout_engine() is None:
+                fig.tight_layout()
+        with output_file(path) as handle:
+            fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight")
+    finally:
+        pyplot().close(fig)
     return path
 
 
@@ -402,8 +475,30 @@ def cli(description: str) -> Path:
     return results_dir
 
 
+@contextmanager
+def output_file(path: Path) -> Iterator[BinaryIO]:
+    """What an analysis script writes (Markdown, PNG, CSV, JSON), through rpevit.sweep.results.atomic_file:
+    atomic, never through a symbolic link. A link there, or a folder that cannot take the file, stops
+    the script with one line naming the path (nothing is written through the link)."""
+    try:
+        with atomic_file(path) as handle:
+            yield handle
+    except LinkRefused as err:
+        raise SystemExit(f"error: {err}") from None
+    except OSError as err:
+        raise SystemExit(f"error: cannot write {path} ({err.strerror or err}); allowed: a folder this user can "
+                         f"write") from None
+
+
+def write_text_file(path: Path, text: str) -> Path:
+    """`text` into `path` through output_file."""
+    with output_file(Path(path)) as handle:
+        handle.write(text.encode("utf-8"))
+    return Path(path)
+
+
 def write_markdown(path: Path, text: str) -> Path:
-    path.write_text(text.rstrip() + "\n")
+    write_text_file(path, text.rstrip() + "\n")
     print(f"wrote {path}")
     return path
 

@@ -16,10 +16,11 @@ regenerates them. Writes are atomic and never follow a symbolic link.
 from __future__ import annotations
 
 import difflib
-import os
 import re
 from pathlib import Path
 from typing import Callable, Mapping
+
+from rpevit.sweep.results import atomic_file
 
 NAME = r"[A-Za-z0-9_.-]+"
 BEGIN = "<!-- BEGIN GENERATED {name}: `{command}` rewrites this block; do not edit -->"
@@ -90,16 +91,10 @@ def stale(expected: Mapping[Path, str], root: Path, context: int = 12) -> list[s
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """path replaced by text in one step (a temporary file beside it, then os.replace), never through a
-    symbolic link: a planted link at the temporary name or at path is not followed."""
-    if path.is_symlink():
-        raise GeneratedTextError(f"{path} is a symbolic link; allowed: a regular file (the analysis never writes "
-                                 f"through a link)")
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.replace(tmp, path)
+    """path replaced by text in one step, never through a symbolic link: the one results writer
+    (rpevit.sweep.results.atomic_file; a link at path is refused with LinkRefused, one line)."""
+    with atomic_file(path) as handle:
+        handle.write(text.encode("utf-8"))
 
 
 __all__ = ["BEGIN", "END", "GeneratedTextError", "block_names", "fill", "stale", "whole_file", "write_atomic"]

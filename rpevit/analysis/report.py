@@ -18,13 +18,15 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
 from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study, token_scaling
 from rpevit.analysis.confirmatory import exploratory_note
-from rpevit.analysis.common import (SPACE_FILE, cli, column, current_rows, environment_table, fmt, markdown_table,
-                                    read_sweep, read_trials, space_keys, studies_note, trial_files, write_markdown)
+from rpevit.analysis.common import (SPACE_FILE, cli, code_span, column, current_rows, environment_table, fmt,
+                                    markdown_table, md_text, read_sweep, read_trials, space_keys, studies_note,
+                                    trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 
@@ -55,14 +57,14 @@ def status_table(results_dir: Path) -> str:
     for path in trial_files(results_dir):
         frame = read_sweep(path, results_dir)
         if frame is None:  # named on stderr by read_sweep
-            rows.append([path.parent.name, "?", "—", "—", f"skipped: {TRIALS_FILE} cannot be read", "—", "—"])
+            rows.append([md_text(path.parent.name), "?", "—", "—", f"skipped: {TRIALS_FILE} cannot be read", "—", "—"])
             continue
         current, stale = current_rows(frame, path.parent)
         counts = current["status"].value_counts()
         tasks = ", ".join(sorted(frame["task"].dropna().astype(str).unique())) if "task" in frame else "?"
         aside = stale if space_keys(path.parent) is not None else f"no {SPACE_FILE}: all kept"
         resumed = int((pd.to_numeric(column(current, "resumed_from_epoch", 0), errors="coerce") > 0).sum())
-        rows.append([path.parent.name, tasks, int(counts.get(OK, 0)), int(counts.get(FAILED, 0)), aside,
+        rows.append([md_text(path.parent.name), tasks, int(counts.get(OK, 0)), int(counts.get(FAILED, 0)), aside,
                      fmt(thread_hours(current)), resumed])
     return markdown_table(["folder", "task", OK, FAILED, f"set aside (not in {SPACE_FILE})",
                            "thread-hours in trials", "resumed after a stop"], rows)
@@ -76,12 +78,18 @@ def rotinv_section(results_dir: Path) -> str | None:
     parts = ["## Rotation-invariant RPE: concentration of the random mode", ""]
     for path in found:
         rel = path.parent.relative_to(results_dir)
-        text = re.sub(r"^(#+) ", r"#\1\1 ", path.read_text(), flags=re.M).replace("#### ", "### ", 1)
+        text = re.sub(r"^(#+) ", r"#\1\1 ", inert_markdown(path.read_text()), flags=re.M).replace("#### ", "### ", 1)
         png = path.with_suffix(".png")
-        parts += [f"_from {rel / ROTINV_FILE}_", "", text.strip(), ""]
-        if png.exists():
-            parts += [f"![rotinv concentration]({(rel / png.name).as_posix()})", ""]
+        parts += [f"_from {md_text(rel / ROTINV_FILE)}_", "", text.strip(), ""]
+        if png.exists():  # a relative link whatever the folder is called (`javascript:x` is quoted to a path)
+            parts += [f"![rotinv concentration]({quote((rel / png.name).as_posix(), safe='/._-')})", ""]
     return "\n".join(parts)
+
+
+def inert_markdown(text: str) -> str:
+    """A Markdown file found under RESULTS_DIR, included as Markdown (its tables stay tables) but inert:
+    `& < >` as entities (no HTML) and `](` escaped (no link or image can form)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("](", "\\](")
 
 
 def build_report(results_dir: Path) -> str:
@@ -89,7 +97,7 @@ def build_report(results_dir: Path) -> str:
                 token_scaling.build(results_dir), kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     read_from = studies_note(results_dir)
-    head = ["# rpevit results report", "", f"Results: `{results_dir}`", "",
+    head = ["# rpevit results report", "", f"Results: {code_span(results_dir)}", "",
             exploratory_note([path.parent for path in trial_files(results_dir)]), "", "## Trials", "",
             status_table(results_dir),
             "", THREAD_HOURS_NOTE, "", *([read_from, ""] if read_from else []),

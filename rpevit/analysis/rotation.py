@@ -40,7 +40,7 @@ import pandas as pd
 
 from rpevit.analysis.common import (TrialRows, column, fmt, has_random_features, markdown_table, pe_labels,
                                     ran_test_rotations, read_trials, redraw_label, require_trials, results_parser,
-                                    write_study)
+                                    write_study, write_text_file)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
                                         model_fields, overlapped, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
@@ -360,7 +360,7 @@ def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
     if found is None:
         return None
     trials, long, costs = found
-    long.to_csv(Path(results_dir) / CSV_FILE, index=False)
+    write_text_file(Path(results_dir) / CSV_FILE, long.to_csv(index=False))
     parts = ["## Rotations: what a rotation-invariant RPE buys where rotation matters", "", trials.note(), ""]
     for cell in cells(long):
         by_rotation, on_drop = families(long, cell)

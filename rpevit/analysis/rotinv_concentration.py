@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from rpevit.analysis.common import output_file, pyplot, write_text_file
 from rpevit.attention.base import LowRankModulation
 from rpevit.pe.rotation_invariant import centred_coordinates, double_factorial_odd, random_projection_features
 
@@ -117,14 +118,10 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['m']} | {r['max_mean']:.4g} | {r['max_q']:.4g} | {r['hoeffding']:.4g} | "
                      f"{r['chebyshev']:.4g} | {r['rms_mean']:.4g} | {r['rms_exact']:.4g} |")
-    (args.out_dir / "rotinv_concentration.md").write_text("\n".join(lines) + "\n")
+    write_text_file(args.out_dir / "rotinv_concentration.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     ms = [r["m"] for r in rows]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     ax.loglog(ms, [r["max_q"] for r in rows], "o-", label=f"max dev, {q} quantile (measured)")
@@ -138,7 +135,9 @@ def main() -> None:
     ax.set_title(f"rotinv random mode, {args.grid}x{args.grid} grid, a = {a}")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(args.out_dir / "rotinv_concentration.png", dpi=120)
+    with output_file(args.out_dir / "rotinv_concentration.png") as handle:  # atomic, never through a link
+        fig.savefig(handle, format="png", dpi=120)
+    plt.close(fig)
     print(f"wrote {args.out_dir / 'rotinv_concentration.md'} and .png")
 
 

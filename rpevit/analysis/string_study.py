@@ -160,6 +160,8 @@ def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
     k = judged[0]["holm"].k if judged else 0
     if best["pe"] == REFERENCE:
         lines.append(f"rope itself has the highest mean ({best['acc_text']}).")
+    elif best["holm"] is None:  # no rope rows in this dataset: nothing to compare with
+        lines.append(f"The highest mean is {best['variant']} ({best['acc_text']}); no rope rows to compare it with.")
     else:
         holm = best["holm"]
         lines.append(f"The highest mean is {best['variant']} ({best['acc_text']}), "

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis.common import (column, fmt, markdown_table, pyplot, read_trials, require_trials, results_parser,
-                                    save_figure, write_study)
+                                    save_figure, write_study, write_text_file)
 
 TOP_DECADE = 10.0  # the exponent is fitted over N >= N_max / TOP_DECADE
 # Fitted exponents closer than this are the same scaling: a decade of timings fixes a slope to a few
@@ -287,16 +287,28 @@ def build(results_dir: Path) -> str | None:
     return "\n".join(parts)
 
 
+def read_crossover(path: Path) -> dict:
+    """The crossover table now in `path`, or one line and exit where it is not a JSON object."""
+    try:
+        table = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as err:
+        table = err
+    if not isinstance(table, dict):
+        raise SystemExit(f"error: {path} is not a crossover table ({' '.join(str(table).split())[:200]}); allowed: "
+                         f"the JSON object --write-crossover writes (restore it from git, or delete it)")
+    return table
+
+
 def write_crossover(results_dir: Path, path: Path = CROSSOVER_FILE) -> dict:
     """Merge this study's dense/FFT table into the committed crossover file (other device kinds kept)."""
     rows = scaling_rows(read_trials(results_dir, ["bench"]).frame)
     measured = luo_path_table(per_image(rows)) if not rows.empty else {}
     if not measured:
         raise SystemExit(f"no luo_rpe rows on both paths (luo_path dense and fft) under {results_dir}")
-    table = json.loads(path.read_text()) if path.exists() else {}
+    table = read_crossover(path) if path.is_file() and not path.is_symlink() else {}  # a link: refused below
     for kind, entry in measured.items():
         table[kind] = {**entry, "source": str(results_dir)}
-    path.write_text(json.dumps(table, indent=1) + "\n")
+    write_text_file(path, json.dumps(table, indent=1) + "\n")
     print(f"wrote {path}: " + ", ".join(f"{k} fft from {v['fft_from_tokens']}" for k, v in measured.items()))
     return table
 

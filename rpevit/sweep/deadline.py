@@ -10,8 +10,9 @@ continues from them.
 The value (`parse_deadline`): a wall-clock time, ISO 8601 (`2026-11-23T18:00`, with an optional
 UTC offset such as `+01:00` or `Z`; without one it is the driver machine's local time, from `TZ`)
 or `HH:MM` (today, local time); or a duration from the driver's start: minutes (`90m`, `90`) or
-hours (`1.5h`). Past times, zero or negative durations and anything else are refused, naming
---deadline, the value and what is allowed, before Ray starts.
+hours (`1.5h`). Past times, zero or negative durations, anything more than a year ahead (a time or a
+duration) and anything else are refused, naming --deadline, the value and what is allowed, before
+Ray starts.
 
 Estimates (`Estimator`), per Tune trial, from the OK rows of trials.parquet in the sweep folder
 (every row of the task, those an edited YAML set aside included: they are measurements), at the
@@ -30,17 +31,21 @@ about the same on a GPU once rows of groups of that size exist); members whose c
 different epochs train as sub-groups one after another, whose times add up.
 
 Nothing known (no OK row of the task yet): with `--deadline-estimate SECONDS` (per epoch of one
-Tune trial; per trial for tasks without epochs) everything is planned from it. Without it the
-runner starts exactly one Tune trial, the first pending one, as a probe (nothing can be promised
-about it: it risks one trial's work, which its checkpoints keep), then plans the rest of the sweep
-once from the probe's measured row, in the same run. If the probe leaves no OK row, nothing more is
-started.
+Tune trial; per trial for tasks without epochs; at most a year) everything is planned from it.
+Without it the runner starts exactly one Tune trial, the first pending one, as a probe (nothing can
+be promised about it: it risks one trial's work, which its checkpoints keep), then plans the rest of
+the sweep from the probe's measured row, in the same run. If the probe leaves no OK row, nothing
+more is started; if the deadline leaves no time even for a probe's start-up, nothing starts.
 
 The plan (`plan_units`): Tune trials in space order on `slots` (how many run at once), each
 started on the first slot to free up, as Tune hands them out; a trial is admitted when it ends
 before the deadline, counting STARTUP_S before the first trials start (Tune, the workers' imports)
 and PER_TRIAL_S before each; one that does not fit is left, and later (shorter) ones may still
-fit.
+fit. The runner plans in rounds (rpevit.sweep.tune_run.run_before_deadline): the admitted trials
+run, and when they have finished, what was left is planned again from the time actually left, the
+rows they added and the start-up they measured (their first start after Tuner.fit() began), so
+time the estimates overstated is used. When even unlimited slots would admit nothing, Ray is not
+started at all.
 """
 from __future__ import annotations
 
@@ -55,7 +60,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rpevit.config import ConfigError, TrialConfig, section_fields
-from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics
+from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics, trial_folder
 
 STARTUP_S = 60.0  # from the plan to the first trials running: Tune, workers importing torch, warm-up trials
 PER_TRIAL_S = 5.0  # before each trial on a slot (measured: 0.3 s with reused workers, 5 s without)
@@ -95,8 +100,11 @@ class Deadline:
 
 
 def span(seconds: float) -> str:
-    """A duration in words: '1 h 05 min', '4 min 10 s', '12 s'."""
+    """A duration in words: '1 h 05 min', '4 min 10 s', '12 s'; 'more than a year' beyond MAX_MINUTES
+    (a day count of 300 digits says nothing more)."""
     seconds = max(0.0, seconds)
+    if not seconds <= MAX_MINUTES * 60:  # NaN and inf too
+        return "more than a year"
     if seconds < 60:
         return f"{seconds:.0f} s"
     minutes = int(seconds // 60)
@@ -145,9 +153,14 @@ def parse_deadline(text: str, now: float | None = None) -> Deadline:
         when = dt.datetime.fromisoformat(text)
     except ValueError:
         raise refuse(", which is neither a time nor a duration") from None
-    at = when.timestamp()  # naive: local time; with an offset: that offset
+    try:
+        at = when.timestamp()  # naive: local time; with an offset: that offset
+    except (OverflowError, ValueError, OSError):  # year 1 or 9999 in local time: outside what time zones cover
+        at = -math.inf if when.year < 1970 else math.inf
     if at <= now:
         raise refuse(f", which has passed ({span(now - at)} ago)")
+    if at - now > MAX_MINUTES * 60:
+        raise refuse(f", which is {span(at - now)} ahead")
     return Deadline(at, text)
 
 
@@ -157,19 +170,23 @@ def as_deadline(value: float | str | Deadline | None) -> Deadline | None:
         return value
     if isinstance(value, str):
         return parse_deadline(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ConfigError(f"deadline has value {value!r}; allowed: a Unix time, or a --deadline text "
-                          f"({allowed_text()})")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value - time.time() > MAX_MINUTES * 60):
+        raise ConfigError(f"deadline has value {value!r}; allowed: a Unix time at most a year ahead, or a "
+                          f"--deadline text ({allowed_text()})")
     return Deadline(float(value), f"{value:.0f}")
 
 
 def check_estimate(value: float | None, deadline: Any) -> None:
-    """--deadline-estimate: seconds > 0, and only with --deadline."""
+    """--deadline-estimate: seconds > 0 and at most a year (a deadline is at most a year ahead), and
+    only with --deadline."""
     if value is None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+            or value > MAX_MINUTES * 60):
         raise ConfigError(f"--deadline-estimate has value {value!r}; allowed: seconds per epoch of one Tune trial "
-                          f"(per trial for tasks without epochs), a number > 0")
+                          f"(per trial for tasks without epochs), a number > 0 and at most {MAX_MINUTES * 60:,} "
+                          f"(a year)")
     if deadline is None:
         raise ConfigError(f"--deadline-estimate has value {value!r} but no --deadline is given; allowed: only "
                           f"with --deadline")
@@ -251,7 +268,7 @@ def measured_rows(rows: Sequence[dict[str, Any]], task: str, has_epochs: bool) -
     for row in rows:
         if row.get("status") != "ok" or row.get("task", task) != task:
             continue
-        seconds = _unix(row.get("finished_at")) - _unix(row.get("started_at"))
+        seconds = unix_time(row.get("finished_at")) - unix_time(row.get("started_at"))
         if not (math.isfinite(seconds) and seconds > 0):
             continue
         epochs = 1
@@ -269,7 +286,8 @@ def measured_rows(rows: Sequence[dict[str, Any]], task: str, has_epochs: bool) -
     return out
 
 
-def _unix(value: Any) -> float:
+def unix_time(value: Any) -> float:
+    """A row's started_at / finished_at as Unix seconds (NaN where it holds none)."""
     if isinstance(value, dt.datetime):
         return (value if value.tzinfo else value.replace(tzinfo=dt.timezone.utc)).timestamp()
     return _number(value, math.nan)
@@ -311,7 +329,7 @@ def unit_estimate(unit: Unit, estimator: Estimator, checkpoint_root: Path) -> Es
     """Seconds for one Tune trial: a trial's own; a fused group's members run together (one
     member's time for their group size), sub-groups of members at different checkpoint epochs one
     after another; an interleaved timing run: its slowest member's time for its size."""
-    left = [(cfg, max(0, int(cfg.get("epochs", 1)) - epochs_done(checkpoint_root / key, cfg)))
+    left = [(cfg, max(0, int(cfg.get("epochs", 1)) - epochs_done(trial_folder(checkpoint_root, key), cfg)))
             for key, cfg in unit.members]
     if unit.kind == "single":
         return estimator.trial(*left[0])
@@ -341,36 +359,44 @@ class DeadlinePlan:
     estimates: list[Estimate | None] = field(default_factory=list)
     probe: bool = False  # nothing was known: the first unit starts alone, the rest is planned after it
     finish_at: float = math.nan  # predicted end of the last admitted unit
+    no_probe: str = ""  # nothing was known and no probe starts: why
+    startup_s: float = STARTUP_S  # counted before the first units start
 
     def estimate_text(self, indices: Sequence[int] | None = None) -> str:
-        """'125-250 s per Tune trial (rows of: same recipe 3, same model 1)'; or the probe's note."""
+        """'125-250 s per Tune trial (rows of: same recipe 3, same model 1)'; or why nothing is known."""
         chosen = [self.estimates[i] for i in (range(len(self.estimates)) if indices is None else indices)]
         known = [e for e in chosen if e is not None]
         if not known:
-            return ("nothing known yet (no OK row of this task; --deadline-estimate not given): the first pending "
-                    "trial starts alone as a probe")
+            unknown = "nothing known yet (no OK row of this task; --deadline-estimate not given)"
+            return (f"{unknown}: the first pending trial starts alone as a probe" if self.probe else
+                    f"{unknown}, and {self.no_probe or 'no probe starts'}")
         low, high = min(e.seconds for e in known), max(e.seconds for e in known)
         count = {s: sum(e.source == s for e in known) for s in LEVELS + (FALLBACK,)}
         sources = ", ".join(f"{s} {n}" for s, n in count.items() if n)
         spread = f"{span(low)}" if math.isclose(low, high, rel_tol=0.05) else f"{span(low)} to {span(high)}"
         return (f"{spread} per Tune trial (from rows of: {sources}; + {PER_TRIAL_S:.0f} s each, "
-                f"{STARTUP_S:.0f} s start-up; {self.slots} at a time)")
+                f"{self.startup_s:.0f} s start-up; {self.slots} at a time)")
 
 
 def plan_units(units: Sequence[Unit], estimator: Estimator, *, slots: int, now: float, deadline: Deadline,
-               checkpoint_root: Path, probe: bool = True) -> DeadlinePlan:
-    """Admit the units, in order, that the slot simulation ends before the deadline (module docstring);
-    when nothing is known, the first unit alone as a probe if `probe` (else none)."""
+               checkpoint_root: Path, probe: bool = True, startup_s: float = STARTUP_S) -> DeadlinePlan:
+    """Admit the units, in order, that the slot simulation ends before the deadline (module docstring),
+    counting `startup_s` before the first start; when nothing is known, the first unit alone as a
+    probe if `probe` and start-up leaves time for it (else none, and `no_probe` says why)."""
     estimates = [unit_estimate(u, estimator, Path(checkpoint_root)) for u in units]
-    plan = DeadlinePlan(deadline, max(1, slots), estimates=estimates)
+    plan = DeadlinePlan(deadline, max(1, slots), estimates=estimates, startup_s=startup_s)
     if not units:
         return plan
     if all(e is None for e in estimates):
-        plan.probe = probe and now + STARTUP_S < deadline.at
+        plan.probe = probe and now + startup_s < deadline.at
+        if not plan.probe:
+            plan.no_probe = ("the probe left no OK row to plan from" if not probe else
+                             f"the deadline leaves no time for a probe ({startup_s:.0f} s of start-up alone would "
+                             f"pass it)")
         plan.admitted = [0] if plan.probe else []
         plan.left = list(range(1 if plan.probe else 0, len(units)))
         return plan
-    free = [now + STARTUP_S] * plan.slots
+    free = [now + startup_s] * plan.slots
     heapq.heapify(free)
     ends = []
     for i, est in enumerate(estimates):

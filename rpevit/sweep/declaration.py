@@ -230,11 +230,10 @@ def record(out_dir: Path, decl: Declaration | None, *, rows_exist: bool, redecla
                 f"which makes every row that started before it exploratory")
     entries = [] if old is None else [{k: v for k, v in e.items() if k != "parsed"} for e in old["declarations"]]
     entries.append(entry)
-    tmp = out_dir / f".{DECLARATION_FILE}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump({"declarations": entries}, handle, indent=1)
-    os.replace(tmp, path)
+    from rpevit.sweep.results import atomic_file  # the one no-follow atomic writer of results files
+
+    with atomic_file(path) as handle:
+        handle.write(json.dumps({"declarations": entries}, indent=1).encode("utf-8"))
     return (f"declared comparisons recorded in {path} ({sum(len(f.comparisons) for f in decl.families)} comparison(s) "
             f"in {len(decl.families)} famil{'y' if len(decl.families) == 1 else 'ies'}, metric {decl.metric}, seeds "
             f"{', '.join(map(str, decl.seeds))})" + ("; rows that started before it are exploratory" if old else ""))

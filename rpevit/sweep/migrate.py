@@ -10,8 +10,12 @@ CIFAR-10 recipe) were two trials of one computation. Now spaces resolve every pl
   columns resolved and keys recomputed in trials.parquet and epochs.parquet (the originals kept
   beside them as `<file>.before-resolved-keys`), checkpoint and TensorBoard folders renamed to the
   new keys; space.json then records `"key_scheme": "resolved"`. Two old rows that resolve to one
-  key (the same computation run twice under two spellings) keep the first; the other stays in the
-  kept original, so it is never counted as an independent sample;
+  key (the same computation run twice under two spellings) keep one (`preferred_rows`: the first ok
+  row, else the first row: a failed spelling never hides a finished one, which --resume would then
+  count as failed); the other stays in the kept original, so it is never counted as an independent
+  sample. Every trial_key read (both Parquet files, space.json) is checked first
+  (rpevit.sweep.results.check_trial_key): a key names folders that are moved, so a row keyed
+  `../../x` stops the migration in one line with nothing moved;
 - the analysis never writes: it resolves rows in memory (`resolved_frame`) and, for a space.json
   of the older scheme, matches rows by the key they were stored under (`stored_trial_key`).
 """
@@ -22,13 +26,15 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pandas as pd
 
 from rpevit.config import field_types, resolve_values
-from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, DamagedResults, is_missing, SPACE_FILE, STORED_KEY, TRIALS_FILE, epochs_schema,
-                                  read_rows, space_key_scheme, to_table, trials_schema, write_table_atomic)
+from rpevit.sweep.protocol import OK
+from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, SPACE_FILE, STORED_KEY, TRIALS_FILE, DamagedResults,
+                                  atomic_file, check_key_column, epochs_schema, is_missing, read_rows, space_key_scheme, to_table,
+                                  trial_folder, trials_schema, write_table_atomic, write_text_atomic)
 from rpevit.sweep.space import Space, trial_key
 
 BACKUP_SUFFIX = ".before-resolved-keys"
@@ -71,12 +77,26 @@ def resolved_frame(frame: pd.DataFrame) -> pd.DataFrame:
         except (TypeError, ValueError):
             out[name] = values
     out[STORED_KEY] = frame["trial_key"].to_numpy()
-    twice = out["trial_key"].duplicated()  # a second spelling of one computation: counted once
+    statuses = frame["status"].tolist() if "status" in frame.columns else [None] * len(frame)
+    kept = set(preferred_rows(out["trial_key"].tolist(), statuses).values())
+    twice = pd.Series([i not in kept for i in range(len(out))], index=out.index)  # one computation: counted once
     if twice.any():
-        print(f"warning: {int(twice.sum())} row(s) repeat the resolved config of an earlier row (one computation "
-              f"stored under two spellings of its config): each is counted once", file=sys.stderr, flush=True)
+        print(f"warning: {int(twice.sum())} row(s) repeat the resolved config of another row (one computation "
+              f"stored under two spellings of its config): each is counted once, by its ok row where it has one",
+              file=sys.stderr, flush=True)
         out = out[~twice]
     return out
+
+
+def preferred_rows(keys: Sequence[str], statuses: Sequence[Any]) -> dict[str, int]:
+    """key -> the index of the row that stands for it among rows that resolve to one key: its first ok
+    row, else its first row (a failed second spelling must not hide a finished one). In the order
+    the keys first appear."""
+    chosen: dict[str, int] = {}
+    for i, (key, status) in enumerate(zip(keys, statuses)):
+        if key not in chosen or (status == OK and statuses[chosen[key]] != OK):
+            chosen[key] = i
+    return chosen
 
 
 def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
@@ -92,28 +112,30 @@ def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
         epoch_rows = read_rows(epochs_path) if epochs_path.is_file() else []
     except DamagedResults:
         return None  # the driver sets a damaged file aside and rebuilds (rpevit.sweep.results); nothing to migrate
-    renamed: dict[str, str] = {}
-    kept: dict[str, dict[str, Any]] = {}
-    owner: dict[str, str] = {}  # new key -> the stored key of the row kept for it
-    dropped = 0
-    for row in trial_rows:
-        new = resolved_row(row)
+    for path, rows in ((trials_path, trial_rows), (epochs_path, epoch_rows)):  # before anything moves
+        check_key_column([r["trial_key"] for r in rows], path)
+    space_file = _read_space_file(out_dir)
+    if space_file is not None:
+        check_key_column(space_file["trial_keys"], out_dir / SPACE_FILE)
+    resolved = [resolved_row(row) for row in trial_rows]
+    chosen = preferred_rows([r["trial_key"] for r in resolved], [r.get("status") for r in trial_rows])
+    kept = {key: resolved[i] for key, i in chosen.items()}
+    owner = {key: trial_rows[i]["trial_key"] for key, i in chosen.items()}  # new key -> stored key of its row
+    dropped = len(trial_rows) - len(kept)  # second spellings of one computation: in the kept original only
+    renamed = {old: new for new, old in owner.items()}  # the kept rows' folders first: they win a rename
+    for row, new in zip(trial_rows, resolved):
         renamed.setdefault(row["trial_key"], new["trial_key"])
-        if new["trial_key"] in kept:
-            dropped += 1  # a second spelling of one computation: it stays in the kept original only
-            continue
-        kept[new["trial_key"]] = new
-        owner[new["trial_key"]] = row["trial_key"]
     if space is not None:
         for new_key, old_key in space.legacy_keys.items():
             renamed.setdefault(old_key, new_key)
     changed = {old: new for old, new in renamed.items() if old != new}
-    rows_changed = any(_differs(resolved_row(r), r) for r in trial_rows)
+    rows_changed = any(_differs(new, old) for new, old in zip(resolved, trial_rows))
     folders = _rename_folders(out_dir, changed)
     if rows_changed or dropped:
         for path in (epochs_path, trials_path):
             if path.is_file():
-                shutil.copy2(path, path.with_name(path.name + BACKUP_SUFFIX))
+                with open(path, "rb") as source, atomic_file(path.with_name(path.name + BACKUP_SUFFIX)) as copy:
+                    shutil.copyfileobj(source, copy)
         task = next((r.get("task") for r in trial_rows if r.get("task")), None) or (space.task if space else "train")
         if epoch_rows:
             epochs = {}
@@ -124,7 +146,7 @@ def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
                 epochs.setdefault((key, int(row["epoch"])), {**row, "trial_key": key})
             write_table_atomic(to_table(list(epochs.values()), epochs_schema(task)), epochs_path)
         write_table_atomic(to_table(list(kept.values()), trials_schema(task)), trials_path)
-    _rewrite_space_keys(out_dir, changed)
+    _rewrite_space_keys(out_dir, space_file, changed)
     if not (rows_changed or dropped or folders):
         return None
     extra = f"; {dropped} duplicate row(s) of one computation kept only in the original" if dropped else ""
@@ -147,29 +169,31 @@ def _rename_folders(out_dir: Path, changed: dict[str, str]) -> int:
     moved = 0
     for parent in (out_dir / "trials", out_dir / "tensorboard"):
         for old, new in changed.items():
-            source, target = parent / old, parent / new
+            source, target = trial_folder(parent, old), trial_folder(parent, new)
             if source.is_dir() and not source.is_symlink() and not target.exists():
                 os.replace(source, target)
                 moved += parent.name == "trials"
     return moved
 
 
-def _rewrite_space_keys(out_dir: Path, changed: dict[str, str]) -> None:
+def _read_space_file(out_dir: Path) -> dict[str, Any] | None:
+    """space.json as a dict with a 'trial_keys' list; None where there is none or it is not one (the
+    runner rewrites it from the space right after)."""
+    try:
+        space = json.loads((out_dir / SPACE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None
+    return space if isinstance(space, dict) and isinstance(space.get("trial_keys"), list) else None
+
+
+def _rewrite_space_keys(out_dir: Path, space: dict[str, Any] | None, changed: dict[str, str]) -> None:
     """space.json's keys mapped to the new scheme, and the scheme recorded (the runner rewrites it
     from the space right after; the analysis may read it first)."""
-    path = out_dir / SPACE_FILE
-    try:
-        space = json.loads(path.read_text(encoding="utf-8"))
-        keys = space["trial_keys"]
-    except (OSError, ValueError, KeyError, TypeError):
+    if space is None:
         return
-    if not isinstance(keys, list):
-        return
-    space["trial_keys"] = list(dict.fromkeys(changed.get(k, k) for k in keys))
-    space["key_scheme"] = KEY_SCHEME
-    tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(space, indent=1))
-    os.replace(tmp, path)
+    space = {**space, "trial_keys": list(dict.fromkeys(changed.get(k, k) for k in space["trial_keys"])),
+             "key_scheme": KEY_SCHEME}
+    write_text_atomic(out_dir / SPACE_FILE, json.dumps(space, indent=1))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,6 @@ continues from its checkpoint directory. This survives a SIGKILL of the driver a
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from rpevit.checkpoint import CHECKPOINT_NAME
 from rpevit.data import FOLDERLESS_DATASETS, resolve_data_dir
 from rpevit.sweep import migrate
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, driver_trials, select_keys
+from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, driver_trials, select_keys, write_text_atomic
 from rpevit.sweep.space import Resources, Space, SpaceError
 
 
@@ -69,7 +68,6 @@ def plan_sweep(space: Space, out_dir: Path, *, resume: bool, retry_failed: bool,
 
 def write_space_file(out_dir: Path, space: Space) -> None:
     """space.json (atomically): the trial keys analysis uses to tell current rows from stale ones."""
-    tmp = out_dir / f".{SPACE_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps({"name": space.name, "source": space.source, "key_scheme": migrate.KEY_SCHEME,
-                               "trial_keys": space.current_keys}, indent=1))
-    os.replace(tmp, out_dir / SPACE_FILE)
+    write_text_atomic(out_dir / SPACE_FILE, json.dumps({"name": space.name, "source": space.source,
+                                                        "key_scheme": migrate.KEY_SCHEME,
+                                                        "trial_keys": space.current_keys}, indent=1))

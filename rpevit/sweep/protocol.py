@@ -24,10 +24,11 @@ Status = Literal["ok", "failed"]
 OK: Status = "ok"  # the `status` column of trials.parquet
 FAILED: Status = "failed"
 
-RowKind = Literal["epoch", "summary", "failed"]
+RowKind = Literal["epoch", "summary", "failed", "note"]
 EPOCH: RowKind = "epoch"  # one epoch row of a running trial (epochs.parquet)
 SUMMARY: RowKind = "summary"  # the trial's result row (trials.parquet, status ok)
 VARIANT_FAILED: RowKind = "failed"  # one member of an interleaved timing trial raised; the others go on
+NOTE: RowKind = "note"  # a line for the sweep's output (`error` holds it): something the trial did without
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,13 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class Report:
-    """One message from a trial to the driver: an epoch row, the summary row, or a failed variant."""
+    """One message from a trial to the driver: an epoch row, the summary row, a failed variant, or a note."""
 
     kind: RowKind
     trial_key: str
     row: dict[str, Any] = field(default_factory=dict)
     label: str = ""
-    error: str = ""  # VARIANT_FAILED: "ExceptionType: message"
+    error: str = ""  # VARIANT_FAILED: "ExceptionType: message"; NOTE: the line
     traceback: str = ""
 
     def to_tune(self) -> dict[str, Any]:
@@ -96,7 +97,7 @@ class Report:
     @classmethod
     def from_tune(cls, result: dict[str, Any]) -> Optional["Report"]:
         """The report inside a Tune result; None for results Tune makes itself (no `kind`)."""
-        if result.get("kind") not in (EPOCH, SUMMARY, VARIANT_FAILED):
+        if result.get("kind") not in (EPOCH, SUMMARY, VARIANT_FAILED, NOTE):
             return None
         return cls(**{name: result[name] for name in ("kind", "trial_key", "row", "label", "error", "traceback")
                       if name in result})

@@ -39,8 +39,9 @@ import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import numpy as np
 import pandas as pd
@@ -165,9 +166,86 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
     return value
 
 
+# ---- trial keys: the one form a key read from a file may take before it names a folder ----
+KEY_LENGTH = 16  # hex digits of a trial key (rpevit.sweep.space.trial_key: a sha1 of the resolved config, cut)
+TRIAL_KEY = re.compile(rf"[0-9a-f]{{{KEY_LENGTH}}}")
+KEY_ALLOWED = f"{KEY_LENGTH} lowercase hex digits, as sweep.py makes them (a key names the trial's folders)"
+
+
+class BadTrialKey(ConfigError):
+    """A trial key read from a file (trials.parquet, epochs.parquet, space.json, a checkpoint) that is
+    not one sweep.py makes: it would become a path (`trials/<key>`, `tensorboard/<key>`), and
+    `../../x` would then name a folder anywhere. Nothing is moved or written on it."""
+
+
+def check_trial_key(key: Any, where: str) -> str:
+    """`key`, or BadTrialKey (one line: where it was read, the key, what is allowed)."""
+    if not (isinstance(key, str) and TRIAL_KEY.fullmatch(key)):
+        shown = repr(key) if len(repr(key)) <= 120 else repr(key)[:117] + "..."
+        raise BadTrialKey(f"{where} has trial_key {shown}; allowed: {KEY_ALLOWED}; nothing was moved or written "
+                          f"(a file that holds such a key was not written by sweep.py: restore it from a backup, or "
+                          f"remove that row)")
+    return key
+
+
+def check_key_column(keys: Any, path: Path) -> None:
+    """Every trial_key of a results file's rows (in file order), checked: BadTrialKey names the file,
+    the first bad row (counting from 1) and its key."""
+    for number, key in enumerate(keys, 1):
+        if not (isinstance(key, str) and TRIAL_KEY.fullmatch(key)):
+            check_trial_key(key, f"{path}, row {number}")
+
+
+def trial_folder(parent: Path, key: str) -> Path:
+    """`parent/<key>` (a trial's checkpoint or TensorBoard folder), only for a key of the one allowed form."""
+    return Path(parent) / check_trial_key(key, f"a trial folder under {parent}")
+
+
+# ---- atomic, no-follow writes: every results file and every analysis output ----
+class LinkRefused(ConfigError):
+    """A file rpevit would write is a symbolic link: writing would change whatever it points at."""
+
+
 def temp_name(path: Path, pid: int | None = None) -> Path:
-    """Where the atomic writers below (and runner.write_space_file) write before os.replace."""
+    """Where atomic_file writes before os.replace."""
     return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
+
+
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file object whose content replaces `path` at once when the block ends without error
+    (temporary file beside it, then os.replace): a kill never leaves a torn file, a failed write leaves
+    the old one. Never through a symbolic link: `path` being a link is refused (LinkRefused, one line),
+    the temporary file is created with O_EXCL | O_NOFOLLOW (a planted one is not written through), and
+    os.replace swaps the directory entry, not what a link points at."""
+    path = Path(path)
+    if path.is_symlink():
+        raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}); allowed: a regular file or nothing "
+                          f"there: rpevit never writes through a link (it would overwrite what it points at); "
+                          f"remove the link")
+    tmp = temp_name(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o644)
+    except FileExistsError:  # our own pid's leftover (a write of this process that died) or a planted entry
+        tmp.unlink()  # removes the entry itself, never what a link there points at
+        fd = os.open(tmp, flags, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+        os.replace(tmp, path)
+    except BaseException:
+        try:  # a torn temp file of a write that failed (disk full): nothing to keep
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """`text` (UTF-8) into `path` through atomic_file."""
+    with atomic_file(path) as handle:
+        handle.write(text.encode("utf-8"))
 
 
 _TEMP = re.compile(rf"\.({'|'.join(re.escape(n) for n in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE))})\.(\d+)\.tmp")
@@ -250,7 +328,29 @@ def read_results_table(path: Path) -> pa.Table | None:
     missing = [c for c in REQUIRED_COLUMNS.get(path.name, ()) if c not in table.column_names]
     if missing:
         raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
+    if path.name == TRIALS_FILE:
+        check_number_columns(table, path)
     return table
+
+
+_NUMBER_KINDS = (F64, I64, TIMESTAMP, BOOL)
+
+
+def check_number_columns(table: pa.Table, path: Path) -> None:
+    """DamagedResults where a column the schema of the file's task(s) declares a number (a metric, an
+    int or float config field, a time) is stored as text: sweep.py never writes that, and every mean,
+    interval and sort over it would fail or mislead. (Older writers' float times and text lists are
+    fine: those are numbers, or not declared numbers.)"""
+    tasks = set(table.column("task").unique().to_pylist()) if "task" in table.column_names else set()
+    declared = {f.name for task in (tasks or {"train"}) if isinstance(task, str)
+                for f in trials_schema(task) if f.type in _NUMBER_KINDS}
+    for field in table.schema:
+        if field.name in declared and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+                                       or pa.types.is_binary(field.type)):
+            value = next((v for v in table.column(field.name).to_pylist() if v is not None), None)
+            shown = repr(value) if value is None or len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise DamagedResults(path, f"column {field.name!r} holds text (such as {shown}), where the file sweep.py "
+                                       f"writes holds numbers")
 
 
 def set_aside(path: Path, reason: str) -> Path:
@@ -288,16 +388,8 @@ TRIALS_LOST = ("the trials it held have no row now, so this run (with --resume) 
 
 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
-    tmp = temp_name(path)
-    try:
-        pq.write_table(table, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:  # a torn temp file of a write that failed (disk full): nothing to keep
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        raise
+    with atomic_file(path) as handle:
+        pq.write_table(table, handle)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -309,10 +401,15 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def driver_trials(out_dir: Path) -> pd.DataFrame:
     """The sweep's trials.parquet as a frame (empty without one), every row of it. Driver only: a
-    damaged file is set aside (read_table_or_set_aside) and its trials count as not run. (The
+    damaged file is set aside (read_table_or_set_aside) and its trials count as not run; a row whose
+    trial_key is not one sweep.py makes stops the driver (BadTrialKey) before anything runs. (The
     analysis reads rows with rpevit.analysis.common.load_trials: the current, successful ones.)"""
-    table, _ = read_table_or_set_aside(Path(out_dir) / TRIALS_FILE, TRIALS_LOST)
-    return table.to_pandas() if table is not None else pd.DataFrame()
+    path = Path(out_dir) / TRIALS_FILE
+    table, _ = read_table_or_set_aside(path, TRIALS_LOST)
+    if table is None:
+        return pd.DataFrame()
+    check_key_column(table.column("trial_key").to_pylist(), path)  # keys name folders: refused before any is used
+    return table.to_pandas()
 
 
 def unix_seconds(times: pd.Series) -> pd.Series:

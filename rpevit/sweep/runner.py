@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rpevit import sigterm
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import declaration, migrate, session
 from rpevit.sweep.lock import sweep_dir, sweep_lock
@@ -69,7 +70,7 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
     res = space.resources.with_overrides(opts.cpus_per_trial, opts.gpus_per_trial, opts.max_concurrent,
                                          space.source)
     out_dir = sweep_dir(opts.results_dir, space.name)
-    with session.unwind_on_sigterm(), sweep_lock(out_dir):  # one driver per sweep (rpevit.sweep.lock)
+    with sigterm.unwinding(), sweep_lock(out_dir):  # one driver per sweep (rpevit.sweep.lock); SIGTERM: rpevit.sigterm
         migrated = migrate.migrate_folder(out_dir, space)  # results of the older key scheme (rpevit.sweep.migrate)
         if migrated:
             print(migrated, flush=True)
@@ -88,8 +89,12 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         if not plan.pending:
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info())
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)
-        from rpevit.sweep.tune_run import run_before_deadline, run_tuner
+        session.import_ray()
+        from rpevit.sweep.tune_run import nothing_fits, run_before_deadline, run_tuner
 
+        idle = nothing_fits(space, plan, opts, out_dir, deadline) if deadline is not None else None
+        if idle is not None:  # a Ray that would run nothing is not started
+            return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info(), deadline=idle)
         with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
             fixed_cluster = started_ray and not session.cluster_address(opts.address)
             session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)

@@ -12,14 +12,22 @@ is not set unconditionally. Where Ray was imported earlier in cluster mode, the 
 listen on the machine's address: `ray_session` checks the node address after start-up and refuses
 to run a sweep on it, naming the fix.
 
-The reaper (reaper.py) ends the embedded Ray's processes when the driver dies; SIGTERM unwinds the
-driver like Ctrl-C (`unwind_on_sigterm`), so `ray.shutdown()` runs and the sweep lock is released.
+The embedded Ray keeps its sessions (logs, sockets) in a folder only this user can enter
+(`private_temp_dir`: Ray's own /tmp/ray/session_* are 0777). The reaper (reaper.py) ends the
+embedded Ray's processes when the driver dies; SIGTERM unwinds the
+driver like Ctrl-C at any moment (rpevit.sigterm), so `ray.shutdown()` runs and the sweep lock is
+released: Ray is imported with its native failure-signal handler off for the driver (`import_ray`:
+it would dump stacks and abort on SIGTERM), and `ray.init()` runs inside `sigterm.held()` (a SIGTERM
+then ends the driver right after it, and the handler ray.init() installs, which exits with status 15,
+is kept out).
 """
 from __future__ import annotations
 
 import os
+import re
 import secrets
-import signal
+import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -27,10 +35,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from rpevit import sigterm
 from rpevit.sweep import reaper
 from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.space import SpaceError
 
+FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # "1": no native crash handler (read at `import ray`)
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (read at `import ray`)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x writes its dashboard token
@@ -51,6 +61,57 @@ def cluster_address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS")
 
 
+ADDRESS_ALLOWED = ("auto (the Ray cluster `ray start --head` started on this machine), or host:port of a running "
+                   "Ray head (the address `ray start --head` prints; ray://host:port for Ray Client)")
+_ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(\d{1,5})")
+PROBE_TIMEOUT_S = 5.0  # a Ray head answers a TCP connect at once; Ray itself retries a dead address for minutes
+
+
+def address_source(address: str | None) -> str:
+    """How the cluster address was given: '--address' or '$RAY_ADDRESS' (for messages)."""
+    return "--address" if address else "$RAY_ADDRESS"
+
+
+def check_address(address: str | None) -> tuple[str, int] | None:
+    """The (host, port) of the cluster to join (None for auto or an embedded Ray); SpaceError, one line,
+    for anything else (`RAY_ADDRESS=bogus`, a port out of range). Checked before Ray is imported."""
+    chosen = cluster_address(address)
+    if chosen is None or chosen == "auto":
+        return None
+    found = _ADDRESS.fullmatch(chosen)
+    if not found or not 0 < int(found.group(2)) < 65536:
+        raise SpaceError(f"{address_source(address)} has value {chosen!r}; allowed: {ADDRESS_ALLOWED}")
+    return found.group(1).strip("[]"), int(found.group(2))
+
+
+def probe_address(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """SpaceError (one line) unless something accepts a TCP connection at the cluster address within
+    timeout_s, name lookup included: Ray would retry a dead address for minutes (`127.0.0.1:1`). The
+    connection is closed at once; it only asks whether anything listens there."""
+    target = check_address(address)
+    if target is None:
+        return
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection(target, timeout=timeout_s).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=connect, daemon=True)  # getaddrinfo has no timeout of its own
+    worker.start()
+    worker.join(timeout_s + 0.5)
+    if outcome and outcome[0] is None:
+        return
+    why = (f"nothing answered within {timeout_s:g} s" if not outcome else
+           " ".join(f"{type(outcome[0]).__name__}: {outcome[0].strerror or outcome[0]}".split()))
+    raise SpaceError(f"{address_source(address)} has value {cluster_address(address)!r}, but no Ray head answers "
+                     f"there ({why}); allowed: {ADDRESS_ALLOWED}: start it first, or leave --address and "
+                     f"$RAY_ADDRESS unset for a Ray of this sweep's own")
+
+
 @contextmanager
 def temporary_environ(changes: dict[str, str]) -> Iterator[None]:
     """Environment variables set for a block and restored after it."""
@@ -66,22 +127,17 @@ def temporary_environ(changes: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
-@contextmanager
-def unwind_on_sigterm() -> Iterator[None]:
-    """`kill <driver>` unwinds like Ctrl-C (SystemExit through every `finally`: ray.shutdown(), the
-    lock) for a block; the previous handler is restored after it. Main thread only (signals are)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+def import_ray() -> None:
+    """Ray's first import in this driver process, with Ray's native failure-signal handler off for the
+    driver: it would take SIGTERM from Python once the core worker starts, dump stacks and abort (exit
+    134). `RAY_DISABLE_FAILURE_SIGNAL_HANDLER` (Ray's documented switch) is read when Ray is imported,
+    so it is set for the import only: the Ray processes this driver starts keep their crash reports.
+    A value the user set stands; an earlier import (tests) is left as it is."""
+    if "ray" in sys.modules or FAILURE_HANDLER_ENV in os.environ:
+        import ray  # noqa: F401
         return
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _exit_on_sigterm(signum: int, _frame: object) -> None:
-    raise SystemExit(128 + signum)
+    with temporary_environ({FAILURE_HANDLER_ENV: "1"}):
+        import ray  # noqa: F401
 
 
 @contextmanager
@@ -93,27 +149,28 @@ def ray_session(address: str | None, dashboard: bool, gpus_per_trial: float) -> 
     if ray.is_initialized():
         yield False
         return
-    address = cluster_address(address)
+    probe_address(address)  # bounded: a dead address is one line now, not minutes of Ray's retries
+    where, address = address_source(address), cluster_address(address)
     watchdog = None if address else _start_reaper()
-    try:
-        _init_ray(address, dashboard, gpus_per_trial, owner=watchdog[1] if watchdog else None)
-        # Ray's core replaced the SIGTERM handler by one that aborts (no cleanup): put ours back
-        with unwind_on_sigterm():
-            yield True
-    finally:
-        clean = False
+    with sigterm.unwinding():  # ours throughout (restored as it was after the session)
         try:
-            ray.shutdown()
-            clean = True
+            with sigterm.held():  # SIGTERM during ray.init(): it ends right after, never midway
+                _init_ray(address, dashboard, gpus_per_trial, owner=watchdog[1] if watchdog else None, where=where)
+            yield True
         finally:
-            if watchdog is not None:  # closing the pipe wakes the reaper; CLEAN: Ray went down itself
-                try:
-                    if clean:
-                        watchdog[0].stdin.write(reaper.CLEAN)
-                    watchdog[0].stdin.close()
-                    watchdog[0].wait(timeout=10)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
+            clean = False
+            try:
+                ray.shutdown()
+                clean = True
+            finally:
+                if watchdog is not None:  # closing the pipe wakes the reaper; CLEAN: Ray went down itself
+                    try:
+                        if clean:
+                            watchdog[0].stdin.write(reaper.CLEAN)
+                        watchdog[0].stdin.close()
+                        watchdog[0].wait(timeout=10)
+                    except (OSError, subprocess.TimeoutExpired):
+                        pass
 
 
 def _start_reaper() -> tuple[subprocess.Popen, str] | None:
@@ -128,18 +185,48 @@ def _start_reaper() -> tuple[subprocess.Popen, str] | None:
     return proc, token
 
 
-def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | None) -> None:
+JOIN_TIMEOUT_S = 120.0  # joining a live cluster takes seconds; Ray waits on one that does not answer for good
+
+
+@contextmanager
+def bounded(seconds: float, message: str) -> Iterator[None]:
+    """A block that waits inside Ray's C++ (which no signal handler interrupts, and which retries a
+    head that never answers for good) may take `seconds`: then `error: message` on stderr and exit 2
+    from a watcher thread. Only for joining a cluster: this driver has no Ray processes of its own to
+    leave behind then, and the kernel releases the sweep lock."""
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(seconds):
+            os.write(2, f"error: {message}\n".encode())
+            os._exit(2)
+
+    threading.Thread(target=watch, name="ray-join-watch", daemon=True).start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | None, where: str = "--address") -> None:
     """Join a cluster, or start an embedded Ray that listens on 127.0.0.1 only (refused otherwise)."""
     import ray
 
     env = {NOSET_ENV: "1"} if 0 < gpus < 1 else {}  # see rpevit.sweep.gpus
     runtime_env = {"env_vars": env} if env else None
     if address:
-        ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        try:
+            with bounded(JOIN_TIMEOUT_S, f"{where} has value {address!r}, but no Ray cluster answered there within "
+                                         f"{JOIN_TIMEOUT_S:g} s (something listens, but not a Ray head, or `auto` "
+                                         f"found a cluster that is gone); allowed: {ADDRESS_ALLOWED}"):
+                ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as err:  # auto without a cluster, not a Ray head, ...
+            raise SpaceError(f"{where} has value {address!r}, but Ray could not join a cluster there "
+                             f"({' '.join(str(err).split())[:300]}); allowed: {ADDRESS_ALLOWED}") from err
     else:
         with temporary_environ({LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}):
             ctx = ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", runtime_env=runtime_env,
-                           log_to_driver=False)
+                           log_to_driver=False, _temp_dir=str(private_temp_dir()))
         node_ip = ray.util.get_node_ip_address()
         if node_ip not in LOOPBACK:
             raise SpaceError(f"the embedded Ray listens on {node_ip}, not 127.0.0.1 (Ray was imported in this "
@@ -154,6 +241,35 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
     where = f"joined {address}" if address else "started locally on 127.0.0.1"
     print(f"ray {where}: {resources.get('CPU', 0):g} CPU, {resources.get('GPU', 0):g} GPU, "
           f"{len(ray.nodes())} node(s); dashboard: {'http://' + url if url else 'off'}{auth}", flush=True)
+
+
+def private_temp_dir() -> Path:
+    """The embedded Ray's temp dir (its sessions: logs, sockets, spilled objects, runtime envs):
+    `ray` inside `<$RAY_TMPDIR, else $TMPDIR, else /tmp>/rpevit-<uid>`, a folder of this user's with
+    mode 0700. Ray makes its temp dirs world-readable and -writable (0777: `/tmp/ray/session_*`, trial
+    logs included); inside a 0700 folder nobody else reaches them. Passed as ray.init(_temp_dir=...),
+    the root temp directory ray.init documents; Ray chooses the same base itself. SpaceError (one line)
+    for a base that is not a folder this user can write, or a `rpevit-<uid>` there that is a link or
+    another user's."""
+    base = Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp")
+    folder = base / f"rpevit-{os.getuid()}"
+    allowed = (f"a folder of this user's, mode 0700 (made if missing): remove {folder} or set RAY_TMPDIR to a "
+               f"folder of your own")
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError as err:
+        raise SpaceError(f"the embedded Ray's temp folder {folder} cannot be made ({err.strerror or err}); "
+                         f"allowed: {allowed}") from err
+    if stat.S_ISLNK(found.st_mode) or not stat.S_ISDIR(found.st_mode):
+        raise SpaceError(f"the embedded Ray's temp folder {folder} is {'a symbolic link' if stat.S_ISLNK(found.st_mode) else 'not a folder'}; "
+                         f"allowed: {allowed}")
+    if found.st_uid != os.getuid():
+        raise SpaceError(f"the embedded Ray's temp folder {folder} belongs to user id {found.st_uid}, not this user "
+                         f"({os.getuid()}); allowed: {allowed}")
+    if found.st_mode & 0o077:
+        os.chmod(folder, 0o700)
+    return folder / "ray"
 
 
 def private_token_file(path: Path = RAY_TOKEN_FILE) -> Path:

@@ -55,11 +55,14 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import random
 import re
+import stat
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 import yaml
 
@@ -70,6 +73,7 @@ from rpevit.tasks.train_group import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
 from rpevit.sweep.declaration import Declaration, DeclarationError, check_against_space
 from rpevit.sweep.declaration import parse as parse_declaration
+from rpevit.sweep.results import KEY_LENGTH
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
                   "sample_seed", "seeds", "exclude", "include", "resources", "timing", "fuse", "branch",
@@ -264,7 +268,7 @@ def trial_key(config: dict[str, Any]) -> str:
     # follows the current default, which may have moved since a key was made: luo_scale 10 -> 1000)
     explicit = {k: v for k, v in sorted(config.items())
                 if k not in KEY_EXCLUDED_FIELDS and k not in unused and v != KEY_BASELINE.get(k)}
-    return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:KEY_LENGTH]
 
 
 def parse_value(text: str) -> Any:
@@ -310,12 +314,30 @@ def count_trials(grids: list[dict[str, list]], num_samples: int, seeds: list[int
     return num_samples * grid_points * per_seed + extra
 
 
+@contextmanager
+def open_regular_file(path: Path, what: str, allowed: str) -> Iterator[BinaryIO]:
+    """`path` opened for reading only if it is a regular file: a FIFO would block in open() until a
+    writer came, a device (/dev/zero) never ends. Opened without blocking, then checked on the open
+    file itself (fstat), so nothing can be swapped in between; SpaceError names what it is instead."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    kind = os.fstat(fd).st_mode
+    if not stat.S_ISREG(kind):
+        os.close(fd)
+        found = ("a named pipe (FIFO)" if stat.S_ISFIFO(kind) else "a folder" if stat.S_ISDIR(kind) else
+                 "a device" if stat.S_ISCHR(kind) or stat.S_ISBLK(kind) else "a socket" if stat.S_ISSOCK(kind) else
+                 "not a regular file")
+        raise SpaceError(f"{path}: {what} is {found}; allowed: {allowed} (a regular file)")
+    os.set_blocking(fd, True)
+    with os.fdopen(fd, "rb") as handle:
+        yield handle
+
+
 def load_space(path: str | Path, overrides: dict[str, Any] | None = None,
                max_trials: int = DEFAULT_MAX_TRIALS, only: dict[str, Any] | None = None) -> Space:
     """Read, expand and validate a YAML space file."""
     path = Path(path)
     try:
-        with open(path, "rb") as handle:
+        with open_regular_file(path, "the space file", "a YAML space file") as handle:
             raw = handle.read(MAX_SPACE_BYTES + 1)
         if len(raw) > MAX_SPACE_BYTES:
             raise SpaceError(f"{path}: the space file is larger than {MAX_SPACE_BYTES:,} bytes; allowed: a YAML "

@@ -29,8 +29,9 @@ epoch, into an event file of its own, `results/<sweep>/tensorboard/<trial_key>/`
 one folder per member), written here in the worker (`EpochBoard`): `tensorboard --logdir
 results/<sweep>/tensorboard`. The folder is rewritten from the checkpointed history whenever the
 trial (re)starts, so a resumed or retried trial shows each epoch once. TensorBoard is optional for
-a trial: without the `tensorboard` package, or when the folder cannot be written, the trial logs
-one line and trains on.
+a trial: without the `tensorboard` package, or when the folder cannot be written (a symbolic link
+there: nothing is written through it), the trial trains on, and says why in one line in its log.txt
+and in the sweep's output (a protocol NOTE the driver prints once).
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ from rpevit import checkpoint, data, metrics, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
-from rpevit.sweep.protocol import EPOCH, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
+from rpevit.sweep.protocol import EPOCH, NOTE, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
+from rpevit.sweep.results import trial_folder
 from rpevit.tasks.bench import combine_repeats
 from rpevit.tasks.budget_ladder import Branch
 
@@ -118,7 +120,7 @@ def run_single(spec: TrialSpec, member: Member) -> None:
     """One trial: re-report checkpointed epochs, run the task, report its summary row."""
     key = member.trial_key
     cfg = TrialConfig.from_dict(member.cfg, source=f"trial {key}")
-    ckpt_dir = Path(spec.checkpoint_root) / key
+    ckpt_dir = trial_folder(Path(spec.checkpoint_root), key)
     history = checkpointed_history(ckpt_dir, cfg)
     with epoch_reporter(spec, member) as report:
         for row in history:  # epochs finished before a kill / retry
@@ -155,7 +157,7 @@ def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
     for member in spec.members:
         cfg = TrialConfig.from_dict(member.cfg, source=f"trial {member.trial_key}")
         try:  # a foreign or broken checkpoint fails its member only
-            history = checkpointed_history(Path(spec.checkpoint_root) / member.trial_key, cfg)
+            history = checkpointed_history(trial_folder(Path(spec.checkpoint_root), member.trial_key), cfg)
         except ConfigError as err:
             report_failure(member, err)
             continue
@@ -167,7 +169,7 @@ def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
             reports[member.trial_key](row)
     if not members:
         return
-    folders = [Path(spec.checkpoint_root) / m.trial_key for m in members]
+    folders = [trial_folder(Path(spec.checkpoint_root), m.trial_key) for m in members]
     run_group = registry.GROUP_TASKS[configs[0].task]
     with trial_scope(configs[0], spec) as placement, ExitStack() as logs:
         writers = [logs.enter_context(trial_log(folder, echo=i == 0)) for i, folder in enumerate(folders)]
@@ -214,7 +216,7 @@ def run_timed(spec: TrialSpec) -> None:
         started.setdefault(key, time.time())
         warm.setdefault(key, _process["timed_runs"] > 0 or repeat == UNTIMED)
         try:
-            with trial_scope(cfg, spec) as placement, trial_log(Path(spec.checkpoint_root) / key) as log:
+            with trial_scope(cfg, spec) as placement, trial_log(trial_folder(Path(spec.checkpoint_root), key)) as log:
                 what = "untimed warm-up run" if repeat == UNTIMED else f"timed run {repeat + 1}/{timing.repeats}"
                 log(f"{describe(key, placement)}: {what}")
                 row = registry.TASKS[cfg.task](cfg, log=log if repeat != UNTIMED else None)
@@ -256,13 +258,14 @@ EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event
 
 def tensorboard_dir(spec: TrialSpec, key: str) -> Path:
     """results/<sweep>/tensorboard/<trial_key> (checkpoint_root is results/<sweep>/trials)."""
-    return Path(spec.checkpoint_root).parent / TENSORBOARD_DIR / key
+    return trial_folder(Path(spec.checkpoint_root).parent / TENSORBOARD_DIR, key)
 
 
 @contextmanager
 def epoch_reporter(spec: TrialSpec, member: Member) -> Iterator[Callable[[dict], None]]:
     """report(row): one epoch row to the driver (epochs.parquet) and to the member's TensorBoard folder."""
-    board = EpochBoard(tensorboard_dir(spec, member.trial_key), member.trial_key, member.label)
+    board = EpochBoard(tensorboard_dir(spec, member.trial_key), member.trial_key, member.label,
+                       log_dir=trial_folder(Path(spec.checkpoint_root), member.trial_key))
     try:
         def report(row: dict) -> None:
             board.add(row)
@@ -281,18 +284,33 @@ class EpochBoard:
     the trial writes its checkpointed history before its new epochs (run_single / run_fused), so a
     resumed or retried trial holds every epoch once. Only `events.out.tfevents.*` files are removed,
     and nothing is written through a symbolic link. Never fails the trial: without the `tensorboard`
-    package, or when the folder cannot be written, it says so in one line and writes nothing more."""
+    package, or when the folder cannot be written, it says so in one line (`skipped`) and writes
+    nothing more."""
 
-    def __init__(self, folder: Path, key: str, label: str = "") -> None:
-        self.folder, self.key, self.label = Path(folder), key, label
+    def __init__(self, folder: Path, key: str, label: str = "", log_dir: Path | None = None) -> None:
+        self.folder, self.key, self.label, self.log_dir = Path(folder), key, label, log_dir
         self.writer, self.tried = None, False
+
+    def skipped(self, why: str, this_trial: bool = True) -> None:
+        """One line on why this trial writes no events: the trial's log.txt (log_dir), the worker's
+        output, and the sweep's output (a NOTE report; the driver prints each distinct line once, so a
+        reason common to every trial, `this_trial` False, is printed once)."""
+        line = f"no TensorBoard events for {f'trial {self.key}' if this_trial else 'the trials'}: {why}"
+        print(line, flush=True)
+        if self.log_dir is not None:
+            try:
+                with trial_log(self.log_dir, echo=False) as log:
+                    log(line)
+            except (ConfigError, OSError):  # the trial's own log refuses it too: the trial says so when it runs
+                pass
+        tune.report(Report(NOTE, self.key, label=self.label, error=line).to_tune())
 
     def _open(self) -> None:
         self.tried = True
         try:
             from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
         except ImportError as err:
-            print(f"trial {self.key}: no TensorBoard events ({err}); `pip install tensorboard` for them", flush=True)
+            self.skipped(f"{err}; `pip install tensorboard` for them", this_trial=False)
             return
         try:
             for path in (self.folder.parent, self.folder):
@@ -308,7 +326,7 @@ class EpochBoard:
             if self.label:
                 self.writer.add_text("trial", f"{self.label} (trial_key {self.key})", 0)
         except OSError as err:
-            print(f"trial {self.key}: no TensorBoard events in {self.folder} ({err})", flush=True)
+            self.skipped(f"{self.folder} cannot take them ({err}); the trial trains on without them")
             self.writer = None
 
     def add(self, row: dict) -> None:

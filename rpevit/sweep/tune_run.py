@@ -25,8 +25,8 @@ from ray.tune import Callback
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import session
 from rpevit.sweep.plan import SweepPlan
-from rpevit.sweep.protocol import SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
-from rpevit.sweep.results import ResultsWriteError
+from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
+from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError, read_rows
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import Resources, Space
 from rpevit.sweep.summary import DeadlineReport, judged_value
@@ -104,40 +104,86 @@ def _bundle(space: Space, res: Resources) -> tuple[float, dict[str, float]]:
 
 def run_before_deadline(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path,
                         deadline: deadlines.Deadline) -> tuple[int, float | None, DeadlineReport]:
-    """Run the pending Tune trials that the estimates say end before the deadline (rpevit.sweep.deadline):
-    the plan is made once, before Tuner.fit(); when nothing is known yet, one trial runs first as a
-    probe and the rest is planned once from its row. Returns (slots, Unix time the first Tuner.fit()
-    started or None if nothing started, the report)."""
+    """Run, in rounds, the pending Tune trials that the estimates say end before the deadline
+    (rpevit.sweep.deadline): each round is planned before its Tuner.fit() from the rows measured so
+    far, the time left and the start-up the last round measured; once its trials have finished, what
+    is left is planned again, so time the estimates overstated is used. When nothing is known the
+    first round is one probe. Returns (slots, Unix time the first Tuner.fit() started or None if
+    nothing started, the report)."""
     res = plan.resources
-    _, bundle = _bundle(space, res)
     pending, ran, slots_used, t0, notes = list(plan.pending), [], 0, None, []
-    for first in (True, False):
-        specs = tune_trials(space, plan.configs, pending, checkpoint_root=out_dir / "trials",
-                            cpus=res.cpus_per_trial, gpus=res.gpus_per_trial, reserved_cpus=0.0)
-        index = {key: i for i, key in enumerate(space.keys)}
-        units = [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
-                                "fused" if spec.fused else "interleaved" if len(spec.members) > 1 else "single")
-                 for spec in specs]
-        estimator = deadlines.Estimator.from_folder(out_dir, space.task, opts.deadline_estimate)
-        decision = deadlines.plan_units(units, estimator, slots=session.slots(bundle, res.max_concurrent, len(units)),
-                                        now=time.time(), deadline=deadline, checkpoint_root=out_dir / "trials",
-                                        probe=first)
-        members = [[index[key] for key, _ in unit.members] for unit in units]
-        admitted = sorted(i for u in decision.admitted for i in members[u])
-        pending = sorted(i for u in decision.left for i in members[u])
+    startup, rounds = deadlines.STARTUP_S, 0
+    while pending:
+        decision, admitted, left = plan_deadline_round(space, plan, opts, out_dir, deadline, pending,
+                                                       probe=rounds == 0, startup_s=startup)
         notes.append("probe: 1 Tune trial" if decision.probe else decision.estimate_text(decision.admitted
                                                                                          or decision.left))
-        finish = (f", the last predicted to end at {time.strftime('%H:%M:%S', time.localtime(decision.finish_at))}"
-                  if math.isfinite(decision.finish_at) else "")
-        print(f"deadline plan: starting {len(decision.admitted)} of {len(units)} Tune trial(s) ({len(admitted)} "
-              f"trial(s)){finish}; leaving {len(decision.left)} that would not end before the deadline; "
-              f"estimate: {notes[-1] if not decision.probe else decision.estimate_text()}", flush=True)
-        if admitted:
-            used, started = run_tuner(space, SweepPlan(plan.configs, admitted, res), opts, out_dir)
-            slots_used, t0, ran = max(slots_used, used), t0 if t0 is not None else started, ran + admitted
-        if not (decision.probe and pending):
+        print_deadline_plan(decision, admitted, round_number=rounds + 1)
+        if not admitted:
             break
+        used, started = run_tuner(space, SweepPlan(plan.configs, admitted, res), opts, out_dir)
+        startup = measured_startup(out_dir, [space.keys[i] for i in admitted], started) or startup
+        slots_used, t0, ran, pending, rounds = max(slots_used, used), t0 if t0 is not None else started, \
+            ran + admitted, left, rounds + 1
     return slots_used, t0, DeadlineReport(deadline, ran, pending, "; then ".join(notes))
+
+
+def plan_deadline_round(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path,
+                        deadline: deadlines.Deadline, pending: list[int], *, probe: bool,
+                        startup_s: float = deadlines.STARTUP_S,
+                        slots: int | None = None) -> tuple[deadlines.DeadlinePlan, list[int], list[int]]:
+    """(the plan of one round, the trials it starts, the trials it leaves: indices into the space) for
+    the pending trials; `slots` None: as many as the started Ray holds."""
+    res = plan.resources
+    specs = tune_trials(space, plan.configs, pending, checkpoint_root=out_dir / "trials",
+                        cpus=res.cpus_per_trial, gpus=res.gpus_per_trial, reserved_cpus=0.0)
+    index = {key: i for i, key in enumerate(space.keys)}
+    units = [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
+                            "fused" if spec.fused else "interleaved" if len(spec.members) > 1 else "single")
+             for spec in specs]
+    if slots is None:
+        slots = session.slots(_bundle(space, res)[1], res.max_concurrent, len(units))
+    estimator = deadlines.Estimator.from_folder(out_dir, space.task, opts.deadline_estimate)
+    decision = deadlines.plan_units(units, estimator, slots=slots, now=time.time(), deadline=deadline,
+                                    checkpoint_root=out_dir / "trials", probe=probe, startup_s=startup_s)
+    members = [[index[key] for key, _ in unit.members] for unit in units]
+    admitted = sorted(i for u in decision.admitted for i in members[u])
+    return decision, admitted, sorted(i for u in decision.left for i in members[u])
+
+
+def print_deadline_plan(decision: deadlines.DeadlinePlan, admitted: list[int], round_number: int = 1) -> None:
+    """One line: how many Tune trials (and trials) start, when the last should end, the estimate."""
+    units = len(decision.admitted) + len(decision.left)
+    finish = (f", the last predicted to end at {time.strftime('%H:%M:%S', time.localtime(decision.finish_at))}"
+              if math.isfinite(decision.finish_at) else "")
+    what = "deadline plan" if round_number == 1 else f"deadline plan, round {round_number} (after the last finished)"
+    print(f"{what}: starting {len(decision.admitted)} of {units} Tune trial(s) ({len(admitted)} trial(s)){finish}; "
+          f"leaving {len(decision.left)} that would not end before the deadline; estimate: "
+          f"{decision.estimate_text() if decision.probe else decision.estimate_text(decision.admitted or decision.left)}",
+          flush=True)
+
+
+def measured_startup(out_dir: Path, keys: list[str], fit_started: float) -> float | None:
+    """Seconds from Tuner.fit() to the first of these trials starting in its worker (their rows'
+    earliest started_at), at least PER_TRIAL_S; None without such a row."""
+    rows = [r for r in read_rows(out_dir / TRIALS_FILE) if r.get("trial_key") in set(keys)]
+    starts = [t for t in (deadlines.unix_time(r.get("started_at")) for r in rows) if math.isfinite(t)]
+    return max(deadlines.PER_TRIAL_S, min(starts) - fit_started) if starts else None
+
+
+def nothing_fits(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path,
+                 deadline: deadlines.Deadline) -> DeadlineReport | None:
+    """Before Ray starts: the report of a run that starts nothing, when even as many slots as Tune
+    trials would admit none (the deadline is too near for the start-up, or every trial is longer
+    than the time left); None when something may fit (Ray then starts and the rounds decide)."""
+    decision, admitted, left = plan_deadline_round(space, plan, opts, out_dir, deadline, list(plan.pending),
+                                                   probe=True, slots=max(1, len(plan.pending)))
+    if admitted:
+        return None
+    print_deadline_plan(decision, admitted)
+    print("nothing fits before the deadline, even with every Tune trial on a slot of its own: Ray is not started",
+          flush=True)
+    return DeadlineReport(deadline, [], left, decision.estimate_text(decision.left))
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path,
@@ -205,10 +251,18 @@ class Progress(Callback):
         self.total, self.every_s = total, every_s
         self.best: tuple[float, str] = (-math.inf, "")
         self.last = 0.0
+        self.notes: set[str] = set()
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         """Best = the highest judged test accuracy of the finished trials (summary rows): the mean over
-        fresh draws for random-feature models, whose one-draw val_acc ranks a lottery (issue 31)."""
+        fresh draws for random-feature models, whose one-draw val_acc ranks a lottery (issue 31). A
+        trial's NOTE (TensorBoard skipped, ...) is printed, each distinct line once."""
+        if result.get("kind") == NOTE:
+            line = str(result.get("error", ""))
+            if line and line not in self.notes:
+                self.notes.add(line)
+                print(f"warning: {line}", flush=True)
+            return
         if result.get("kind") != SUMMARY:
             return
         acc = judged_value(result.get("row") or {}, "test_acc")

@@ -16,7 +16,7 @@ from rpevit.config import TrialConfig, field_types
 from rpevit.sweep.protocol import EPOCH, FAILED, OK, SUMMARY, VARIANT_FAILED, Report, members_of
 from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, TRIALS_LOST, DamagedResults, ResultsWriteError, is_missing,
                                   epochs_schema, read_rows, read_table_or_set_aside, remove_stale_temps, set_aside,
-                                  to_table, trials_schema, write_table_atomic)
+                                  to_table, trial_folder, trials_schema, write_table_atomic)
 
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
 
@@ -62,7 +62,7 @@ class ParquetResults(Callback):
         configs = {**self.trial_rows, **self.trials}
         found = 0
         for key, values in configs.items():
-            path = self.out_dir / "trials" / key / checkpoint.CHECKPOINT_NAME
+            path = trial_folder(self.out_dir / "trials", key) / checkpoint.CHECKPOINT_NAME
             if not path.is_file() or path.is_symlink():
                 continue
             try:
@@ -72,8 +72,8 @@ class ParquetResults(Callback):
                 history = [dict(row) for row in state["history"]]
             except Exception:  # noqa: BLE001 - a checkpoint that cannot give rows gives none; its trial reruns
                 continue
-            for row in history:
-                self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, "trial_key": key, **row}
+            for row in history:  # the key is this trial's, whatever a checkpoint's row says
+                self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, **row, "trial_key": key}
             found += bool(history)
         return found
 
@@ -84,7 +84,7 @@ class ParquetResults(Callback):
             return
         key, row = report.trial_key, report.row
         if report.kind == EPOCH:
-            self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, "trial_key": key, **row}
+            self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, **row, "trial_key": key}
             self._dirty_epochs = True
             if time.monotonic() - self._last_flush > EPOCH_FLUSH_S:
                 self.flush()
