@@ -126,3 +126,54 @@ def test_the_cli_flag_alone_turns_compile_on():
     assert parser.parse_args(["--compile", "cudagraphs"]).compile == "cudagraphs"
     assert parser.parse_args([]).compile is None  # the config's default: off
     assert TrialConfig().compile == "off"
+
+
+# -- a compilation that fails on a device: the run goes on eager and its rows say so -------------
+
+def failing_backend(gm, example_inputs):
+    raise RuntimeError("forced compile failure (a stand-in for an Inductor/Triton error on a device)")
+
+
+@pytest.fixture
+def failing_compile(monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setattr(training, "COMPILE_BACKEND", failing_backend)
+    yield
+    torch._dynamo.reset()
+
+
+TIMING = ("train_s_per_epoch", "images_per_s", "infer_ms_per_sample", "peak_mem_mb", "started_at")
+
+
+def assert_same_metrics(fallen: dict, eager: dict) -> None:
+    for key, value in eager.items():
+        if key in TIMING or key in ("compile", "compile_fallback"):
+            continue
+        assert fallen[key] == value or (value != value and fallen[key] != fallen[key]), key
+
+
+def test_a_failing_compile_runs_eager_and_the_row_says_why(failing_compile):
+    cfg = TrialConfig.from_dict({**RUN, "compile": "on", "epochs": 2})
+    logs: list[str] = []
+    row = train_and_evaluate(cfg, log=logs.append)
+    assert row["compile_fallback"].startswith("step 1: BackendCompilerFailed"), row["compile_fallback"]
+    assert "forced compile failure" in row["compile_fallback"]
+    assert sum("compile failed at step 1" in line for line in logs) == 1  # said once, not per step
+    eager = train_and_evaluate(cfg.replace(compile="off"), log=None)
+    assert eager["compile_fallback"] == ""
+    assert_same_metrics(row, eager)  # the failed attempt changed nothing: the step was redone eagerly
+
+
+def test_a_failing_compile_in_a_fused_group_runs_eager_and_every_row_says_why(failing_compile):
+    cfgs = [TrialConfig.from_dict({**RUN, "compile": "on", "seed": s}) for s in (0, 1, 2)]
+    rows = train_group(cfgs, log=None)
+    assert all(isinstance(r, dict) for r in rows), rows
+    assert all(r["compile_fallback"].startswith("step 1: BackendCompilerFailed") for r in rows), rows
+    eager = train_group([c.replace(compile="off") for c in cfgs], log=None)
+    for a, b in zip(rows, eager):
+        assert b["compile_fallback"] == ""
+        assert_same_metrics(a, b)
+
+
+def test_compile_fallback_is_a_declared_column():
+    assert registry.METRICS["train"].other["compile_fallback"] is str
