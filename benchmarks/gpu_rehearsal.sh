@@ -26,18 +26,30 @@ WORK=${REHEARSAL_DIR:-/tmp/rehearsal}
 t_start=$(date +%s)
 step() { echo; echo "== rehearsal [$(( $(date +%s) - t_start )) s] $*"; }
 
-python312=${PYTHON312:-$(command -v python3.12 || ls -d /root/.pyenv/versions/3.12*/bin/python3 2> /dev/null | tail -1)}
-[[ -x "$python312" ]] || { echo "error: no Python 3.12 (the image's); set PYTHON312" >&2; exit 2; }
+python312=${PYTHON312:-}
+for candidate in $(command -v python3.12) ~/.pyenv/versions/3.12*/bin/python3 /usr/bin/python3.12; do
+  [[ -z $python312 ]] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2> /dev/null \
+      && python312=$candidate
+done
+[[ -n "$python312" ]] || { echo "error: no Python 3.12 (the image's version); set PYTHON312" >&2; exit 2; }
 
 step "1. the image's environment in $VENV"
 if [[ ! -f $VENV/.image-ok ]]; then
   rm -rf "$VENV"
   "$python312" -m venv "$VENV"
   pins=$(mktemp)
-  # the image's versions where known, else the tested ones: one constraints file, the image's first
-  grep -v '^#' benchmarks/lease/device_image.txt | grep '==' | grep -v '^python==' > "$pins"
-  grep -v '^#' constraints/tested.txt | while read -r line; do
-    name=${line%%==*}; grep -qi "^${name}==" "$pins" || echo "$line"; done >> "$pins"
+  # the image's versions where known, else the tested ones, in one constraints file (the image's win;
+  # torch's own CUDA libraries and compiler follow torch 2.11's requirements, not the tested torch's)
+  "$python312" - "$pins" <<'EOF'
+import re, sys
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+def pins(path):
+    return {norm(l.split("==")[0]): l.strip() for l in open(path) if "==" in l and not l.startswith("#")}
+image, tested = pins("benchmarks/lease/device_image.txt"), pins("constraints/tested.txt")
+image.pop("python", None)
+merged = {**{k: v for k, v in tested.items() if not re.match(r"(nvidia-|cuda-|triton$|torch)", k)}, **image}
+open(sys.argv[1], "w").write("\n".join(merged.values()) + "\n")
+EOF
   # what the lease's steps import from the image (rpevit's dependencies but Ray and fvcore, which the
   # lease carries; pytest and pytest-xdist; what Ray and fvcore need that the image has)
   "$VENV/bin/pip" install -q -c "$pins" torch==2.11.0 numpy timm einops pandas pyarrow pyyaml matplotlib \

@@ -81,7 +81,8 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
     batch = cfg.resolved_batch_size
     with default_dtype(cfg):
         data = synthetic_splits(cfg.dataset, batch * (warmup + samples * steps), device)
-        models = [build_model(cfg.replace(seed=s), 3, 10).to(device) for s in range(k)]
+        models = [build_model(cfg.replace(seed=s), cfg.spec.channels, cfg.spec.num_classes).to(device)
+                  for s in range(k)]
         mask_generators = [torch.Generator(device=device).manual_seed(s) for s in range(k)]
         data_generators = [torch.Generator(device=device).manual_seed(s) for s in range(k)]
         schedule = warmup_cosine(10 * (warmup + samples * steps), 1)
