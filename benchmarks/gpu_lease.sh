@@ -7,16 +7,19 @@
 #   as .lease/site.tar.xz, with mnist.npz and their SHA-256 (~45 MB: one call carries 64 MiB).
 # Rehearse it on this CPU first:                    benchmarks/gpu_rehearsal.sh
 # Then, back to back, each with timeout_s 600 (files come back from $OUT; t0 is the first call's start):
-#   run carry=[.lease]  bash benchmarks/gpu_lease.sh first    GPU tests (pytest -m gpu, 6 processes) and the
-#                                                             throughput benchmark: ~9.5 min
-#   run                 bash benchmarks/gpu_lease.sh study    plan (benchmarks/lease/plan.py: whole groups
-#                       [SWEEP FLAGS]                         that end by t0 + 26 min), launch the sweep in its
-#                                                             own session, wait up to 9 min, bring rows back
-#   run                 bash benchmarks/gpu_lease.sh finish   wait for the sweep (at most until t0 + 27.5 min),
+#   run carry=[.lease]  bash benchmarks/gpu_lease.sh first    unpack, record the image, GPU tests
+#                                                             (pytest -m gpu, 6 processes): <= 7.5 min
+#   run                 bash benchmarks/gpu_lease.sh study    the throughput benchmark (<= 4.5 min), then the
+#                       [SWEEP FLAGS]                         plan (benchmarks/lease/plan.py: whole groups that
+#                                                             end by t0 + 25 min), the sweep launched in its own
+#                                                             session; waits to the call's 9.6 min, rows back
+#   run                 bash benchmarks/gpu_lease.sh finish   wait for the sweep (at most until t0 + 26.5 min),
 #                                                             bring back rows, per-epoch curves and a figure
-# Default SWEEP FLAGS: the MNIST half of all12.yaml (12 fused groups of 3 seeds, 49 tokens, compiled, bf16)
-# at 5 epochs: --only dataset=mnist --set epochs=5. Nothing relies on a checkpoint coming back (a
-# trial's is ~32 MB); the rows and epochs.parquet are the result. Every figure names the device.
+# then give the machine back at once (the 30 minutes count until then, its start included).
+# Default SWEEP FLAGS: the MNIST half of all12.yaml (12 fused groups of 3 seeds, 49 tokens, compiled, bf16),
+# --only dataset=mnist, at the longest budget (epochs, up to its 30) at which every group fits (plan.py).
+# Nothing relies on a checkpoint coming back (a trial's is ~32 MB); the rows and epochs.parquet are the
+# result. Every figure names the device.
 # LEASE_REHEARSAL=1 (benchmarks/gpu_rehearsal.sh) runs the same steps on a CPU: the GPU tests collect
 # and skip, tests/all12_cells.py runs every all12 cell on the CPU instead, the benchmark and the sweep
 # are cut to CPU size, and the planner is still asked with the lease's deadline and GPU estimate.
@@ -27,9 +30,10 @@ L=${LEASE_DIR:-/tmp/lease}
 OUT=${OUT:-$L/out}
 REHEARSAL=${LEASE_REHEARSAL:-0}
 SPACE=search_spaces/all12.yaml
-DEFAULT_FLAGS=(--only dataset=mnist --set epochs=5)
-STUDY_END_S=$((26 * 60))   # from t0: the sweep's --deadline (the last call needs ~2 min to collect)
-FINISH_END_S=$((27 * 60 + 30))
+DEFAULT_FLAGS=(--only dataset=mnist)   # the budget (epochs) is the plan's
+STUDY_END_S=$((25 * 60))   # from t0: the sweep's --deadline (the last call needs ~1.5 min to collect)
+FINISH_END_S=$((26 * 60 + 30))
+CALL_S=575                 # a call's own budget (the tool's limit is 600 s)
 
 prepare() {
   local data=${1:?prepare needs the folder holding mnist.npz}
@@ -86,26 +90,31 @@ first)
     "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
     "$PY" -m tests.all12_cells --device cpu --backend "${REHEARSAL_BACKEND:-inductor}" \
         --json "$OUT/cells.json" 2>&1 | tee "$OUT/cells.log"
-    bench=(--models tiny --fused 3 --packed 2 --samples 3 --steps 2 --warmup 1)
   else
-    timeout 320 "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
+    timeout 420 "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
         --junitxml "$OUT/pytest_gpu.xml" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
-    bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3)
   fi
-  timeout 230 "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
-      | grep -v Warning | tee "$OUT/throughput.log"
-  cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
   echo "first call done at t0 + $(since_t0) s"
   ;;
 study)
+  call_start=$(date +%s)
   shift; flags=("$@"); (( ${#flags[@]} )) || flags=("${DEFAULT_FLAGS[@]}")
+  if [[ $REHEARSAL == 1 ]]; then
+    bench=(--models tiny --fused 3 --packed 2 --samples 3 --steps 1 --warmup 1 --backend "${REHEARSAL_BACKEND:-inductor}")
+  else
+    bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3)
+  fi
+  timeout 270 "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
+      | grep -v Warning | tee "$OUT/throughput.log"
+  cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
   left=$(( STUDY_END_S - $(since_t0) ))
-  [[ $REHEARSAL == 1 ]] && left=$(( STUDY_END_S - 600 ))   # the lease's: its second call starts ~10 min in
+  [[ $REHEARSAL == 1 ]] && left=$(( STUDY_END_S - 720 ))   # the lease's: its plan is made ~12 min in
   "$PY" benchmarks/lease/plan.py --deadline-s "$left" --throughput "$L/throughput.json" "${flags[@]}" \
       > "$L/plan.txt" 2>&1; rc=$?
   cp "$L/plan.txt" "$OUT/lease_plan.txt"; cat "$L/plan.txt"
   (( rc == 0 )) || exit 4
-  est=$(tail -1 "$L/plan.txt")
+  read -r epochs est < <(tail -1 "$L/plan.txt")
+  flags+=(--set "epochs=$epochs")
   if [[ $REHEARSAL == 1 ]]; then   # the plan above is the lease's; the sweep that runs is CPU-sized
     flags=(--only dataset=mnist --only attention=softmax --only pe=luo_rpe --set epochs=1 --set train_subset=384
            --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)
@@ -114,7 +123,7 @@ study)
   setsid nohup "$PY" sweep.py --space $SPACE --results-dir "$L/results" --no-dashboard "${flags[@]}" \
       --deadline "$(( left / 60 ))m" --deadline-estimate "$est" > "$L/sweep.log" 2>&1 < /dev/null &
   echo $! > "$L/sweep.pid"
-  end=$(( $(date +%s) + ${LEASE_WAIT_S:-540} ))
+  end=$(( call_start + ${LEASE_WAIT_S:-$CALL_S} ))
   while sweep_running && (( $(date +%s) < end )); do sleep 10; done
   collect; tail -15 "$L/sweep.log"; echo "study call done at t0 + $(since_t0) s"
   ;;

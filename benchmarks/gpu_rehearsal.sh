@@ -14,7 +14,8 @@
 #    import sweep.py needs; tests/test_gpu.py collected (its tests skip without CUDA); a few fused +
 #    compiled + bf16 steps of every all12.yaml cell at 49 and 64 tokens against their eager solo steps
 #    (tests/all12_cells.py: aot_eager for all 24, Inductor's CPU backend for the four riskiest: softmax
-#    with luo_rpe and with circulant_string, at both token counts); the throughput benchmark, CPU-sized;
+#    with luo_rpe and with circulant_string, at both token counts); the throughput benchmark, CPU-sized
+#    (aot_eager: it checks the script, not the CPU's speed);
 #    the deadline planner with the lease's deadline and estimate (it must admit work); a real sweep.py
 #    run of one fused group through Ray, with its rows and curves.
 # Exits non-zero on the first step that fails. Output: $REHEARSAL_OUT (default /tmp/rehearsal/out).
@@ -77,7 +78,7 @@ ls -la .lease
 
 export LEASE_PYTHON=$PWD/$VENV/bin/python LEASE_DIR=$WORK LEASE_REHEARSAL=1 OUT=${REHEARSAL_OUT:-$WORK/out}
 rm -rf "$WORK"; mkdir -p "$OUT"
-step "3a. the lease's first call (imports, gpu tests collected, all12 cells, benchmark)"
+step "3a. the lease's first call (imports, gpu tests collected, all12 cells)"
 REHEARSAL_BACKEND=aot_eager bash benchmarks/gpu_lease.sh first
 grep -q "imports ok" "$OUT/imports.log" || { echo "error: the lease's imports failed: $OUT/imports.log" >&2; exit 1; }
 grep -qE "[0-9]+ skipped" "$OUT/pytest_gpu.log" && ! grep -qiE "error" "$OUT/pytest_gpu.log" \
@@ -88,9 +89,9 @@ PYTHONPATH=$WORK/site:$PWD "$LEASE_PYTHON" -m tests.all12_cells --device cpu --b
     --json "$OUT/cells_inductor_luo.json" | tee "$OUT/cells_inductor.log"
 PYTHONPATH=$WORK/site:$PWD "$LEASE_PYTHON" -m tests.all12_cells --device cpu --backend inductor \
     --only softmax+circulant --json "$OUT/cells_inductor_circulant.json" | tee -a "$OUT/cells_inductor.log"
-grep -q '"mode": "solo eager"' "$OUT/throughput.json" || { echo "error: no benchmark rows" >&2; exit 1; }
-step "3c. the lease's study call (plan with the lease's deadline and estimate; a CPU-sized sweep)"
+step "3c. the lease's study call (benchmark; plan with the lease's deadline and estimate; a CPU-sized sweep)"
 LEASE_WAIT_S=1500 bash benchmarks/gpu_lease.sh study
+grep -q '"mode": "solo eager"' "$OUT/throughput.json" || { echo "error: no benchmark rows" >&2; exit 1; }
 grep -q "fused group(s) of 3 fit" "$OUT/lease_plan.txt" || { echo "error: no plan: $OUT/lease_plan.txt" >&2; exit 1; }
 step "3d. the lease's finish call"
 bash benchmarks/gpu_lease.sh finish

@@ -52,6 +52,7 @@ from rpevit.metrics import device_name, synchronize  # noqa: E402
 from rpevit.models import build_model  # noqa: E402
 from rpevit.tasks.train import make_optimizer, solo_step, warmup_cosine  # noqa: E402
 from rpevit.tasks.train_group import StackedStep, step_inputs  # noqa: E402
+from rpevit import training  # noqa: E402
 from rpevit.training import default_dtype, forward_loss_fn, path_mask_dtype  # noqa: E402
 
 MODELS = {
@@ -145,7 +146,8 @@ def packed(model_key: str, processes: int, k: int, compile_mode: str, device: to
     with tempfile.TemporaryDirectory() as barrier:
         cmd = [sys.executable, __file__, "--worker", model_key, "--device", device.type, "--steps", str(steps),
                "--warmup", str(warmup), "--samples", str(samples), "--barrier", barrier, "--threads", str(threads),
-               "--fused", str(k), "--compile", compile_mode, "--packed", str(processes)]
+               "--fused", str(k), "--compile", compile_mode, "--packed", str(processes),
+               "--backend", training.COMPILE_BACKEND]
         children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
         rows = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
     return {"members": k * processes, "compile": compile_mode, "packed_processes": processes,
@@ -229,6 +231,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--variants", action="store_true",
                         help="also time each of all12's 12 variants solo eager and fused (largest k) + compiled")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile's backend (aot_eager: a quick CPU check of this script, not a timing)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
@@ -236,6 +240,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.samples < 3 and not args.worker:
         parser.error(f"--samples has value {args.samples}; allowed: 3 or more (a median of fewer is no median)")
+    training.COMPILE_BACKEND = args.backend
     if args.worker:
         worker(args)
         return
@@ -245,6 +250,7 @@ def main() -> None:
     print(f"device: {device_name(device)}; torch {torch.__version__}; {torch.get_num_threads()} threads; "
           f"peak: {peak_text}; {args.samples} samples of {args.steps} steps per mode (median; min-max)", flush=True)
     results = {"device": device_name(device), "torch": torch.__version__, "python": platform.python_version(),
+               "compile_backend": args.backend,
                "threads": torch.get_num_threads(), "peak_flops": peak, "peak": peak_text,
                "flops_per_multiply_add": FLOPS_PER_MULTIPLY_ADD, "models": {}}
     for key in args.models:

@@ -2,10 +2,12 @@
 
     python benchmarks/lease/plan.py --deadline-s 840 --throughput throughput.json [SWEEP FLAGS]
 
-Prints `--deadline-estimate` (seconds per epoch of one Tune trial, what sweep.py plans with) on the
-last line, after the plan rpevit.sweep.deadline makes with it: the same planner sweep.py runs, given
-the lease's real deadline and slots (4 fused groups per GPU). Exits 2, naming why, when it admits
-nothing, so that a lease never launches a sweep that would start no group.
+Chooses the longest budget (epochs, from EPOCH_LADDER, at most the space's) at which every group of
+the space ends before the deadline, else the shortest, at which some do; prints the plan and, on the
+last line, `EPOCHS SECONDS`: the budget (`--set epochs=EPOCHS`) and `--deadline-estimate` (seconds per
+epoch of one Tune trial, what sweep.py plans with). The plan is rpevit.sweep.deadline's, the one
+sweep.py makes, given the lease's real deadline and slots (4 fused groups per GPU). Exits 2, naming
+why, when it admits nothing, so that a lease never launches a sweep that would start no group.
 
 The estimate: a fused group of k members trains k x n_train images per epoch at a quarter of the
 measured rate of four packed processes of compiled fused groups (benchmarks/throughput.py's row, on
@@ -34,6 +36,7 @@ FALLBACK_IMAGES_PER_S = 4700.0  # solo eager, GPU protocol CIFAR-10 model, H100 
 PACKED_ROW = "4 packed processes, fused k=3 + compiled"  # benchmarks/throughput.py's mode name
 COMPILE_S = 90.0  # one compilation of a fused group's step (forward + backward), once per batch shape
 VALIDATION_S = 3.0  # one epoch's validation and fidelity pass
+EPOCH_LADDER = (30, 20, 15, 10, 8, 6, 5, 4, 3, 2, 1)  # budgets tried, longest first, up to the space's own
 TRAIN_IMAGES = {"mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000, "digits": 1_797}  # before validation
 
 
@@ -69,24 +72,27 @@ def main() -> int:
     members = max(len(spec.members) for spec in specs)
     first = space.trials[0]
     n_train = round(TRAIN_IMAGES[first["dataset"]] * (1 - first["val_fraction"]))
-    epochs = max(1, int(first["epochs"]))
-    per_epoch = members * n_train / rate + VALIDATION_S + COMPILE_S / epochs
-    units = [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members), "fused" if spec.fused else "single")
-             for spec in specs]
-    estimator = deadlines.Estimator([], space.task, has_epochs=True, fallback_s=per_epoch)
+    ladder = [e for e in EPOCH_LADDER if e <= int(first["epochs"])] or [int(first["epochs"])]
     now = time.time()
-    plan = deadlines.plan_units(units, estimator, slots=args.slots, now=now,
-                                deadline=deadlines.Deadline(now + args.deadline_s), checkpoint_root=Path("/nonexistent"),
-                                probe=False)
+    for epochs in ladder:  # the longest budget at which every group fits, else the shortest, partly
+        per_epoch = members * n_train / rate + VALIDATION_S + COMPILE_S / epochs
+        units = [deadlines.Unit(tuple((m.trial_key, {**m.cfg, "epochs": epochs}) for m in spec.members),
+                                "fused" if spec.fused else "single") for spec in specs]
+        estimator = deadlines.Estimator([], space.task, has_epochs=True, fallback_s=per_epoch)
+        plan = deadlines.plan_units(units, estimator, slots=args.slots, now=now,
+                                    deadline=deadlines.Deadline(now + args.deadline_s),
+                                    checkpoint_root=Path("/nonexistent"), probe=False)
+        if not plan.left:
+            break
     print(f"lease plan: {len(plan.admitted)} of {len(units)} fused group(s) of {members} fit in "
-          f"{args.deadline_s / 60:.1f} min on {args.slots} slots; {per_epoch:.1f} s per epoch of a group "
-          f"({members} x {n_train} images at {rate:,.0f} images/s, {source}; + {VALIDATION_S:g} s validation, "
-          f"+ {COMPILE_S:g} s compile / {epochs} epochs); "
-          + (f"last ends {(plan.finish_at - now) / 60:.1f} min from now" if math.isfinite(plan.finish_at) else ""))
+          f"{args.deadline_s / 60:.1f} min on {args.slots} slots at {epochs} epochs; {per_epoch:.1f} s per epoch "
+          f"of a group ({members} x {n_train} images at {rate:,.0f} images/s, {source}; + {VALIDATION_S:g} s "
+          f"validation, + {COMPILE_S:g} s compile / {epochs} epochs)"
+          + (f"; the last ends {(plan.finish_at - now) / 60:.1f} min from now" if math.isfinite(plan.finish_at) else ""))
     if not plan.admitted:
-        print(f"error: the plan admits no group: fewer --set epochs, or a later deadline", file=sys.stderr)
+        print("error: the plan admits no group even at 1 epoch: a later deadline", file=sys.stderr)
         return 2
-    print(f"{per_epoch:.2f}")
+    print(f"{epochs} {per_epoch:.2f}")  # what gpu_lease.sh reads: --set epochs=E, --deadline-estimate S
     return 0
 
 
