@@ -59,7 +59,7 @@ EOF
   "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md, re
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-image = {norm(l.split("==")[0]) for l in open("benchmarks/lease/device_image.txt") if l.strip() and l[0] != "#"}
+image = {norm(l.strip().split("==")[0]) for l in open("benchmarks/lease/device_image.txt") if l.strip() and l[0] != "#"}
 extra = sorted(norm(d.metadata["Name"]) for d in md.distributions() if norm(d.metadata["Name"]) not in image | {"pip"})
 print("installed but not on the image's list (the list may be incomplete; check image.txt of a lease):",
       ", ".join(extra) or "none")
@@ -75,6 +75,30 @@ if [[ ! -f .lease/site.tar.xz ]]; then
   bash benchmarks/gpu_lease.sh prepare "$data"
 fi
 ls -la .lease
+# what the carried wheels require (Ray with its `tune` extra) that the image holds: into the venv too, at
+# the image's versions, as the image has them (the lease relies on them there)
+probe=$(mktemp -d)
+xz -dc .lease/site.tar.xz | tar xf - -C "$probe" --wildcards '*.dist-info/METADATA'
+needed=$("$VENV/bin/python" - "$probe" <<'EOF'
+import pathlib, re, sys
+from packaging.requirements import Requirement
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+image = {norm(l.strip().split("==")[0]) for l in open("benchmarks/lease/device_image.txt") if l.strip() and l[0] != "#"}
+carried, wanted = set(), set()
+for meta in pathlib.Path(sys.argv[1]).glob("*.dist-info/METADATA"):
+    lines = meta.read_text(errors="replace").splitlines()
+    carried.add(norm(next(l for l in lines if l.startswith("Name:")).split(":", 1)[1].strip()))
+    for line in lines:
+        if line.startswith("Requires-Dist:"):
+            req = Requirement(line.split(":", 1)[1])
+            if req.marker is None or any(req.marker.evaluate({"extra": e}) for e in ("", "tune")):
+                wanted.add(norm(req.name))
+print(" ".join(sorted((wanted - carried) & image)))
+EOF
+)
+rm -rf "$probe"
+echo "the image's packages the carried wheels require: $needed"
+"$VENV/bin/pip" install -q -c <(grep '==' benchmarks/lease/device_image.txt | grep -v '^python==') $needed
 
 export LEASE_PYTHON=$PWD/$VENV/bin/python LEASE_DIR=$WORK LEASE_REHEARSAL=1 OUT=${REHEARSAL_OUT:-$WORK/out}
 rm -rf "$WORK"; mkdir -p "$OUT"

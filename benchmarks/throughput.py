@@ -267,6 +267,8 @@ def main() -> None:
                 row["utilisation"] = row["flops_per_image"] * row["images_per_s"] / peak
             rows.append(row)
             print(format_row(row, rows[0]), flush=True)
+            results["models"][key] = {"config": MODELS[key], "rows": rows}
+            write_json(args.json, results)  # after every mode: a run cut short keeps what it measured
         timed = [r for r in rows if "images_per_s" in r]
         best = max(timed, key=lambda r: r["images_per_s"]) if timed else None
         entry = {"config": MODELS[key], "rows": rows}
@@ -279,8 +281,12 @@ def main() -> None:
         if args.variants:
             entry["variants"] = time_variants(key, max(args.fused), args.compile, device, args.steps, args.warmup,
                                               args.samples)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    write_json(args.json, results)
+
+
+def write_json(path: str | None, results: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1))
 
 
 def time_variants(key: str, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int,

@@ -177,3 +177,22 @@ def test_a_failing_compile_in_a_fused_group_runs_eager_and_every_row_says_why(fa
 
 def test_compile_fallback_is_a_declared_column():
     assert registry.METRICS["train"].other["compile_fallback"] is str
+
+
+# -- autocast inside vmap inside torch.compile(fullgraph=True): what a GPU sweep of all12.yaml runs ---
+BF16_CELLS = ["mnist-49tok-softmax+luo_rpe", "cifar10-64tok-softmax+circulant_string", "mnist-49tok-favor+rope",
+              "cifar10-64tok-relu+luo_rpe"]
+
+
+@pytest.mark.parametrize("cell", BF16_CELLS)
+def test_fused_compiled_bf16_all12_cells_equal_their_eager_solo_runs(cell, counter):
+    """bf16 autocast traced inside the vmapped, compiled step (every other compile test runs amp: none),
+    on all12's own models at their token counts: the fused compiled group equals its eager solo runs up
+    to bf16 rounding, and compiled without a fallback (tests/all12_cells.py; tests/test_gpu.py runs
+    every cell with Inductor on CUDA)."""
+    from tests.all12_cells import all12_cells, cell_id, check_cell
+
+    cfg = next(c for c in all12_cells(depth=1, device="cpu", amp="bf16") if cell_id(c) == cell)
+    result = check_cell(cfg, members=2, steps=2)
+    assert not result["compile_fallback"] and counter.frame_count >= 1, result
+    assert result["grad_error"] < result["tolerance"] and result["loss_error"] < result["tolerance"], result
