@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="folder of <dataset>.npz (default $RPEVIT_DATA or ./data)")
     p.add_argument("--resume", action="store_true", help="continue the sweep in <results-dir>/<name>")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: rerun failed trials too")
+    p.add_argument("--redeclare", action="store_true",
+                   help="record the space's changed `declare:` block although trials ran; every row that started "
+                        "before it becomes exploratory (rpevit/sweep/declaration.py)")
     p.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
     p.add_argument("--deadline", default=None, metavar="WHEN",
                    help="start only trials predicted to end before WHEN; running ones finish, the rest wait for "
@@ -162,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
                             cpus_per_trial=args.cpus_per_trial, gpus_per_trial=args.gpus_per_trial,
                             max_concurrent=args.max_concurrent, dashboard=args.dashboard,
                             max_failures=args.max_failures, reuse=args.reuse, deadline=deadline,
-                            deadline_estimate=args.deadline_estimate, resume_flags=resume_flags(args))
+                            deadline_estimate=args.deadline_estimate, resume_flags=resume_flags(args),
+                            redeclare=args.redeclare)
         return run_sweep(space, opts)  # takes the sweep lock before Ray starts: a second driver stops at once
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

@@ -114,12 +114,17 @@ class TrialConfig:
     mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim", gt=0)
     drop_path: float = _field(0.1, "model", "stochastic-depth rate of the last block (linear from 0)", ge=0, lt=1)
     dropout: float = _field(0.0, "model", "dropout after the attention and MLP projections", ge=0, lt=1)
+    init: str = _field("trunc_normal", "model", "initial Linear weights: trunc_normal (timm's ViT: std 0.02, zero "
+                       "biases) or torch_default (nn.Linear's own: uniform, scaled by 1/sqrt(fan_in))",
+                       choices=("trunc_normal", "torch_default"))
 
     # attention options
     num_features: int = _field(64, "attention", "m, random features of FAVOR+ / ReLU", gt=0)
-    # 100 (until redraw_until): the studies' setting; with one draw (0) a model learns its own kernel
-    # and collapses on fresh draws (MNIST favor+ape: 98.7 % on its draw, 29 % over fresh ones)
-    redraw_interval: int = _field(100, "attention", "training steps between random-feature redraws",
+    # 1 (until redraw_until): what MNIST validation chose (results/redraw_val_mnist: every step and every
+    # 10 steps beat the earlier 100 in every favor cell, every step had the highest mean); with one draw (0)
+    # a model learns its own kernel and collapses on fresh draws (MNIST favor+ape: 98.7 % on its draw,
+    # 29 % over fresh ones)
+    redraw_interval: int = _field(1, "attention", "training steps between random-feature redraws",
                                   ge=0, note="0 = never: one draw for the whole run, which the model can fit; "
                                   "see docs/random_features.md", cost_free=True)
     # the draw is frozen for the last stretch so the final weights are adapted to the draw they
@@ -137,9 +142,13 @@ class TrialConfig:
     # position encoding options
     rope_base: float = _field(100.0, "pe", "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0,
                               cost_free=True)
+    rope_mixed_base: float = _field(10.0, "pe", "RoPE-Mixed initial frequency magnitudes base^(-4k/d) (10: Heo et "
+                                    "al.'s reference code; rpevit/pe/rope.py)", gt=0, cost_free=True)
     luo_path: str = _field("auto", "pe", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense "
                            "matrix (auto: by token count)", choices=("auto", "fft", "dense"))
-    luo_scale: float = _field(10.0, "pe", "the Luo bias table is luo_scale x a raw parameter "
+    # 1000: what digits validation chose for favor and relu (results/luo_scale_val_digits; 3000 diverged),
+    # softmax flat from 30 to 3000; the earlier 10 was chosen on test
+    luo_scale: float = _field(1000.0, "pe", "the Luo bias table is luo_scale x a raw parameter "
                               "(rpevit/pe/relative_bias.py)", gt=0, cost_free=True)
     string_sparsity: float = _field(0.1, "pe", "f, fraction of learned above-diagonal entries of S "
                                     "(sparse_cayley_string)", gt=0, le=1)
@@ -168,6 +177,12 @@ class TrialConfig:
                                   ge=0, dataset_default=-1.0)
     label_smoothing: float = _field(0.1, "optim", "label smoothing of the cross-entropy", ge=0, lt=1)
     grad_clip: float = _field(1.0, "optim", "max global gradient norm", ge=0, note="0 = off")
+    lr_schedule: str = _field("cosine", "optim", "after the warm-up: cosine to 0 over the run, or wsd (warm-up, "
+                              "stable at the peak, then a 1-sqrt cool-down to 0 over the last cooldown_fraction; "
+                              "the budget ladder's schedule: shorter budgets branch off one run, docs/budget_ladder.md)",
+                              choices=("cosine", "wsd"), cost_free=True)
+    cooldown_fraction: float = _field(0.2, "optim", "wsd: fraction of the training steps the cool-down takes",
+                                      gt=0, le=1, cost_free=True)
 
     # data
     data_dir: str = _field("", "data", "folder with <dataset>.npz ('': $RPEVIT_DATA, else ./data)")
@@ -333,17 +348,22 @@ def resolve_values(values: dict[str, Any]) -> dict[str, Any]:
             placeholder = value == "auto" if name == "augment" else (value < 0 if name == "warmup_epochs" else value == 0)
             if placeholder:
                 out[name] = getattr(spec, name)
-    used = [name.strip() for name in str(out["pe"]).split("+")]
-    options = encoding_options()
-    in_use = {option for name in used for option in options.get(name, ())}
-    for name, names in options.items():  # an encoding the trial does not use: its options do not apply
-        if name not in used:
-            out.update({option: _DEFAULT_VALUES[option] for option in names if option not in in_use})
-    for name in used:
+    out.update({option: _DEFAULT_VALUES[option] for option in unused_encoding_options(out["pe"])})
+    for name in (part.strip() for part in str(out["pe"]).split("+")):
         encoding = registry.POSITION_ENCODINGS.get(name)
         if encoding is not None:
             out.update(encoding.resolve_options(out))
     return out
+
+
+def unused_encoding_options(pe: str) -> set[str]:
+    """The option fields of registered encodings that `pe` (names joined by '+') does not use: they do
+    not apply to the trial, so they must not tell two trials apart (resolve_values, trial keys)."""
+    used = [name.strip() for name in str(pe).split("+")]
+    options = encoding_options()
+    in_use = {option for name in used for option in options.get(name, ())}
+    return {option for name, names in options.items() if name not in used for option in names
+            if option not in in_use}
 
 
 _ENCODING_OPTIONS: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}

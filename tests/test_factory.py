@@ -62,10 +62,11 @@ def test_factory_refuses_an_option_that_is_not_a_field_of_the_section():
 
 def test_factory_builds_what_an_explicit_call_builds():
     cfg = TrialConfig.from_dict({"attention": "favor", "pe": "rope_mixed", "dim": 32, "heads": 2, "seed": 7,
-                                 "num_features": 24, "feature_type": "iid", "rope_base": 50.0})
+                                 "num_features": 24, "feature_type": "iid", "rope_base": 50.0,
+                                 "rope_mixed_base": 20.0})
     favor = FavorAttention(heads=2, head_dim=16, layer=2, seed=7, num_features=24, feature_type="iid")
     assert torch.equal(build_attention(cfg, 2).projection, favor.projection)
-    mixed = MixedRoPE(grid=cfg.grid, heads=2, head_dim=16, layer=2, seed=7, rope_base=50.0)
+    mixed = MixedRoPE(grid=cfg.grid, heads=2, head_dim=16, layer=2, seed=7, rope_mixed_base=20.0)
     (built,) = build_encodings(cfg, ("qk",), 2)
     assert torch.equal(built.frequencies, mixed.frequencies)
     sparse_cfg = cfg.replace(pe="sparse_cayley_string", string_sparsity=0.3)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.pe.rope import AxialRoPE, MixedRoPE, apply_rotary, axial_frequencies
+from rpevit.pe.rope import AxialRoPE, MixedRoPE, apply_rotary, axial_frequencies, mixed_frequencies
 
 
 def dense_rotary(angles):
@@ -82,5 +82,44 @@ def test_rope_mixed_directions_reproducible_across_processes():
 def test_head_dim_checks():
     with pytest.raises(ConfigError, match="'dim'.*'rope'.*divisible by 4"):
         cfg("rope", dim=12, heads=2)  # head dim 6
-    with pytest.raises(ConfigError, match="'dim'.*'rope_mixed'.*divisible by 2"):
-        cfg("rope_mixed", dim=10, heads=2)  # head dim 5
+    with pytest.raises(ConfigError, match="'dim'.*'rope_mixed'.*divisible by 4"):
+        cfg("rope_mixed", dim=12, heads=2)  # head dim 6: d/4 magnitudes, each used twice
+
+
+def reference_init_random_2d_freqs(dim: int, num_heads: int, angles: list[float], theta: float = 10.0) -> torch.Tensor:
+    """Heo et al.'s `init_random_2d_freqs` (naver-ai/rope-vit, models/vit_rope.py), written out with the
+    per-head angle given instead of torch.rand(1): returns (2, heads, dim/2), x then y components."""
+    freqs_x, freqs_y = [], []
+    mag = 1 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].double() / dim))
+    for i in range(num_heads):
+        a = torch.tensor([angles[i]], dtype=torch.float64)
+        freqs_x.append(torch.cat([mag * torch.cos(a), mag * torch.cos(torch.pi / 2 + a)], dim=-1))
+        freqs_y.append(torch.cat([mag * torch.sin(a), mag * torch.sin(torch.pi / 2 + a)], dim=-1))
+    return torch.stack([torch.stack(freqs_x, dim=0), torch.stack(freqs_y, dim=0)], dim=0)
+
+
+@pytest.mark.parametrize("head_dim, heads", [(16, 4), (32, 3), (64, 2)])
+def test_rope_mixed_starts_where_heo_et_al_start(head_dim, heads):
+    """Issue 41: base 10, d/4 magnitudes 10^(-4k/d) each used twice, one random angle per head with the two
+    halves of the planes at right angles (the earlier init: base 100, d/2 magnitudes, a direction per plane)."""
+    generator = torch.Generator().manual_seed(5)
+    ours = mixed_frequencies(head_dim, heads, 10.0, generator)
+    angles = (torch.rand(heads, 1, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+              * 2 * math.pi).flatten().tolist()
+    reference = reference_init_random_2d_freqs(head_dim, heads, angles)  # (2, h, d/2)
+    torch.testing.assert_close(ours, reference.permute(1, 2, 0), rtol=0, atol=1e-15)
+    magnitudes = ours.norm(dim=-1)
+    torch.testing.assert_close(magnitudes[0, : head_dim // 4], 10.0 ** (-4 * torch.arange(head_dim // 4,
+                                                                                          dtype=torch.float64) / head_dim))
+    first, second = ours[:, : head_dim // 4], ours[:, head_dim // 4:]
+    torch.testing.assert_close((first * second).sum(-1), torch.zeros(heads, head_dim // 4, dtype=torch.float64),
+                               atol=1e-15, rtol=0)  # the two halves at right angles
+
+
+def test_rope_mixed_is_not_position_blind_at_the_start():
+    """At head dim 16 on a 7x7 grid every plane turns by more than a radian across the grid at the start
+    (the earlier base-100 init left four of eight planes under 0.085 rad: nearly position-blind)."""
+    pe = MixedRoPE(grid=(7, 7), heads=4, head_dim=16, layer=0)
+    angles = torch.einsum("nc,hkc->hnk", pe.positions, pe.frequencies.detach())
+    assert (angles.amax(dim=1) - angles.amin(dim=1)).min() > 1.0
+    assert pe.frequencies.detach().norm(dim=-1).min().item() == pytest.approx(10 ** (-12 / 16), rel=1e-6)  # 0.178

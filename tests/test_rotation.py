@@ -154,7 +154,7 @@ def test_verdicts_claim_only_what_holm_resolves(results):
             f"{exact_ape.text(scale=100)} points, k=6)") in upright
     assert "rotinv (random, 16 draws) vs" not in upright  # within a point of the others: never claimed
     assert "The other 18 of 30 accuracy comparisons (pair x test rotation) are not resolved with 3 seeds" in upright
-    assert "rotated test images (upright minus random accuracy; negative: higher at random angles) is lower" in upright
+    assert "drop under exact quarter turns (upright minus the mean at 90/180/270 degrees; negative: higher when turned) is lower" in upright
     assert "rotinv (random, 16 draws) − ape" not in upright and " is higher (difference of drops" not in upright
     # constructed: upright 98 % for all, at random angles 70 % (rotinv exact) and 40 % (ape): drops 28 and 58 points
     assert "rotinv (exact) − ape: -30" in upright and "(mean drops 28 and 58)" in upright
@@ -252,3 +252,17 @@ def test_other_sections_leave_the_rotation_studys_rows_to_it(results, tmp_path):
     assert gap_closure.build(results) is None  # the rotation study alone: nothing for the gap tables
     assert string_study.build(mixed) is None  # its rope / cayley_string rows are not a STRING study
     assert "## Rotations" in report.build_report(mixed)
+
+
+def test_the_drop_uses_exact_quarter_turns_not_interpolated_angles():
+    """Issue 41: a rotation-trained model scores higher on bilinearly resampled images than on the exact
+    upright one; the drop must compare exact turns on both sides, so the random angle stays out of it."""
+    acc = {"0": 0.90, "90": 0.89, "180": 0.88, "270": 0.87, "random": 0.93}  # higher at random: interpolation
+    long = pd.DataFrame([{"dataset": "mnist", "attention": "softmax", "qk_norm": "none", "redraw": "off",
+                          "augment": "rotate", "pe": "ape", "rotation": r, "seed": s, "acc": a + 0.01 * s}
+                         for r, a in acc.items() for s in range(3)])
+    key = ("mnist", "softmax", "none", "off", "rotate", "ape")
+    assert rotation.drops(long, key) == pytest.approx([0.02, 0.02, 0.02])  # 0.90 - mean(0.89, 0.88, 0.87)
+    assert rotation.drops(long, key, ("random",)) == pytest.approx([-0.03] * 3)  # what the earlier drop measured
+    partial_turns = long[long["rotation"] != "270"]
+    assert len(rotation.drops(partial_turns, key)) == 0  # a seed without every quarter turn has no drop

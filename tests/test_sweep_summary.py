@@ -35,11 +35,13 @@ def test_progress_best_is_the_judged_accuracy_of_finished_trials():
 
 
 def test_the_default_redraws_as_the_studies_do_and_old_keys_stay():
-    """redraw_interval's default became 100; the committed studies' trial keys did not change."""
+    """The defaults follow validation (redraw every step until 80%, luo_scale 1000: issue 41); the committed
+    studies' trial keys did not change."""
     cfg = TrialConfig()
-    assert (cfg.redraw_interval, cfg.redraw_until) == (100, 0.8)
+    assert (cfg.redraw_interval, cfg.redraw_until, cfg.luo_scale) == (1, 0.8, 1000.0)
     for study in ("string_mnist_cpu", "mnist_converged_cpu", "kernel_mse", "token_scaling_cpu", "bench_mnist_cpu",
-                  "cifar10_cpu"):
+                  "cifar10_cpu", "bench_cifar10_cpu", "luo_scale_val_digits", "redraw_val_mnist", "rotation_mnist_cpu",
+                  "bench_rotation_mnist_cpu"):
         committed = json.loads((ROOT / "results" / study / "space.json").read_text())["trial_keys"]
         assert set(committed) <= set(load_space(ROOT / "search_spaces" / f"{study}.yaml").keys), study
 

@@ -78,3 +78,33 @@ def test_failed_candidates_are_shown_and_count_as_tried(tmp_path):
     assert "It is the smallest luo_scale tried" in favor  # 3 is still the low end; the failure is above
     softmax = next(line for line in text.splitlines() if line.startswith("- digits / softmax"))
     assert "failed" not in softmax
+
+
+# the recipe: one choice for every variant alike. (lr, init, clip) -> per-seed validation accuracy, per cell
+RECIPE_VAL = {("softmax", "rope"): {(2e-3, "trunc_normal", 1.0): [0.90, 0.91], (2e-3, "torch_default", 1.0): [0.95, 0.96],
+                                    (4e-3, "torch_default", 1.0): [0.97, 0.96]},
+              ("favor", "ape"): {(2e-3, "trunc_normal", 1.0): [0.93, 0.94], (2e-3, "torch_default", 1.0): [0.94, 0.95],
+                                 (4e-3, "torch_default", 1.0): [0.90, 0.91]}}
+
+
+def recipe_rows() -> list[dict]:
+    out = []
+    for (attention, pe), candidates in RECIPE_VAL.items():
+        for (lr, init, clip), values in candidates.items():
+            for seed, val in enumerate(values):
+                row = {**config_row(attention=attention, pe=pe, lr=lr, init=init, grad_clip=clip, seed=seed,
+                                    dataset="mnist", redraw_interval=10 if attention == "favor" else 0),
+                       "test_acc": 0.5, "test_acc_draw_mean": 0.5, "final_val_acc": val, "val_acc_draw_mean": val}
+                out.append(row)
+    return out
+
+
+def test_the_recipe_is_one_choice_for_every_variant(tmp_path):
+    text = validation_choice.build(write_sweep(tmp_path / "recipe", "recipe", recipe_rows()))
+    assert "Knob: **lr / init / grad_clip**" in text and "mnist: 0.002, trunc_normal, 1" in text
+    # per cell, softmax+rope would take lr 4e-3 and favor+ape 2e-3; alike for both, the mean over cells picks
+    # 2e-3 torch_default (0.95 against 0.935 for 4e-3 and 0.92 for the earlier trunc_normal)
+    assert "Validation chooses 0.002, torch_default, 1 for every variant, not the earlier 0.002, trunc_normal, 1" in text
+    joint = text.split("### One choice for every variant alike")[1]
+    assert joint.index("0.002, torch_default, 1 **chosen on validation**") < joint.index("0.004, torch_default, 1")
+    assert validation_choice.joint_choice([]) is None

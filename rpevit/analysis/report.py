@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study, token_scaling
+from rpevit.analysis.confirmatory import exploratory_note
 from rpevit.analysis.common import (SPACE_FILE, cli, column, current_rows, environment_table, fmt, markdown_table,
                                     read_sweep, read_trials, space_keys, studies_note, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
@@ -88,7 +89,9 @@ def build_report(results_dir: Path) -> str:
                 token_scaling.build(results_dir), kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     read_from = studies_note(results_dir)
-    head = ["# rpevit results report", "", f"Results: `{results_dir}`", "", "## Trials", "", status_table(results_dir),
+    head = ["# rpevit results report", "", f"Results: `{results_dir}`", "",
+            exploratory_note([path.parent for path in trial_files(results_dir)]), "", "## Trials", "",
+            status_table(results_dir),
             "", THREAD_HOURS_NOTE, "", *([read_from, ""] if read_from else []),
             "## Environment the successful rows were produced on", "", trials.note(), "",
             environment_table(trials.frame), ""]

@@ -12,8 +12,11 @@ image):
   trial): the judged accuracy (a random-feature model: its mean over fresh draws,
   `test_acc_rot*_draw_mean`; else its exact accuracy) as mean [95% t interval] (n seeds), written
   to rotation_long.csv beside the Markdown;
-- the drop from upright to randomly rotated test images, per seed (the same model measured twice,
-  so the difference is taken per seed), mean [95% t interval];
+- the drop under exact quarter turns, per seed: upright accuracy minus the mean over 90, 180 and 270
+  degrees (the same model measured twice, so the difference is taken per seed), mean [95% t interval].
+  Exact turns on both sides (torch.rot90, no interpolation): the drop to random angles would compare an
+  uninterpolated image with bilinearly resampled ones, and models trained on (bilinear) rotations score
+  higher on resampled images, so that drop measures interpolation, not invariance (issue 41);
 - the cost: train s/epoch from `bench` rows of the same model where there are any (each alone on its
   node; under RESULTS_DIR or in a --bench folder such as results/bench_rotation_mnist_cpu, whose
   FAVOR+ rows must have the study's redraw interval), else from the train rows, labelled contended
@@ -35,8 +38,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (column, fmt, has_random_features, markdown_table, pe_labels, ran_test_rotations,
-                                    read_trials, redraw_label, require_trials, results_parser, write_study)
+from rpevit.analysis.common import (TrialRows, column, fmt, has_random_features, markdown_table, pe_labels,
+                                    ran_test_rotations, read_trials, redraw_label, require_trials, results_parser,
+                                    write_study)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
                                         model_fields, overlapped, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
@@ -45,6 +49,7 @@ from rpevit.evaluation import ROTATIONS
 
 INVARIANT_PE = "rotinv"  # the rotation-invariant RPE (rpevit/pe/rotation_invariant.py)
 UPRIGHT, RANDOM = "0", "random"
+QUARTER_TURNS = ("90", "180", "270")  # exact rotations (torch.rot90): the drop compares like with like
 CELL = ("dataset", "attention", "qk_norm", "redraw", "augment")  # one table; pe varies inside it
 KEY = (*CELL, "pe")  # one variant
 LONG_COLUMNS = (*KEY, "rotation", "seed", "acc", "acc_own_draw", "train_s_per_epoch")
@@ -138,11 +143,13 @@ def values(long: pd.DataFrame, key: tuple, rotation: str) -> np.ndarray:
     return acc[np.isfinite(acc)]
 
 
-def drops(long: pd.DataFrame, key: tuple, rotation: str = RANDOM) -> np.ndarray:
-    """Per seed: accuracy upright minus accuracy at `rotation` (the same model measured twice)."""
+def drops(long: pd.DataFrame, key: tuple, rotations: Sequence[str] = QUARTER_TURNS) -> np.ndarray:
+    """Per seed: accuracy upright minus the mean accuracy over `rotations` (the same model measured
+    several times). The default, exact quarter turns, leaves interpolation out of both sides."""
     g = long[matching(long, key)]
     upright = g[g["rotation"] == UPRIGHT].set_index("seed")["acc"]
-    turned = g[g["rotation"] == rotation].set_index("seed")["acc"]
+    turned = g[g["rotation"].isin(list(rotations))].groupby("seed")["acc"].agg(
+        lambda a: a.mean() if len(a) == len(rotations) else math.nan)
     d = (upright - turned.reindex(upright.index)).to_numpy(float)
     return d[np.isfinite(d)]
 
@@ -154,7 +161,7 @@ def is_invariant(pe: str) -> bool:
 def families(long: pd.DataFrame, cell: tuple) -> tuple[dict[str, dict[tuple[str, str], Judged]],
                                                        dict[tuple[str, str], Judged]]:
     """Holm families of one cell: per test rotation, every (rotation-invariant variant, other encoding)
-    Welch difference of accuracy; and the same pairs on the drop upright -> random rotation."""
+    Welch difference of accuracy; and the same pairs on the drop under exact quarter turns."""
     pes = sorted(long.loc[matching(long, cell, CELL), "pe"].unique())
     pairs = [(inv, other) for inv in pes if is_invariant(inv) for other in pes if not is_invariant(other)]
     by_rotation = {}
@@ -250,11 +257,11 @@ def resolved_pairs(by_rotation: dict[str, dict[tuple[str, str], Judged]], sign: 
 def verdict(cell: tuple, by_rotation: dict[str, dict[tuple[str, str], Judged]],
             on_drop: dict[tuple[str, str], Judged], mean_drops: dict[str, float] | None = None) -> str:
     """Words from the Holm families of one cell: where a rotation-invariant variant is resolved above
-    or below another encoding (accuracy, per test rotation), where its drop from upright to randomly
-    rotated test images is lower or higher, and how many comparisons are not resolved. Nothing else is
-    claimed. The drop is signed (upright minus random): a model trained on rotated (interpolated) images
-    can score higher at random angles than upright, so a lower drop is not by itself "more invariant";
-    each drop comparison therefore shows both mean drops (mean_drops: per pe, accuracy fraction)."""
+    or below another encoding (accuracy, per test rotation), where its drop under exact quarter turns is
+    lower or higher, and how many comparisons are not resolved. Nothing else is claimed. The drop is
+    signed (upright minus the mean over 90/180/270 degrees); each drop comparison shows both mean drops
+    (mean_drops: per pe, accuracy fraction), since a lower drop is nearer invariance only when both are
+    at or above 0."""
     dataset, attention, qk_norm, redraw, augment = cell
     config = attention + ("" if qk_norm == "none" else f", qk_norm {qk_norm}") + \
         ("" if redraw == "off" else f", redraw {redraw}")
@@ -289,11 +296,11 @@ def verdict(cell: tuple, by_rotation: dict[str, dict[tuple[str, str], Judged]],
     more = [drop_text(p, j) for p, j in on_drop.items() if j.resolved and j.interval.point > 0]
     for pairs, word in ((less, "lower"), (more, "higher")):
         if pairs:
-            lines.append(f"Its drop from upright to randomly rotated test images (upright minus random accuracy; "
-                         f"negative: higher at random angles) is {word} (difference of drops, points): "
+            lines.append(f"Its drop under exact quarter turns (upright minus the mean at 90/180/270 degrees; "
+                         f"negative: higher when turned) is {word} (difference of drops, points): "
                          + "; ".join(pairs) + ".")
     if on_drop and not less and not more:
-        lines.append(f"No difference in the drop from upright to randomly rotated test images is resolved "
+        lines.append(f"No difference in the drop under exact quarter turns is resolved "
                      f"(k={next(iter(on_drop.values())).k}).")
     elif on_drop and len(less) + len(more) < len(on_drop):
         lines.append(f"The other {len(on_drop) - len(less) - len(more)} differences of drops are not resolved.")
@@ -305,7 +312,7 @@ SHORT_TIMING = {BENCH_TIMING: "bench, alone", CONTENDED: "contended", ONE_AT_A_T
 
 
 def accuracy_cells(long: pd.DataFrame, cell: tuple, costs: pd.DataFrame) -> list[list[str]]:
-    """Per encoding of one cell: accuracy at each test rotation and the drop upright -> random, each
+    """Per encoding of one cell: accuracy at each test rotation and the drop under exact quarter turns, each
     mean [95% t interval] (n) in %, and its train s / epoch with how it was measured (cost_table)."""
     g = long[matching(long, cell, CELL)]
     rows = []
@@ -319,10 +326,9 @@ def accuracy_cells(long: pd.DataFrame, cell: tuple, costs: pd.DataFrame) -> list
     return rows
 
 
-def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
-    """Markdown section (and rotation_long.csv) for the rotation rows under results_dir; None without any.
-    Bench rows come from results_dir and from each of bench_dirs: the study's own trials ran side by
-    side, so their times are contended; a bench sweep of the same models, alone, is the cost to quote."""
+def study(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> tuple[TrialRows, pd.DataFrame, pd.DataFrame] | None:
+    """(the rows read, the long table, the cost table) of the rotation rows under results_dir, with bench rows
+    from results_dir and each of bench_dirs; None without any rotation rows."""
     trials = read_trials(results_dir, ["train", "bench"])
     frame = trials.frame
     if frame.empty or "task" not in frame.columns:
@@ -330,27 +336,45 @@ def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
     rows = rotation_rows(frame[frame["task"] == "train"])
     if rows.empty:
         return None
-    long = long_table(rows)
-    long.to_csv(Path(results_dir) / CSV_FILE, index=False)
     bench = pd.concat([frame[frame["task"] == "bench"], *(read_trials(d, ["bench"]).frame for d in bench_dirs)],
                       ignore_index=True, sort=False)
-    costs = cost_table(rows, bench)
+    return trials, long_table(rows), cost_table(rows, bench)
+
+
+def cells(long: pd.DataFrame) -> list[tuple]:
+    """The CELL values of the long table, sorted: one table and one verdict each."""
+    return list(long[list(CELL)].drop_duplicates().sort_values(list(CELL)).itertuples(index=False, name=None))
+
+
+def mean_drops(long: pd.DataFrame, cell: tuple) -> dict[str, float]:
+    """Per encoding of one cell: its mean drop under exact quarter turns (accuracy fraction)."""
+    return {pe: float(np.mean(d)) for pe in long.loc[matching(long, cell, CELL), "pe"].unique()
+            if len(d := drops(long, (*cell, pe)))}
+
+
+def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
+    """Markdown section (and rotation_long.csv) for the rotation rows under results_dir; None without any.
+    Bench rows come from results_dir and from each of bench_dirs: the study's own trials ran side by
+    side, so their times are contended; a bench sweep of the same models, alone, is the cost to quote."""
+    found = study(results_dir, bench_dirs)
+    if found is None:
+        return None
+    trials, long, costs = found
+    long.to_csv(Path(results_dir) / CSV_FILE, index=False)
     parts = ["## Rotations: what a rotation-invariant RPE buys where rotation matters", "", trials.note(), ""]
-    cells = long[list(CELL)].drop_duplicates().sort_values(list(CELL)).itertuples(index=False, name=None)
-    for cell in cells:
+    for cell in cells(long):
         by_rotation, on_drop = families(long, cell)
         dataset, attention, qk_norm, redraw, augment = cell
-        mean_drops = {pe: float(np.mean(d)) for pe in long.loc[matching(long, cell), "pe"].unique()
-                      if len(d := drops(long, (*cell, pe)))}
-        parts += [verdict(cell, by_rotation, on_drop, mean_drops), "",
+        parts += [verdict(cell, by_rotation, on_drop, mean_drops(long, cell)), "",
                   f"### {dataset}, {attention} (qk_norm {qk_norm}, redraw {redraw}), augment {augment}: "
                   "accuracy % at each test rotation, mean [95% t] (n)", "",
-                  markdown_table(["pe", *(f"test rot {r}" for r in ROTATIONS), "drop 0 → random, points",
+                  markdown_table(["pe", *(f"test rot {r}" for r in ROTATIONS), "drop 0 → 90/180/270, points",
                                   "train s / epoch"], accuracy_cells(long, cell, costs)), ""]
     parts += ["Accuracy: the judged accuracy (random-feature backends: mean over fresh draws, as everywhere in these "
               "reports; others: exact). Test rotations 0/90/180/270 are exact (torch.rot90); `random` is one fixed "
               "angle per test image (rpevit.evaluation.ROTATION_EVAL_SEED), bilinear with zero fill. Drop: upright "
-              "minus random-rotation accuracy per seed. Verdicts: Welch differences of the rotation-invariant "
+              "minus the mean accuracy at 90/180/270 degrees per seed, exact turns on both sides (the drop to random "
+              "angles would set an uninterpolated image against resampled ones). Verdicts: Welch differences of the rotation-invariant "
               "variants against every other encoding, Holm within each test rotation (and on the drop); an effect is "
               "claimed only where its Holm-level interval excludes 0. Train s / epoch: from bench trials of the same "
               "model where there are any (bench, alone), else the mean of the train rows; contended times (trials "

@@ -232,19 +232,26 @@ def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
     return save_figure(fig, path)
 
 
+def study_tables(frame: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+    """Per dataset: (variant_table, f_table) of the STRING rows among the train and bench rows of frame, with
+    their bench costs; empty where there is no STRING variant beside rope."""
+    if frame.empty:
+        return {}
+    rows = string_rows(frame[frame["task"] == "train"])
+    if rows.empty or not (rows["pe"] != REFERENCE).any():
+        return {}
+    rows = with_costs(rows, bench_ratios(frame[frame["task"] == "bench"]))
+    return {dataset: (variant_table(g), f_table(g)) for dataset, g in rows.groupby("dataset")}
+
+
 def build(results_dir: Path) -> str | None:
     """Markdown section (and the f plot) for the STRING rows under results_dir; None without any."""
     trials = read_trials(results_dir, ["train", "bench"]).without_rotation_study()
-    if trials.frame.empty:
+    tables = study_tables(trials.frame)
+    if not tables:
         return None
-    frame = trials.frame
-    rows = string_rows(frame[frame["task"] == "train"])
-    if rows.empty or not (rows["pe"] != REFERENCE).any():
-        return None
-    rows = with_costs(rows, bench_ratios(frame[frame["task"] == "bench"]))
     parts, per_dataset = ["## The STRING study (softmax attention)", "", trials.note(), ""], {}
-    for dataset, g in rows.groupby("dataset"):
-        table, fs = variant_table(g), f_table(g)
+    for dataset, (table, fs) in tables.items():
         per_dataset[dataset] = fs
         shown = [[r["variant"], r["seeds"], r["acc_text"], r["diff"].text(scale=100),
                   holm_word(r["holm"]) + (f": {r['holm'].interval.text(scale=100)}, k={r['holm'].k}"

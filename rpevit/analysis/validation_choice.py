@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from rpevit.analysis import stats
@@ -27,8 +28,11 @@ from rpevit.analysis.common import (column, current_rows, has_random_features, j
 from rpevit.sweep.protocol import FAILED
 
 CELL = ("dataset", "attention", "pe")
-KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"))
-EARLIER = {("luo_scale",): (10.0,), ("redraw_interval", "redraw_until"): (100, 0.8)}  # chosen on test before
+RECIPE = ("lr", "init", "grad_clip")  # the CPU protocol's recipe: one choice for every variant alike
+KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"), RECIPE)
+EARLIER = {("luo_scale",): (10.0,), ("redraw_interval", "redraw_until"): (100, 0.8),  # chosen on test before
+           RECIPE: {"mnist": (2e-3, "trunc_normal", 1.0), "cifar10": (1e-3, "trunc_normal", 1.0)}}
+JOINT = (RECIPE,)  # knobs chosen once for all cells: the candidate with the highest mean over the cells
 NOT_ON_THE_SCALE = {"redraw_interval": {0}}  # 0 = never redraw: another setting, not the end of the interval scale
 SCALE_ENDS = {"redraw_interval": 1}  # a redraw every step: nothing lies beyond it
 
@@ -53,8 +57,9 @@ def validation_accuracy(frame: pd.DataFrame) -> pd.Series:
 
 def knob_of(frame: pd.DataFrame) -> tuple[str, ...]:
     """The knob the rows vary (KNOBS), found from the data: the first whose columns take several values."""
-    for knob in KNOBS:
-        if all(k in frame for k in knob) and len(frame[list(knob)].drop_duplicates()) > 1:
+    for knob in KNOBS:  # a knob varies within a cell (across cells, e.g. softmax rows, it may differ for nothing)
+        if all(k in frame for k in knob) and any(len(rows[list(knob)].drop_duplicates()) > 1
+                                                 for _, rows in frame.groupby(list(CELL))):
             return knob
     raise ValueError(f"the rows vary none of {', '.join('/'.join(k) for k in KNOBS)}; allowed: a sweep of one of them")
 
@@ -81,9 +86,9 @@ def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None) -> tuple[tu
                                                 error=column(failed, "error", "").fillna("").astype(str))],
                           ignore_index=True)
     knob = knob_of(frame)
-    earlier = EARLIER[knob]
     records = []
     for cell, rows in frame.groupby(list(CELL)):
+        earlier = earlier_choice(knob, cell[0])
         candidates = {}
         for value, group in rows.groupby(list(knob)):
             value = value if isinstance(value, tuple) else (value,)
@@ -101,6 +106,76 @@ def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None) -> tuple[tu
     return knob, records
 
 
+def earlier_choice(knob: tuple[str, ...], dataset: str) -> tuple | None:
+    """The value the project used before this choice was made on validation (for one dataset)."""
+    earlier = EARLIER[knob]
+    return earlier.get(dataset) if isinstance(earlier, dict) else earlier
+
+
+def joint_choice(records: list[dict]) -> dict | None:
+    """One candidate for every cell alike (JOINT knobs): per candidate tried in every cell, the mean over
+    cells (each weighted alike) of the cell's mean validation accuracy, and per seed the mean over cells
+    (the seeds' paired values, for a Welch comparison with the earlier choice). None when no candidate
+    was measured in every cell."""
+    common = set.intersection(*(set(v for v, c in r["candidates"].items() if math.isfinite(c["val"].point))
+                                for r in records)) if records else set()
+    if not common:
+        return None
+    scores = {}
+    for value in common:
+        per_cell = [r["candidates"][value] for r in records]
+        n = min(len(c["val_seeds"]) for c in per_cell)
+        seeds = np.mean([np.asarray(c["val_seeds"], float)[:n] for c in per_cell], axis=0)
+        tests = np.mean([np.asarray(c["test_seeds"], float)[:n] for c in per_cell], axis=0)
+        scores[value] = {"val": stats.mean_interval(seeds), "val_seeds": seeds, "test": stats.mean_interval(tests)}
+    chosen = max(scores, key=lambda v: scores[v]["val"].point)
+    earlier = records[0]["earlier"]
+    return {"scores": scores, "chosen": chosen, "earlier": earlier if earlier in scores else None,
+            "edge": edge_of_grid(RECIPE, chosen, sorted(scores))}
+
+
+def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
+    """The joint choice as Markdown: every candidate's mean over the cells, the chosen one, and its margin
+    over the earlier choice on validation (Welch over the seeds' cell means, one comparison)."""
+    joint = joint_choice(records)
+    if joint is None:
+        return ["No candidate was measured in every cell: no joint choice."]
+    rows = [[label(v) + (" **chosen on validation**" if v == joint["chosen"] else "")
+             + (" (earlier choice)" if v == joint["earlier"] else ""), c["val"].text(100, 4), c["test"].text(100, 4)]
+            for v, c in sorted(joint["scores"].items(), key=lambda item: -item[1]["val"].point)]
+    cells = ", ".join(" / ".join(str(x) for x in r["cell"][1:]) for r in records)
+    out = [f"### One choice for every variant alike (mean over the cells {cells}, each weighted alike)", "",
+           markdown_table([" / ".join(knob), "validation accuracy % (mean over cells)", "test accuracy %"], rows), ""]
+    chosen, earlier = joint["chosen"], joint["earlier"]
+    edge = (f" It is the {joint['edge']} {knob[0]} tried with its other settings: the best may lie beyond the grid "
+            f"(not bracketed)." if joint["edge"] else "")
+    if earlier is None or chosen == earlier:
+        out.append(f"Validation chooses {label(chosen)}" + (", the earlier choice." if chosen == earlier else ".") + edge)
+    else:
+        margin = stats.welch(joint["scores"][chosen]["val_seeds"], joint["scores"][earlier]["val_seeds"])
+        word = "resolved" if margin.excludes(0.0) else f"not resolved with {stats.seeds_text(margin.n)}"
+        out.append(f"Validation chooses {label(chosen)} for every variant, not the earlier {label(earlier)}; its margin "
+                   f"on validation (mean over cells) is {margin.text(100, 3)} points: {word}.{edge}")
+    return out
+
+
+def cell_name(record: dict) -> str:
+    """'mnist / favor / rope': a record's cell as the tables and verdicts name it."""
+    return " / ".join(str(c) for c in record["cell"])
+
+
+def margins(records: list[dict]) -> dict[str, stats.Judged]:
+    """Per cell (cell_name) whose validation choice differs from the earlier one: the chosen candidate minus
+    the earlier one on validation (Welch), judged by Holm over those cells."""
+    family = {}
+    for record in records:
+        chosen, earlier = record["chosen"], record["earlier"]
+        if chosen is not None and earlier is not None and chosen != earlier:
+            a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
+            family[cell_name(record)] = lambda level, a=a, b=b: stats.welch(a, b, level)
+    return stats.judge_family(family) if family else {}
+
+
 def build(results_dir: Path) -> str | None:
     frame = load_trials(results_dir, task="train")
     if frame.empty:
@@ -108,27 +183,24 @@ def build(results_dir: Path) -> str | None:
     knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir))
     name = " / ".join(knob)
     label = lambda value: ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)  # noqa: E731
-    lines = [f"Knob: **{name}**; the earlier choice (made on test): {label(EARLIER[knob])}. Validation accuracy is "
+    earlier_text = "; ".join(f"{d}: {label(v)}" for d, v in EARLIER[knob].items()) if isinstance(EARLIER[knob], dict) \
+        else label(EARLIER[knob])
+    lines = [f"Knob: **{name}**; the earlier choice (made on test): {earlier_text}. Validation accuracy is "
              "the draw mean over fresh draws for random-feature backends (val_acc_draw_mean), final_val_acc "
              "otherwise; test accuracy is read once per trial and judged the same way. Intervals: 95% t (n).", ""]
     table = []
-    family = {}
     for record in records:
-        cell = " / ".join(str(c) for c in record["cell"])
+        cell = cell_name(record)
         for value, c in sorted(record["candidates"].items()):
             mark = (" **chosen on validation**" if value == record["chosen"] else "") + \
                    (" (earlier choice)" if value == record["earlier"] else "")
             failures = f"{c['failed']} of {c['seeds']} seeds failed: {c['error']}" if c["failed"] else ""
             table.append([cell, label(value) + mark, c["val"].text(100, 4), c["test"].text(100, 4), failures])
-        chosen, earlier = record["chosen"], record["earlier"]
-        if chosen is not None and earlier is not None and chosen != earlier:
-            a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
-            family[cell] = lambda level, a=a, b=b: stats.welch(a, b, level)
     lines.append(markdown_table(["cell", name, "validation accuracy %", "test accuracy %", "failed"], table))
     lines.append("")
-    judged = stats.judge_family(family) if family else {}
+    judged = margins(records)
     for record in records:
-        cell = " / ".join(str(c) for c in record["cell"])
+        cell = cell_name(record)
         chosen, earlier = record["chosen"], record["earlier"]
         edge = (f" It is the {record['edge']} {knob[0]} tried: the best may lie beyond the grid (not bracketed)."
                 if record["edge"] else "")
@@ -146,6 +218,8 @@ def build(results_dir: Path) -> str | None:
                          f"validation is {verdict.nominal.text(100, 3)} points, Holm over {verdict.k} cell(s): {word}. "
                          f"Test accuracy: {record['candidates'][chosen]['test'].text(100, 4)} against "
                          f"{record['candidates'][earlier]['test'].text(100, 4)}.{edge}")
+    if knob in JOINT:
+        lines += ["", *joint_lines(knob, records, label)]
     return "\n".join(lines)
 
 

@@ -52,7 +52,7 @@ class KernelizedAttention(RandomFeatureBackend):
     uses_projection = True
 
     def __init__(self, *, seed: int = 0, num_features: int = 64, feature_type: str = "orthogonal",
-                 redraw_interval: int = 100, redraw_until: float = 0.8, **context: Any) -> None:
+                 redraw_interval: int = 1, redraw_until: float = 0.8, **context: Any) -> None:
         super().__init__(**context)
         self.seed = seed
         self.num_features = num_features

@@ -84,7 +84,7 @@ def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
     return ViT(
         img_size=cfg.resolved_image_size, patch_size=cfg.resolved_patch_size, in_chans=in_chans,
         num_classes=num_classes, dim=cfg.dim, depth=cfg.depth, heads=cfg.heads, mlp_ratio=cfg.mlp_ratio,
-        drop_path=cfg.drop_path, dropout=cfg.dropout, qk_norm=cfg.qk_norm,
+        drop_path=cfg.drop_path, dropout=cfg.dropout, qk_norm=cfg.qk_norm, init=cfg.init,
         backend=functools.partial(build_attention, cfg), encodings=functools.partial(build_encodings, cfg),
     )
 

@@ -174,7 +174,7 @@ class ViT(nn.Module):
 
     def __init__(self, *, img_size: int, patch_size: int, in_chans: int, num_classes: int, backend: BackendLayer,
                  encodings: EncodingLayers, dim: int = 64, depth: int = 4, heads: int = 4, mlp_ratio: float = 2.0,
-                 drop_path: float = 0.1, dropout: float = 0.0, qk_norm: str = "none") -> None:
+                 drop_path: float = 0.1, dropout: float = 0.0, qk_norm: str = "none", init: str = "trunc_normal") -> None:
         super().__init__()
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=dim)
         self.token_encodings = encodings(("token",), -1)
@@ -186,7 +186,10 @@ class ViT(nn.Module):
         ))
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, num_classes)
-        self.apply(_init_weights)
+        if init == "trunc_normal":
+            self.apply(_init_weights)
+        elif init != "torch_default":  # torch_default: every layer keeps the initialisation its constructor drew
+            raise ValueError(f"field 'init' has value {init!r}; allowed: trunc_normal, torch_default")
 
     def forward_features(self, images: Tensor, path_masks: Tensor | None = None) -> Tensor:
         x = self.patch_embed(images)  # b n c, row-major patches as pe.base.grid_positions

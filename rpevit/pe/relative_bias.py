@@ -182,7 +182,7 @@ def _fft_chunk(phi_q: Tensor, phi_k: Tensor, v_one: Tensor, weights: Tensor, gri
 class LuoRelativeBias(PositionEncoding):
     hook = "score"
 
-    def __init__(self, *, luo_scale: float = 10.0, luo_path: str = "auto", **context: Any) -> None:
+    def __init__(self, *, luo_scale: float = 1000.0, luo_path: str = "auto", **context: Any) -> None:
         super().__init__(**context)
         h, w = self.grid
         self.scale = luo_scale

@@ -4,7 +4,7 @@ Rotation plane k of a head turns (x_{2k}, x_{2k+1}) by the angle w_k . r_i, so t
 (T(r_i) q)^T (T(r_j) k) = q^T T(r_j - r_i) k: the logit depends only on the relative position.
 - `rope` (axial): planes 0..d/4-1 turn with x, planes d/4..d/2-1 with y, theta_k = base^(-4k/d).
 - `rope_mixed` (Heo et al. 2024): every plane turns with a learned 2-D frequency w_k per head
-  and layer, initialised at magnitude theta_k in a random direction.
+  and layer, initialised as their reference code does (`mixed_frequencies`).
 """
 from __future__ import annotations
 
@@ -65,21 +65,32 @@ class AxialRoPE(PositionEncoding):
         return apply_rotary(q, self.angles), apply_rotary(k, self.angles)
 
 
+def mixed_frequencies(head_dim: int, heads: int, base: float, generator: torch.Generator) -> Tensor:
+    """(heads, d/2, 2) initial 2-D frequencies of RoPE-Mixed, as Heo et al.'s reference code draws them
+    (naver-ai/rope-vit, `init_random_2d_freqs`, its default theta 10): d/4 magnitudes base^(-4k/d), each
+    used twice; per head one uniform random angle a, the first d/4 planes pointing along a and the other
+    d/4 along a + pi/2 (at right angles). Float64 here; the module casts to the default dtype. The angle
+    comes from the layer's seeded generator, not the global RNG (the distribution is theirs)."""
+    quarter = head_dim // 4
+    magnitude = base ** (-4.0 * torch.arange(quarter, dtype=torch.float64) / head_dim)
+    angle = torch.rand(heads, 1, generator=generator, dtype=torch.float64) * 2 * math.pi  # one per head
+    angles = torch.cat([angle.expand(heads, quarter), (angle + math.pi / 2).expand(heads, quarter)], dim=1)
+    magnitudes = torch.cat([magnitude, magnitude])  # d/2
+    return torch.stack([magnitudes * torch.cos(angles), magnitudes * torch.sin(angles)], dim=-1)
+
+
 @register_pe("rope_mixed")
 class MixedRoPE(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, *, rope_base: float = 100.0, **context: Any) -> None:
+    def __init__(self, *, rope_mixed_base: float = 10.0, **context: Any) -> None:
         super().__init__(**context)
-        half = self.head_dim // 2
-        theta = rope_base ** (-2.0 * torch.arange(half, dtype=torch.get_default_dtype()) / half)
-        direction = torch.rand(self.heads, half, generator=self.seed_generator()) * 2 * math.pi
-        unit = torch.stack([torch.cos(direction), torch.sin(direction)], dim=-1)  # h, d/2, 2
-        self.frequencies = nn.Parameter(theta[None, :, None] * unit)
+        frequencies = mixed_frequencies(self.head_dim, self.heads, rope_mixed_base, self.seed_generator())
+        self.frequencies = nn.Parameter(frequencies.to(torch.get_default_dtype()))
 
     @classmethod
     def check_config(cls, cfg: TrialConfig, source: str) -> None:
-        _check_head_dim(cls, cfg, source, 2)
+        _check_head_dim(cls, cfg, source, 4)
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         angles = torch.einsum("nc,hkc->hnk", self.positions, self.frequencies)

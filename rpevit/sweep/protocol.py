@@ -58,6 +58,9 @@ class TrialSpec:
     timing: Optional[Timing] = None  # set for timing tasks only
     barrier: str = ""  # warm-up trials only: the StartBarrier actor's name
     fused: bool = False  # the members train as one fused group (space `fuse: seeds`)
+    # budget ladders (space `branch: epochs`): the shorter trials this one is the trunk of; it writes each
+    # one's checkpoint at its cool-down start (rpevit.tasks.budget_ladder); they run as trials of their own
+    branches: tuple[Member, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict Tune carries: one grid point of the `SPEC_KEY` search space."""
@@ -68,6 +71,7 @@ class TrialSpec:
         """Rebuild from a Tune trial's config ({SPEC_KEY: to_dict()})."""
         values = dict(config[SPEC_KEY])
         values["members"] = tuple(Member(**m) for m in values.get("members", ()))
+        values["branches"] = tuple(Member(**m) for m in values.get("branches", ()))
         if values.get("timing") is not None:
             values["timing"] = Timing(**values["timing"])
         return cls(**values)

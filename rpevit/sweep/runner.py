@@ -16,14 +16,16 @@ on 127.0.0.1 only and its processes end with the driver (session.py, reaper.py).
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from rpevit.sweep import deadline as deadlines
-from rpevit.sweep import migrate, session
+from rpevit.sweep import declaration, migrate, session
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.plan import plan_sweep, write_space_file
+from rpevit.sweep.results import TRIALS_FILE
 from rpevit.sweep.space import Space, check_name
 from rpevit.sweep.summary import ResumeInfo, SweepOutcome, summarize
 
@@ -46,6 +48,7 @@ class SweepOptions:
     # Deadline, a Unix time or a --deadline text (parsed when the run starts)
     deadline_estimate: float | None = None  # seconds per epoch of one Tune trial when no row says (deadline.py)
     resume_flags: tuple[str, ...] = ()  # flags that select the space's trials (--set, --only), for the resume line
+    redeclare: bool = False  # record a changed `declare:` block although rows exist (they become exploratory)
 
     def resume_info(self) -> ResumeInfo:
         return ResumeInfo(self.results_dir, self.data_dir, self.resume_flags)
@@ -73,6 +76,10 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         plan = plan_sweep(space, out_dir, resume=opts.resume, retry_failed=opts.retry_failed,
                           data_dir=opts.data_dir, resources=res)
         write_space_file(out_dir, space)
+        declared = declaration.record(out_dir, space.declaration, redeclare=opts.redeclare,
+                                      rows_exist=os.path.lexists(out_dir / TRIALS_FILE))
+        if declared:
+            print(declared, flush=True)
         print(f"sweep {space.name!r}: {len(space.trials)} trials, {len(space.trials) - len(plan.pending)} already "
               f"done, {len(plan.pending)} to run; {res.cpus_per_trial:g} CPU + {res.gpus_per_trial:g} GPU per trial; "
               f"results in {out_dir}")

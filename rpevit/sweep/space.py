@@ -21,6 +21,10 @@ Format (every key but `fixed`/`grid` optional):
     timing: {repeats: 3, interleave: true, warmup: true}     # timing tasks (bench) only
     fuse: seeds                 # trials differing only in seed train as one fused group (one Tune
                                 # trial, stacked parameters: rpevit/tasks/train_group.py)
+    branch: epochs              # a budget ladder: trials differing only in epochs (lr_schedule wsd)
+                                # share one run up to each cool-down (rpevit/tasks/budget_ladder.py)
+    declare: {...}              # the comparisons the study exists to answer, fixed before it runs
+                                # (rpevit/sweep/declaration.py; reported by analysis/confirmatory.py)
 
 Timing tasks (registered with `timing=True`: `bench`) never share a node with other trials: the runner reserves
 the whole node for each (cpus_per_trial is then the measurement's thread count). `timing:`
@@ -32,6 +36,12 @@ machine hits every variant alike, and an untimed warm-up run before a worker's f
 trials that differ only in their seed; every member keeps its own trial_key, rows and checkpoint,
 so a fused and an unfused run of a space resume into one another, and seeds added later run as
 a group of the new seeds only. `--dry-run` shows the groups.
+
+`branch: epochs` (task train, `lr_schedule: wsd`) makes each set of trials that differ only in `epochs`
+a budget ladder: the longest pending one (the trunk) runs first and writes each shorter one's
+checkpoint at its cool-down start, from which that trial resumes as from an interrupted run of its
+own (rpevit/tasks/budget_ladder.py). Every trial keeps its own key and row; Tune starts every
+ladder's trunk before the shorter trials. `--dry-run` shows which trunk each trial branches from.
 
 Precedence: fixed < grid < sample < seeds < `--set` overrides.
 
@@ -54,13 +64,18 @@ from typing import Any
 import yaml
 
 from rpevit import registry
-from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values
+from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values, unused_encoding_options
+from rpevit.tasks.budget_ladder import LADDER_FIELDS, check_ladder
 from rpevit.tasks.train_group import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
+from rpevit.sweep.declaration import Declaration, DeclarationError, check_against_space
+from rpevit.sweep.declaration import parse as parse_declaration
 
 TOP_LEVEL_KEYS = ("name", "description", "task", "fixed", "grid", "sample", "num_samples",
-                  "sample_seed", "seeds", "exclude", "include", "resources", "timing", "fuse")
+                  "sample_seed", "seeds", "exclude", "include", "resources", "timing", "fuse", "branch",
+                  "declare")
 FUSE_MODES = ("seeds",)  # `fuse: seeds`: trials that differ only in seed train as one group
+BRANCH_MODES = ("epochs",)  # `branch: epochs`: trials that differ only in epochs form a budget ladder
 SAMPLERS = ("choice", "uniform", "loguniform", "randint")
 KEY_EXCLUDED_FIELDS = ("data_dir",)  # where the data lives does not change what a trial computes
 DEFAULT_MAX_TRIALS = 10_000  # a sweep bigger than this is almost surely a typo; --max-trials raises it
@@ -163,6 +178,8 @@ class Space:
     timing: Timing = field(default_factory=Timing)
     whole_keys: list[str] | None = None  # with `--only`: the keys of the whole space, which stay current
     fuse: str | None = None  # `fuse: seeds`, or None
+    branch: str | None = None  # `branch: epochs` (budget ladders), or None
+    declaration: Declaration | None = None  # `declare:`, checked against the trials
     # trial key -> the key the same trial had before keys hashed the resolved config (where they differ):
     # the runner renames checkpoint folders of sweeps started before (rpevit.sweep.migrate)
     legacy_keys: dict[str, str] = field(default_factory=dict)
@@ -205,12 +222,31 @@ class Space:
             grouped.setdefault(_group_key(self.trials[i]), []).append(i)
         return list(grouped.values())
 
+    def ladders(self, indices: list[int] | None = None) -> list[list[int]]:
+        """With `branch: epochs`, the budget ladders among the given trials (default: all): trials equal
+        in every field but LADDER_FIELDS, each ladder longest first (the trunk, then its branches)."""
+        indices = list(range(len(self.trials))) if indices is None else indices
+        grouped: dict[str, list[int]] = {}
+        for i in indices:
+            grouped.setdefault(_group_key(self.trials[i], LADDER_FIELDS) if self.branch else str(i), []).append(i)
+        return [sorted(g, key=lambda i: -self.trials[i]["epochs"]) for g in grouped.values()]
+
     def table(self) -> str:
-        """One row per trial with its differing values (the dry-run view); with `fuse`, the group of each."""
-        columns = ["#", "trial_key", *(["group"] if self.fuse else []), *self.varying_fields()]
+        """One row per trial with its differing values (the dry-run view); with `fuse`, the group of each;
+        with `branch`, the trial each branches from."""
+        extra = "group" if self.fuse else "branches from" if self.branch else None
+        columns = ["#", "trial_key", *([extra] if extra else []), *self.varying_fields()]
         group_of = {i: g for g, members in enumerate(self.groups()) for i in members}
-        rows = [[str(i), key, *([f"g{group_of[i]} ({len(self.groups()[group_of[i]])})"] if self.fuse else []),
-                 *(str(t[c]) for c in columns[3 if self.fuse else 2:])]
+        trunk_of = {i: ladder[0] for ladder in self.ladders() for i in ladder[1:]}
+
+        def extra_cell(i: int) -> list[str]:
+            if self.fuse:
+                return [f"g{group_of[i]} ({len(self.groups()[group_of[i]])})"]
+            if self.branch:
+                return [f"#{trunk_of[i]}" if i in trunk_of else "(trunk)"]
+            return []
+
+        rows = [[str(i), key, *extra_cell(i), *(str(t[c]) for c in columns[3 if extra else 2:])]
                 for i, (t, key) in enumerate(zip(self.trials, self.keys))]
         widths = [max(len(c), *(len(r[j]) for r in rows)) for j, c in enumerate(columns)]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -224,8 +260,10 @@ def trial_key(config: dict[str, Any]) -> str:
     fields with defaults are added to TrialConfig. Spaces hash the resolved config
     (rpevit.config.resolve_values): `batch_size: 0` and the recipe's 128 are one trial.
     """
+    unused = unused_encoding_options(config.get("pe", TrialConfig.pe))  # options that do not apply (their value
+    # follows the current default, which may have moved since a key was made: luo_scale 10 -> 1000)
     explicit = {k: v for k, v in sorted(config.items())
-                if k not in KEY_EXCLUDED_FIELDS and v != KEY_BASELINE.get(k)}
+                if k not in KEY_EXCLUDED_FIELDS and k not in unused and v != KEY_BASELINE.get(k)}
     return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -331,6 +369,11 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     resources = Resources.from_dict(spec.get("resources", {}), source)
     timing = Timing.from_dict(spec.get("timing", {}), source, task)
     fuse = _fuse(spec.get("fuse"), task, source)
+    branch = _branch(spec.get("branch"), task, fuse, source)
+    try:
+        declaration = parse_declaration(spec["declare"], source) if spec.get("declare") is not None else None
+    except DeclarationError as err:
+        raise SpaceError(str(err)) from err
     overrides = dict(overrides or {})
     _check_fields(overrides, "--set", source)
     only = dict(only or {})
@@ -389,13 +432,26 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
                          f"({found})")
     space = Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
                   duplicates_dropped=len(trials) - len(whole_keys), timing=timing,
-                  whole_keys=whole_keys if only else None, fuse=fuse, legacy_keys=legacy)
+                  whole_keys=whole_keys if only else None, fuse=fuse, branch=branch, declaration=declaration,
+                  legacy_keys=legacy)
+    if declaration is not None and not only:  # with --only the space is a part: its trials need not hold every cell
+        try:
+            check_against_space(declaration, configs, source)
+        except DeclarationError as err:
+            raise SpaceError(str(err)) from err
     if fuse is not None:
         for members in space.groups():
             try:
                 check_group([TrialConfig.from_dict(configs[i], source=source) for i in members])
             except ConfigError as err:
                 raise SpaceError(f"{source}: 'fuse' has value {fuse!r} but {err}") from err
+    if branch is not None:
+        for ladder in space.ladders():
+            try:
+                check_ladder([TrialConfig.from_dict(configs[i], source=source) for i in ladder],
+                             source=f"{source}: 'branch' has value {branch!r} but trial #{ladder[0]}'s ladder")
+            except ConfigError as err:
+                raise SpaceError(str(err)) from err
     return space
 
 
@@ -403,8 +459,9 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
 _FIELDS = tuple(f.name for f in fields(TrialConfig))
 _DEFAULTS = {f.name: f.default for f in fields(TrialConfig)}
 # What trial keys hash against: the defaults, except where a default changed after results were keyed
-# (redraw_interval 0 -> 100): a changed default must not change the key of a trial already run.
-KEY_BASELINE = {**_DEFAULTS, "redraw_interval": 0}
+# (redraw_interval 0 -> 100 -> 1, luo_scale 10 -> 1000): a changed default must not change the key of a
+# trial already run, so the baseline keeps the value the first keys were made with.
+KEY_BASELINE = {**_DEFAULTS, "redraw_interval": 0, "luo_scale": 10.0}
 
 
 def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
@@ -489,9 +546,24 @@ def _fuse(value: Any, task: str, source: str) -> str | None:
     return value
 
 
-def _group_key(trial: dict[str, Any]) -> str:
-    """What members of one fused group share: every field but GROUP_FIELDS (and where the data lives)."""
-    shared = {k: v for k, v in trial.items() if k not in GROUP_FIELDS and k not in KEY_EXCLUDED_FIELDS}
+def _branch(value: Any, task: str, fuse: str | None, source: str) -> str | None:
+    """`branch`: absent/null, or one of BRANCH_MODES, for the train task, unfused."""
+    if value is None:
+        return None
+    if value not in BRANCH_MODES:
+        raise SpaceError(f"{source}: 'branch' has value {value!r}; allowed: {', '.join(BRANCH_MODES)} (or leave it out)")
+    if task != "train":
+        raise SpaceError(f"{source}: 'branch' is given for task {task!r}; allowed: only for task train; remove the key")
+    if fuse is not None:
+        raise SpaceError(f"{source}: 'branch' has value {value!r} beside 'fuse: {fuse}'; allowed: one of the two "
+                         f"(fused groups do not write branch checkpoints yet): remove one key")
+    return value
+
+
+def _group_key(trial: dict[str, Any], differing: tuple[str, ...] = GROUP_FIELDS) -> str:
+    """What the trials of one group share: every field but `differing` (fused groups: GROUP_FIELDS; budget
+    ladders: LADDER_FIELDS) and where the data lives."""
+    shared = {k: v for k, v in trial.items() if k not in differing and k not in KEY_EXCLUDED_FIELDS}
     return json.dumps(shared, sort_keys=True)
 
 

@@ -58,6 +58,7 @@ from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
 from rpevit.sweep.protocol import EPOCH, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
 from rpevit.tasks.bench import combine_repeats
+from rpevit.tasks.budget_ladder import Branch
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
 WARMUP_TIMEOUT_S = 60.0  # how long warm-up trials wait for the other slots' workers
@@ -125,10 +126,17 @@ def run_single(spec: TrialSpec, member: Member) -> None:
         with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
             started_at = time.time()
             log(describe(key, placement))
+            ladder = {"branches": branches_of(spec)} if spec.branches else {}
             summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
-                                               on_epoch=lambda row, _dir=None: report(row))
+                                               on_epoch=lambda row, _dir=None: report(row), **ladder)
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
+
+
+def branches_of(spec: TrialSpec) -> list[Branch]:
+    """The shorter trials of a budget ladder whose checkpoints this trunk writes (space `branch: epochs`)."""
+    return [Branch(TrialConfig.from_dict(m.cfg, source=f"trial {m.trial_key}"), Path(spec.checkpoint_root) / m.trial_key)
+            for m in spec.branches]
 
 
 def run_fused(spec: TrialSpec) -> None:

@@ -152,9 +152,15 @@ def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int],
     else:
         groups = [[member[i] for i in g] for g in space.groups(pending)]
     fused = space.fuse is not None
+    branches: dict[str, tuple[Member, ...]] = {}
+    if space.branch is not None:  # each ladder's longest pending trial first, carrying the shorter ones
+        ladders = space.ladders(pending)
+        branches = {space.keys[ladder[0]]: tuple(member[i] for i in ladder[1:]) for ladder in ladders}
+        trunks = [[member[ladder[0]]] for ladder in ladders]
+        groups = trunks + [g for g in groups if g[0].trial_key not in branches]
     return [TrialSpec(name=_spec_name(g, fused, timing), members=tuple(g), checkpoint_root=str(checkpoint_root),
                       cpus_per_trial=cpus, gpus_per_trial=gpus, reserved_cpus=reserved_cpus, timing=timing,
-                      fused=fused) for g in groups]
+                      fused=fused, branches=branches.get(g[0].trial_key, ())) for g in groups]
 
 
 def _spec_name(members: list[Member], fused: bool, timing: Any) -> str:

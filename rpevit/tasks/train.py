@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -24,10 +24,12 @@ from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_ro
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
+from rpevit.tasks.budget_ladder import Branch, plan_branches, write_branches
+from rpevit.tasks.schedule import (WARMUP_MAX_FRACTION, cooldown_start, lr_factor, warmup_cosine,  # noqa: F401
+                                   warmup_stable_decay, warmup_steps_for)
 from rpevit.training import (autocast_context, default_dtype, forward_loss_fn, make_adamw,  # noqa: F401
                              path_mask_dtype)
 
-WARMUP_MAX_FRACTION = 0.1  # warm-up never takes more than 10% of the training steps
 EpochCallback = Callable[[dict, "Path | None"], None]
 
 
@@ -48,25 +50,6 @@ def make_optimizer(model: nn.Module, cfg: TrialConfig) -> torch.optim.Optimizer:
     temperatures, every position-encoding parameter), decay on the rest (weight matrices)."""
     device = next(model.parameters()).device
     return make_adamw(model.named_parameters(), model.no_weight_decay(), cfg, device)
-
-
-def warmup_steps_for(cfg: TrialConfig, steps_per_epoch: int, total_steps: int) -> int:
-    """The recipe's warm-up, capped at WARMUP_MAX_FRACTION of the run so the schedule always decays
-    (a 5-epoch CIFAR warm-up in a 4-epoch run would otherwise end at peak lr)."""
-    wanted = round(cfg.resolved_warmup_epochs * steps_per_epoch)
-    return max(1, min(wanted, round(WARMUP_MAX_FRACTION * total_steps)))
-
-
-def warmup_cosine(total_steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """Linear warm-up to the base lr, then cosine decay to zero at the last step."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
 
 
 @torch.no_grad()
@@ -136,11 +119,13 @@ def check_config(cfg: TrialConfig, source: str) -> None:
 @register_task("train", METRICS, check=check_config)
 def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
-                       extend_epochs: bool = False) -> dict:
+                       extend_epochs: bool = False, branches: Sequence[Branch] = ()) -> dict:
     """Train and evaluate; returns the summary row (config + metrics + environment).
 
     A checkpoint in checkpoint_dir is checked against cfg before anything else (rpevit.checkpoint);
-    extend_epochs lets it continue to more epochs than the run that wrote it planned.
+    extend_epochs lets it continue to more epochs than the run that wrote it planned. `branches`: the
+    shorter runs of a budget ladder this run is the trunk of; each gets its checkpoint at its cool-down
+    start (rpevit.tasks.budget_ladder).
     """
     log = log or (lambda _msg: None)
     ckpt_path, resume_state = checkpoint.open_for_resume(checkpoint_dir, cfg, extend_epochs=extend_epochs)
@@ -154,17 +139,19 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
         batch_size = cfg.resolved_batch_size
         steps_per_epoch = math.ceil(n_train / batch_size)
         total_steps = max(1, cfg.epochs * steps_per_epoch)
-        warmup_steps = warmup_steps_for(cfg, steps_per_epoch, total_steps)
         set_training_length(model, total_steps)  # redraw_until counts in training steps
         if note := one_draw_note(model, cfg):
             log(note)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(total_steps, warmup_steps))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps_per_epoch, total_steps))
         generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
         augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
         forward_loss = forward_loss_fn(cfg, device, data.normalize, log)
         mask_dtype = path_mask_dtype(cfg, device)
         history: list[dict] = []
         start_epoch = 0
+        if resume_state is not None:
+            start_epoch = int(resume_state["epoch"])
+        due = plan_branches(cfg, branches, steps_per_epoch, start_epoch, log) if branches else {}
 
         if resume_state is not None:  # loaded with weights_only=True and matched to cfg
             state = resume_state
@@ -209,8 +196,12 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
             history.append(row)
             log(epoch_line(row, cfg))
             if ckpt_path is not None:
-                save_checkpoint(ckpt_path, checkpoint_payload(model, optimizer.state_dict(), scheduler, 
+                save_checkpoint(ckpt_path, checkpoint_payload(model, optimizer.state_dict(), scheduler,
                                                               _rng_state(device, generator), history, epoch, cfg))
+            if epoch + 1 in due:
+                state = (optimizer.state_dict(), _rng_state(device, generator))
+                write_branches(due[epoch + 1], lambda rung: checkpoint_payload(model, state[0], scheduler, state[1],
+                                                                               history, epoch, rung), log)
             if on_epoch is not None:
                 on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
 

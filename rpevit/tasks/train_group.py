@@ -32,8 +32,8 @@ from rpevit.models import build_model
 from rpevit.models.stacked import StackedModels, vmap_blockers
 from rpevit.registry import register_group_task
 from rpevit.tasks.train import (DivergedError, checkpoint_payload, diverged_message, epoch_line, epoch_row,
-                                make_optimizer, one_draw_note, resolve_device, save_checkpoint, solo_step, summarize,
-                                warmup_cosine, warmup_steps_for)
+                                lr_factor, make_optimizer, one_draw_note, resolve_device, save_checkpoint, solo_step,
+                                summarize)
 from rpevit.training import (GuardedCompile, autocast_context, clip_grad_norm_per_member, default_dtype,
                              forward_loss_fn, loss_of, make_adamw, path_mask_dtype)
 
@@ -116,7 +116,7 @@ def _train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict
         n_train, batch_size = len(data.x_train), cfg.resolved_batch_size
         steps_per_epoch = math.ceil(n_train / batch_size)
         total_steps = max(1, cfg.epochs * steps_per_epoch)
-        schedule = warmup_cosine(total_steps, warmup_steps_for(cfg, steps_per_epoch, total_steps))
+        schedule = lr_factor(cfg, steps_per_epoch, total_steps)
         for model in models:
             set_training_length(model, total_steps)
         data_generators = [torch.Generator(device=device).manual_seed(c.seed) for c in cfgs]

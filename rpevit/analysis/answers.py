@@ -1,0 +1,909 @@
+"""The project's answers, written from the committed Parquet by the analysis code: results/ANSWERS.md and
+the generated blocks of README.md, results/README.md and docs/*.md.
+
+    python analysis/answers.py results            # rewrite them
+    python analysis/answers.py results --check    # exit 1, naming each file whose text is stale
+
+Every figure in those passages is computed here through the analysis functions the report uses
+(gap_closure, string_study, rotation, validation_choice, efficiency, token_scaling, stats); no statistic is
+computed anew. Every claim is labelled:
+
+- **confirmatory**: a comparison a study declared before its first trial ran (its `declare:` block,
+  recorded in `<sweep folder>/declaration.json`), judged by rpevit.analysis.confirmatory over exactly the
+  declared seeds; every study folder under RESULTS_DIR that holds a declaration gets a section, found
+  afresh at each run;
+- **exploratory**: everything else, labelled so. Such a figure describes the rows; where its interval at its
+  Holm level excludes 0 the text says "excludes 0" (the STRING and rotation verdicts reused from their
+  modules say "resolved"), within families chosen after the data were seen: not a confirmed answer.
+  Otherwise it says "not resolved with n seeds". G is given only where the gap it divides by excludes 0 at
+  its Holm level.
+
+The wording rule is the README's: every interval carries its n; an effect is claimed only where its
+interval at its Holm level excludes 0.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from rpevit.analysis import confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
+from rpevit.analysis import validation_choice
+from rpevit.analysis.common import (TrialRows, column, current_rows, fmt, has_random_features, markdown_table,
+                                    read_sweep, read_trials, with_variant)
+from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
+from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
+from rpevit.analysis.report import thread_hours
+from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
+from rpevit.sweep.declaration import DECLARATION_FILE
+from rpevit.sweep.protocol import FAILED, OK
+from rpevit.sweep.results import TRIALS_FILE
+
+COMMAND = "python analysis/answers.py results"
+ANSWERS_FILE = "ANSWERS.md"
+# What happened to a study after its rows were first read, which its rows cannot show: seeds added after a look.
+ADDED_AFTER_A_LOOK = {"mnist_converged_cpu": (3, 4)}
+STUDY_NOTES = {
+    "mnist_converged_cpu": "seeds 3 and 4 of its 12 headline cells were added after the 3-seed result had been read "
+                           "(a second look, with no sequential correction), and its Holm families (one per "
+                           "configuration and accuracy) were defined after the data were seen",
+}
+ROTATION_STUDY, ROTATION_BENCH = "rotation_mnist_cpu", "bench_rotation_mnist_cpu"
+TOKEN_SCALING = "token_scaling_cpu"
+GPU_FOLDER, GPU_SWEEP, GPU_BENCH, GPU_PACKING = "gpu_h100", "all12_cifar10_gpu_4ep", "bench_cifar10_gpu", "packing"
+PILOTS = "pilots"
+DATASET_NAMES = {"mnist": "MNIST", "cifar10": "CIFAR-10", "digits": "digits"}
+
+
+class AnswersError(ValueError):
+    """A figure the answers cite is missing from the committed results (one line naming it)."""
+
+
+# ---------------------------------------------------------------- wording
+def bounds(iv: Interval, scale: float = 100.0) -> str:
+    """'[0.0115, 0.666]' or 'unbounded' (a Fieller interval whose denominator is not resolved)."""
+    if iv.unbounded:
+        return "unbounded"
+    if not iv.bounded:
+        return "no interval"
+    return f"[{fmt(iv.lo * scale, 3)}, {fmt(iv.hi * scale, 3)}]"
+
+
+def at_holm(iv: Interval, k: int, scale: float = 100.0) -> str:
+    """'[0.0115, 0.666] at its Holm level (99.2 %, k = 11)'."""
+    return f"{bounds(iv, scale)} at its Holm level ({fmt(100 * iv.level, 3)} %, k = {k})"
+
+
+def verdict_text(judged: Judged) -> str:
+    """'excludes 0' where the interval at its Holm level does, else 'not resolved with n seeds'."""
+    return "excludes 0" if judged.resolved else f"not resolved with {seeds_text(judged.interval.n)}"
+
+
+def claim(judged: Judged, scale: float = 100.0, unit: str = "") -> str:
+    """A Holm-judged comparison with both intervals and what it shows: '0.339 [0.131, 0.547] (n=5,5);
+    [0.0115, 0.666] at its Holm level (99.2 %, k = 11): excludes 0', or '...: not resolved with 5 seeds'."""
+    if not math.isfinite(judged.nominal.p):
+        return f"{judged.nominal.text(scale)}{unit}: no interval"
+    return f"{judged.nominal.text(scale)}{unit}; {at_holm(judged.interval, judged.k, scale)}: {verdict_text(judged)}"
+
+
+def percent(values: Sequence[float] | np.ndarray) -> str:
+    """'98.77 [98.65, 98.89] (n=5)': a mean accuracy in %."""
+    return mean_interval(values).text(scale=100, digits=4)
+
+
+def exploratory(folders: Iterable[str], results_dir: Path) -> str:
+    """The label of an exploratory passage: which studies it reads, that none declared its comparisons (or
+    that only their declared comparisons, elsewhere, are confirmatory), and what else is known about them."""
+    folders = sorted(set(folders))
+    declared = [f for f in folders if (results_dir / f / DECLARATION_FILE).exists()]
+    undeclared = [f for f in folders if f not in declared]
+    parts = []
+    if undeclared:
+        parts.append(f"{', '.join(f'`{f}`' for f in undeclared)} declared no comparisons before "
+                     f"{'it' if len(undeclared) == 1 else 'they'} ran")
+    if declared:
+        parts.append(f"the declared comparisons of {', '.join(f'`{f}`' for f in declared)} are judged in \"Declared "
+                     f"comparisons\" on their declared seeds; the figures here, over every row, are not")
+    parts += [f"in `{f}`, {STUDY_NOTES[f]}" for f in folders if f in STUDY_NOTES]
+    return f"_Exploratory: {'; '.join(parts)}._"
+
+
+# ---------------------------------------------------------------- the studies, read once
+@dataclass
+class Sources:
+    """The committed results under results_dir, read and analysed once (each property on first use)."""
+
+    results_dir: Path
+
+    def folder(self, *names: str) -> Path:
+        """A folder of the committed results the answers cite; one line naming it where it is missing."""
+        path = self.results_dir.joinpath(*names)
+        if not path.is_dir():
+            raise AnswersError(f"{path} is missing; allowed: the committed results folder the answers cite")
+        return path
+
+    @cached_property
+    def train(self) -> TrialRows:
+        """The published studies' train rows (results/STUDIES), less the rotation study's: report.md's rows."""
+        return read_trials(self.results_dir, ["train"]).without_rotation_study()
+
+    @cached_property
+    def assessed(self) -> dict[str, dict[Config, Assessment]]:
+        return gap_closure.assess(self.seeds)
+
+    @cached_property
+    def seeds(self) -> pd.DataFrame:
+        return gap_closure.per_seed(self.train.frame)
+
+    @cached_property
+    def first_look(self) -> dict[str, dict[Config, Assessment]]:
+        """The same assessment without the seeds added after a look (ADDED_AFTER_A_LOOK): what was read first."""
+        frame = self.train.frame
+        added = np.zeros(len(frame), dtype=bool)
+        for sweep, seeds in ADDED_AFTER_A_LOOK.items():
+            added |= (column(frame, "sweep", "") == sweep).to_numpy() & frame["seed"].isin(seeds).to_numpy()
+        return gap_closure.assess(gap_closure.per_seed(frame[~added].reset_index(drop=True)))
+
+    @cached_property
+    def both(self) -> TrialRows:
+        return read_trials(self.results_dir, ["train", "bench"]).without_rotation_study()
+
+    @cached_property
+    def strings(self) -> dict[str, tuple[pd.DataFrame, pd.DataFrame]]:
+        return string_study.study_tables(self.both.frame)
+
+    @cached_property
+    def bench_costs(self) -> pd.DataFrame:
+        frame = self.both.frame
+        return efficiency.bench_cost_table(frame[frame["task"] == "bench"])
+
+    @cached_property
+    def rotation(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        found = rotation.study(self.folder(ROTATION_STUDY), [self.folder(ROTATION_BENCH)])
+        if found is None:
+            raise AnswersError(f"{self.folder(ROTATION_STUDY)} holds no rotation rows; allowed: the rotation study")
+        return found[1], found[2]
+
+    @cached_property
+    def scaling(self) -> pd.DataFrame:
+        return token_scaling.per_image(token_scaling.scaling_rows(read_trials(self.folder(TOKEN_SCALING),
+                                                                              ["bench"]).frame))
+
+    def sweeps(self, dataset: str) -> list[str]:
+        frame = self.train.frame
+        return sorted(set(frame.loc[frame["dataset"] == dataset, "sweep"].astype(str)))
+
+
+def find_config(assessed: dict[Config, Assessment], dataset: str, backend: str, qk_norm: str = "none",
+                redrawn: bool = True) -> Config:
+    """The one Performer configuration of these rows with this backend and qk_norm that redraws (or not)."""
+    found = [c for c in assessed if c[:3] == (dataset, backend, qk_norm) and (c[3] != "off") == redrawn]
+    if len(found) != 1:
+        raise AnswersError(f"{dataset}, {backend}, qk_norm {qk_norm}, {'redrawn' if redrawn else 'redraw off'}: "
+                           f"{len(found)} configurations in the results; allowed: exactly one")
+    return found[0]
+
+
+def configurations(assessed: dict[Config, Assessment], dataset: str) -> list[Config]:
+    """A dataset's Performer configurations: qk_norm none first, redrawn before not, favor before relu."""
+    return sorted((c for c in assessed if c[0] == dataset), key=lambda c: (c[2] != "none", c[3] == "off", c[1]))
+
+
+def config_name(config: Config) -> str:
+    _, backend, qk_norm, redraw = config
+    return f"{backend}, qk_norm {qk_norm}, redraw {redraw}"
+
+
+# ---------------------------------------------------------------- sentences of the gap-closure answers
+EFFECT_WORDS = {"more than closes": "more than closes the gap (G interval above 1)",
+                "closes": "closes the gap (G interval above 0, holding 1)",
+                "partly closes": "closes part of the gap (G interval between 0 and 1)",
+                "widens": "widens the gap (G interval below 0)", "raises": "raises {b}+ape",
+                "lowers": "lowers {b}+ape"}
+
+
+def gap_sentence(gap: Gap, backend: str, accuracy: str) -> str:
+    """softmax+ape − b+ape on one accuracy, with its Holm verdict and whether G is defined."""
+    if gap.judged is None:
+        return f"softmax+ape − {backend}+ape on the {accuracy}: not measured ({gap.why})"
+    if gap.state == "one seed":
+        return f"softmax+ape − {backend}+ape on the {accuracy} is {gap.nominal.text(100)}: one seed, no interval"
+    what = {"resolved": "excludes 0, a gap", "ahead": f"excludes 0, {backend}+ape ahead of softmax+ape",
+            "not resolved": f"not resolved with {seeds_text(gap.judged.interval.n)}, so G is not defined"}[gap.state]
+    return (f"softmax+ape − {backend}+ape on the {accuracy} is {gap.nominal.text(100)}; "
+            f"{at_holm(gap.judged.interval, gap.judged.k)}: {what}")
+
+
+def effect_words(effect: str, backend: str) -> str:
+    """What an encoding does to b+ape, in words that claim only what its Holm interval shows."""
+    for word, text in EFFECT_WORDS.items():
+        if effect == word:
+            return text.format(b=backend)
+    if effect.startswith("not resolved"):
+        return f"its effect on {backend}+ape is {effect}"
+    return effect
+
+
+def G_text(c: Closure, gap: Gap) -> str:
+    """'G 1.46 [1.08, 2.55] (n=5,5,5), unbounded at its Holm level', or '' where G is not defined (the gap
+    does not exclude 0 at its Holm level)."""
+    if gap.state != "resolved" or not math.isfinite(c.G.point) or c.G_holm is None:
+        return ""
+    return f"G {c.G.text()}, {bounds(c.G_holm.interval, 1.0)} at its Holm level"
+
+
+def encoding_sentence(pe: str, c: Closure, gap: Gap, backend: str) -> str:
+    """One encoding on one accuracy: its effect with the gain (95 % and at its Holm level), G where the gap
+    is resolved, and its same-encoding gap."""
+    if c.G_holm is None:
+        return f"{pe}: not measured"
+    parts = [f"{pe}: {effect_words(c.effect, backend)}; gain {c.gain.text(100)}, {at_holm(c.gain_holm, c.G_holm.k)}"]
+    if G_text(c, gap):
+        parts.append(G_text(c, gap))
+    if c.same_holm is not None:
+        word = c.same_holm.word(f"softmax+{pe} ahead", f"{backend}+{pe} ahead")
+        parts.append(f"same-encoding gap softmax+{pe} − {backend}+{pe} {claim(c.same_holm)}"
+                     + (f" ({word})" if c.same_holm.resolved else ""))
+    else:
+        parts.append(f"no same-encoding gap ({c.same_ref.removeprefix('— ').strip('()')})")
+    return "; ".join(parts)
+
+
+def configuration_lines(sources: Sources, config: Config) -> list[str]:
+    """Markdown bullets for one Performer configuration: the draw mean (judged) with every encoding, the
+    first look where seeds were added after it, and the training draw's gap and resolved effects."""
+    backend = config[1]
+    draw, train = sources.assessed[DRAW_MEAN][config], sources.assessed[TRAIN_DRAW][config]
+    lines = [f"- **{config_name(config)}** (baseline {draw.gap.baseline})",
+             f"  - {gap_sentence(draw.gap, backend, 'draw mean')}."]
+    first = sources.first_look[DRAW_MEAN].get(config)
+    if first is not None and first.gap.judged is not None and draw.gap.judged is not None \
+            and first.gap.judged.nominal.n != draw.gap.judged.nominal.n:
+        lines.append(f"  - First look, before seeds were added: {gap_sentence(first.gap, backend, 'draw mean')}.")
+    lines += [f"  - {encoding_sentence(pe, c, draw.gap, backend)}." for pe, c in draw.closures.items()]
+    shown = [encoding_sentence(pe, c, train.gap, backend) for pe, c in train.closures.items()
+             if c.G_holm is not None and c.G_holm.resolved]
+    rest = len([c for c in train.closures.values() if c.G_holm is not None]) - len(shown)
+    lines.append(f"  - Training draw: {gap_sentence(train.gap, backend, 'training draw')}."
+                 + (" " + " ".join(f"{s}." for s in shown) if shown else "")
+                 + (f" No other encoding's effect on {backend}+ape excludes 0 there ({rest} not resolved)."
+                    if rest and shown else f" No encoding's effect on {backend}+ape excludes 0 there."
+                    if rest else ""))
+    return lines
+
+
+def accuracy_of(sources: Sources, dataset: str, attention: str, pe: str) -> np.ndarray:
+    """Per-seed judged accuracy (draw mean for random-feature models) of one variant at qk_norm none: softmax
+    without redraws, a random-feature backend at the study's redraw schedule (gap_closure.per_seed)."""
+    s = sources.seeds
+    rows = s[(s["dataset"] == dataset) & (s["attention"] == attention) & (s["pe"] == pe) & (s["qk_norm"] == "none")]
+    rows = rows[(rows["redraw"] == "off") if attention == "softmax" else (rows["redraw"] != "off")]
+    values = rows[DRAW_MEAN].to_numpy(float)
+    values = values[np.isfinite(values)]
+    if not len(values):
+        raise AnswersError(f"{dataset} {attention}+{pe} (qk_norm none) has no accuracy in the results; allowed: a "
+                           f"variant the studies ran")
+    return values
+
+
+def seeds_per_cell(sources: Sources, dataset: str) -> str:
+    """'5 seeds in 12 cells, 3 seeds in 40 cells': how many seeds the dataset's cells (variants) hold."""
+    s = sources.seeds[sources.seeds["dataset"] == dataset]
+    counts = s.dropna(subset=[TRAIN_DRAW]).groupby(list(gap_closure.VARIANT)).size().value_counts().sort_index(
+        ascending=False)
+    return ", ".join(f"{n} seeds in {cells} cell{'s' if cells != 1 else ''}" for n, cells in counts.items())
+
+
+def epochs_of(sources: Sources, dataset: str) -> str:
+    frame = sources.train.frame
+    epochs = sorted(set(pd.to_numeric(frame.loc[frame["dataset"] == dataset, "epochs"], errors="coerce").dropna()
+                        .astype(int)))
+    return " / ".join(map(str, epochs)) + " epochs"
+
+
+# ---------------------------------------------------------------- sections
+def confirmatory_studies(results_dir: Path) -> list[Path]:
+    """Every sweep folder under results_dir (any depth) whose study declared its comparisons."""
+    return sorted(p.parent for p in Path(results_dir).rglob(DECLARATION_FILE)
+                  if p.is_file() and not p.is_symlink() and (p.parent / TRIALS_FILE).exists())
+
+
+def declared_section(sources: Sources, detail: bool) -> list[str]:
+    """The confirmatory answers: per declared study, each declared comparison with its verdict
+    (confirmatory.judge); detail adds the study's whole confirmatory table (confirmatory.build)."""
+    folders = confirmatory_studies(sources.results_dir)
+    if not folders:
+        return ["No committed study declared its comparisons before it ran (no `declaration.json` in any study "
+                "folder), so there is no confirmatory answer yet: every figure that follows is exploratory."]
+    lines = []
+    for folder in folders:
+        rel = folder.relative_to(sources.results_dir).as_posix()
+        decl, _, families, _ = confirmatory.judge(folder)
+        n = len(decl.seeds)
+        lines.append(f"- `{rel}` (confirmatory; {decl.question or 'no question stated'}; metric {decl.metric}, "
+                     f"n = {n} declared seeds, Holm within each family):")
+        for name, outcomes in families:
+            for o in outcomes:
+                shown = o.holm.text() if o.complete else o.nominal.text()
+                lines.append(f"  - {name}: {o.a} − {o.b} = {shown}: {o.verdict(n)}.")
+        if detail:
+            text = confirmatory.build(folder).replace("\n### ", "\n#### ")
+            lines += ["", f"#### `{rel}`: its confirmatory table (`python analysis/confirmatory.py "
+                          f"results/{rel}`)", "", text, ""]
+    return lines
+
+
+def gap_section(sources: Sources, dataset: str, title: str) -> list[str]:
+    """One dataset's softmax-vs-Performer answers: every Performer configuration, exploratory."""
+    soft = accuracy_of(sources, dataset, "softmax", "ape")
+    head = [f"## {title} (exploratory)", "", exploratory(sources.sweeps(dataset), sources.results_dir), "",
+            f"{DATASET_NAMES.get(dataset, dataset)}, {epochs_of(sources, dataset)}; "
+            f"{seeds_per_cell(sources, dataset)}. softmax+ape reaches {percent(soft)} %. Random-feature backends are "
+            "judged on the mean over fresh draws (draw mean); gains, gaps and G are in points of accuracy (G: a "
+            "ratio). Each configuration is one Holm family per accuracy: the gap, and per encoding G (tested as "
+            "G = 0, i.e. the gain) and the same-encoding gap; k is given with each interval. Source: "
+            "`results/report.md`, \"Accuracy and gap closure\".", ""]
+    lines = []
+    for config in configurations(sources.assessed[DRAW_MEAN], dataset):
+        lines += configuration_lines(sources, config)
+    return head + lines + [""]
+
+
+def string_section(sources: Sources, dataset: str) -> list[str]:
+    """The STRING variants against RoPE under softmax, with bench costs (string_study's tables and verdict)."""
+    table, fs = sources.strings[dataset]
+    rows = [[r["variant"], r["acc_text"], r["diff"].text(scale=100),
+             string_study.holm_word(r["holm"]) + (f" (k = {r['holm'].k})" if r["holm"] is not None else ""),
+             fmt(r["train x rope"], 3)] for _, r in table.iterrows()]
+    sweeps = sorted(set(sources.train.frame.loc[(sources.train.frame["dataset"] == dataset) &
+                                                (sources.train.frame["attention"] == "softmax"), "sweep"]))
+    return [f"## {DATASET_NAMES.get(dataset, dataset)}: the STRING variants against RoPE, softmax attention "
+            "(exploratory)", "", exploratory(sweeps, sources.results_dir), "",
+            string_study.verdict(DATASET_NAMES.get(dataset, dataset), table, fs), "",
+            markdown_table(["variant", "test acc % [95%] (n)", "vs rope, points [95%] (n)", "Holm vs rope",
+                            "train step x rope (bench, alone)"], rows), "",
+            "Source: `results/report.md`, \"The STRING study\"; a seed trained in two sweeps counts once.", ""]
+
+
+def rotation_section(sources: Sources) -> list[str]:
+    """The rotation study: each cell's verdict (rotation.verdict) and the cost of each model, timed alone."""
+    long, costs = sources.rotation
+    lines = ["## MNIST: what a rotation-invariant RPE buys where rotation matters (exploratory)", "",
+             exploratory([ROTATION_STUDY], sources.results_dir), "",
+             "Each paragraph is one cell (backend x training augmentation); Holm within each test rotation over the "
+             "rotinv-vs-other pairs, and on the drop under exact quarter turns. Source: "
+             f"`results/{ROTATION_STUDY}/rotation.md` (`python analysis/rotation.py results/{ROTATION_STUDY} --bench "
+             f"results/{ROTATION_BENCH}`).", ""]
+    upright = long[(long["augment"] == "none")]
+    where = {rotation.UPRIGHT: "upright", "90": "at 90 degrees", rotation.RANDOM: "at random angles"}
+    spans = {r: upright[upright["rotation"] == r].groupby(list(rotation.KEY), observed=True)["acc"].mean()
+             for r in where}
+    lines += ["Trained upright, every encoding's mean accuracy under both backends lies in "
+              + ", ".join(f"{fmt(100 * s.min(), 3)}–{fmt(100 * s.max(), 3)} % {where[r]}" for r, s in spans.items())
+              + " (descriptive: means over seeds).", ""]
+    for cell in rotation.cells(long):
+        by_rotation, on_drop = rotation.families(long, cell)
+        lines += [rotation.verdict(cell, by_rotation, on_drop, rotation.mean_drops(long, cell)), ""]
+    shown = costs.assign(cost=[f"{fmt(s, 3)} ({rotation.SHORT_TIMING.get(t, t)})"
+                               for s, t in zip(costs["train_s_per_epoch"], costs["timing"])])
+    shown = shown.drop_duplicates(["attention", "pe"])
+    table = shown.pivot(index="pe", columns="attention", values="cost").fillna("—")
+    lines += ["Cost, training s per epoch of the study's images (how each was measured in brackets):", "",
+              markdown_table(["pe", *table.columns], [[pe, *row] for pe, row in zip(table.index, table.to_numpy())]),
+              ""]
+    return lines
+
+
+def validation_folders(results_dir: Path) -> list[Path]:
+    """The validation studies (a knob chosen on the validation split): folders named *_val_*."""
+    return sorted(p.parent for p in Path(results_dir).glob(f"*_val_*/{TRIALS_FILE}"))
+
+
+def validation_lines(folder: Path, short: bool = False) -> list[str]:
+    """Per cell of a validation study: what validation chooses, and its margin over the earlier choice
+    (Welch, Holm over the cells: validation_choice.margins); `short`, the README's compact form."""
+    frame = read_trials(folder, ["train"]).frame
+    knob, records = validation_choice.choices(frame, validation_choice.failed_trials(folder))
+    judged = validation_choice.margins(records)
+    label = lambda value: ", ".join(fmt(v) for v in value)  # noqa: E731
+    lines = []
+    for record in records:
+        cell, chosen, earlier = validation_choice.cell_name(record), record["chosen"], record["earlier"]
+        if chosen is None:
+            lines.append(f"{cell}: no candidate has a validation accuracy")
+            continue
+        text = f"{cell}: {label(chosen)}" if short else \
+            f"{cell}: validation chooses {' / '.join(knob)} = {label(chosen)}"
+        if earlier is not None and chosen != earlier:
+            j = judged[cell]
+            text += (f" over {label(earlier)}, {j.nominal.text(100)}, Holm {bounds(j.interval)}: {verdict_text(j)}"
+                     if short else f" over the earlier {label(earlier)} by {claim(j, unit=' validation points')}")
+        elif chosen == earlier:
+            text += ", the earlier choice"
+        if record["edge"]:
+            text += f"; the {record['edge']} value tried, so not bracketed"
+        failed = [f"{label(v)} failed in {c['failed']} of {c['seeds']} seeds" for v, c in
+                  sorted(record["candidates"].items()) if c["failed"]]
+        if failed and not short:
+            text += f" ({'; '.join(failed)})"
+        lines.append(text)
+    return lines
+
+
+def knob_of(folder: Path) -> tuple[str, ...]:
+    return validation_choice.knob_of(read_trials(folder, ["train"]).frame)
+
+
+def ran_with(sources: Sources, knob: tuple[str, ...]) -> str:
+    """The values of a knob the published studies' rows ran with, among the rows it applies to (luo_scale:
+    luo_rpe rows; the redraw schedule: rows that draw random features): 'luo_scale 10'."""
+    frame = sources.train.frame
+    if knob == ("luo_scale",):
+        rows = frame[frame["pe"].astype(str).str.contains("luo_rpe")]
+    elif knob == ("redraw_interval", "redraw_until"):
+        rows = frame[has_random_features(frame)]
+        rows = rows[pd.to_numeric(rows["redraw_interval"], errors="coerce") > 0]
+    else:
+        rows = frame
+    values = rows[list(knob)].drop_duplicates().itertuples(index=False, name=None)
+    return " and ".join(", ".join(fmt(v) for v in value) for value in sorted(values, key=repr)) or "—"
+
+
+def validation_section(sources: Sources) -> list[str]:
+    lines = ["## Settings chosen on validation (exploratory)", "",
+             exploratory([f.name for f in validation_folders(sources.results_dir)], sources.results_dir), "",
+             "The studies above ran settings chosen earlier on test. Each knob below was then chosen on the "
+             "validation split (the draw mean for random-feature models); the chosen candidate is the one with the "
+             "highest mean, and its margin over the earlier choice is judged by Holm over the cells. A study whose "
+             "choice differs from the setting it ran answers at a setting validation does not choose.", ""]
+    for folder in validation_folders(sources.results_dir):
+        lines += [f"`{folder.name}` (`results/{folder.name}/validation_choice.md`):", ""]
+        lines += [f"- {line}." for line in validation_lines(folder)] + [""]
+    return lines
+
+
+def scaling_facts(sources: Sources) -> dict[str, object]:
+    """The token-scaling figures the answers quote: exponent ranges, crossovers, luo_rpe's two paths."""
+    table = sources.scaling
+    exps = token_scaling.exponents(table)
+    time_exp, mem_exp = (f"{label} exponent" for label in (token_scaling.COSTS[0][1], token_scaling.COSTS[2][1]))
+    linear = exps[~exps["variant"].str.startswith("softmax") & ~exps["variant"].str.contains(r"\(dense\)")]
+    soft = exps[exps["variant"].str.startswith("softmax")]
+    span = lambda frame, name: f"{fmt(frame[name].min(), 3)}–{fmt(frame[name].max(), 3)}"  # noqa: E731
+    return {"linear time": span(linear, time_exp), "linear memory": span(linear, mem_exp),
+            "softmax time": span(soft, time_exp), "softmax memory": span(soft, mem_exp),
+            "crossovers": token_scaling.crossovers(table, exps), "paths": token_scaling.luo_path_table(table)}
+
+
+def luo_path_text(kind: str, entry: dict) -> str:
+    n, dense, fft = entry["measured_tokens"], entry["dense_ms_per_image"], entry["fft_ms_per_image"]
+    where = (f"the FFT path is faster from N = {entry['fft_from_tokens']}" if entry["fft_from_tokens"] is not None
+             else f"the dense path is faster at every measured N (N = {n[-1]}: {fmt(dense[-1] / 1e3, 3)} s against "
+                  f"{fmt(fft[-1] / 1e3, 3)} s per image)")
+    return f"luo_rpe on a kernelized backend ({kind}): {where}"
+
+
+def scaling_summary(sources: Sources) -> str:
+    """The README's one-line form of the token-scaling answer."""
+    facts = scaling_facts(sources)
+    cross = facts["crossovers"]
+    measured = cross[cross["how"] == "measured"]
+    return (f"over the top decade of N the O(N) variants' training step grows as N^{facts['linear time']}, softmax's "
+            f"as N^{facts['softmax time']}; the linear variants overtake softmax from N = "
+            f"{measured['overtakes from N'].min():,.0f}–{measured['overtakes from N'].max():,.0f} tokens; "
+            + "; ".join(luo_path_text(k, e) for k, e in facts["paths"].items()) + ".")
+
+
+def cost_section(sources: Sources) -> list[str]:
+    """Where the efficient variants pay: token scaling (exponents, crossovers, luo_rpe's two paths) and each
+    study's cost ratios, timed alone."""
+    facts = scaling_facts(sources)
+    lines = ["## Cost: where the efficient variants pay (measurements)", "",
+             f"From `results/{TOKEN_SCALING}/` (bench trials each alone on the 2-core CPU, medians of 3 interleaved "
+             f"repeats, per image; `results/{TOKEN_SCALING}/token_scaling.md` has every table). Measurements, not "
+             "comparisons: nothing here is tested.", "",
+             f"- Over each variant's top decade of N, the O(N) variants' training-step exponents span "
+             f"{facts['linear time']} and their step-memory exponents {facts['linear memory']}; softmax's "
+             f"training-step exponents span {facts['softmax time']} and its step-memory exponents "
+             f"{facts['softmax memory']}."]
+    cross = facts["crossovers"]
+    for against, g in cross[cross["how"] == "measured"].groupby("against"):
+        lines.append(f"- Against {against}, the linear variants overtake from N = "
+                     + ", ".join(f"{n:,.0f} ({v})" for v, n in zip(g["variant"], g["overtakes from N"])) + ".")
+    lines += [f"- {luo_path_text(k, e)}; `luo_path: auto` reads this (`rpevit/pe/luo_crossover.json`)."
+              for k, e in facts["paths"].items()]
+    lines.append("")
+    costs = sources.bench_costs
+    for (sweep, dataset), g in costs.groupby(["sweep", "dataset"]):
+        g = g[(g["qk_norm"] == "none")]
+        soft_ape = g[(g["attention"] == "softmax") & (g["pe"] == "ape")]
+        rows = [[f"{a}+{p}", redraw, fmt(r, 3)] for a, p, redraw, r in
+                zip(g["attention"], g["pe"], g["redraw"], g["train x softmax+ape"])
+                if p in ("ape", "luo_rpe", "rope", "circulant_string") and a in ("softmax", "favor", "relu")]
+        if len(soft_ape) == 1 and rows:
+            lines += [f"Training step relative to softmax+ape at the {DATASET_NAMES.get(dataset, dataset)} study's "
+                      f"model (`results/{sweep}/`, each bench trial alone, N = {fmt(soft_ape['N'].iloc[0])} tokens, "
+                      f"batch {fmt(soft_ape['batch'].iloc[0])}):", "",
+                      markdown_table(["variant", "redraw", "train step x softmax+ape"], rows), ""]
+    return lines
+
+
+# ---------------------------------------------------------------- the README's short answers
+def short_gap(gap: Gap, backend: str) -> str:
+    if gap.judged is None:
+        return f"softmax+ape − {backend}+ape: not measured"
+    what = {"resolved": "excludes 0, a gap", "ahead": f"excludes 0, {backend}+ape ahead",
+            "one seed": "one seed"}.get(gap.state, f"not resolved with {seeds_text(gap.judged.interval.n)}, so no G")
+    return (f"softmax+ape − {backend}+ape {gap.nominal.text(100)}, Holm {bounds(gap.judged.interval)} "
+            f"(k = {gap.judged.k}): {what}")
+
+
+def grouped_effects(a: Assessment, backend: str) -> str:
+    """Each encoding's effect on b+ape, grouped by what its Holm interval shows: 'raises favor+ape: luo_rpe
+    0.494 [...] (n=5,5), Holm [...]; ...; not resolved: ape+rope (n=3,5)'."""
+    groups: dict[str, list[str]] = {}
+    for pe, c in a.closures.items():
+        if c.G_holm is None:
+            continue
+        if c.effect.startswith("not resolved") or c.effect not in EFFECT_WORDS:
+            groups.setdefault("not resolved", []).append(f"{pe} ({c.gain.n_text()})")
+            continue
+        G = G_text(c, a.gap)
+        groups.setdefault(effect_words(c.effect, backend).split(" (")[0], []).append(
+            f"{pe} {c.gain.text(100)}, Holm {bounds(c.gain_holm)}" + (f", {G}" if G else ""))
+    return "; ".join(f"{word}: {', '.join(items)}" for word, items in groups.items())
+
+
+def grouped_same(a: Assessment, backend: str) -> str:
+    """The same-encoding gaps, grouped: where softmax with the same encoding is ahead, and the rest."""
+    groups: dict[str, list[str]] = {}
+    for pe, c in a.closures.items():
+        if c.same_holm is None:
+            groups.setdefault("not measured", []).append(pe)
+        elif c.same_holm.resolved:
+            word = "softmax ahead" if c.same.point > 0 else f"{backend} ahead"
+            groups.setdefault(word, []).append(f"{pe} {c.same.text(100)}, Holm {bounds(c.same_holm.interval)}")
+        else:
+            groups.setdefault("not resolved", []).append(f"{pe} ({c.same.n_text()})")
+    return "; ".join(f"{word}: {', '.join(items)}" for word, items in groups.items())
+
+
+def readme_block(sources: Sources) -> str:
+    """The README's "Answers so far": the declared comparisons, then a few headline figures of each study,
+    each labelled; the long form is results/ANSWERS.md."""
+    lines = ["**Declared before the runs (confirmatory).**", "", *declared_section(sources, False)]
+    lines += ["", "**Exploratory** (no study below declared its comparisons before it ran; intervals at 95 %, then at "
+                  "their Holm level; points of accuracy, draw mean for random-feature models):"]
+    for dataset, title in (("mnist", "MNIST"), ("cifar10", "CIFAR-10")):
+        assessed = sources.assessed[DRAW_MEAN]
+        config = find_config(assessed, dataset, "favor")
+        a = assessed[config]
+        notes = [f"in `{s}`, {STUDY_NOTES[s]}" for s in sources.sweeps(dataset) if s in STUDY_NOTES]
+        lines.append(f"- **{title}** (`{'`, `'.join(sources.sweeps(dataset))}`; {epochs_of(sources, dataset)}; "
+                     f"FAVOR+ redrawn {config[3]}" + "".join(f"; {n}" for n in notes) + "):")
+        gap = f"  - FAVOR+: {short_gap(a.gap, 'favor')}"
+        first = sources.first_look[DRAW_MEAN].get(config)
+        if first is not None and first.gap.judged is not None and first.gap.judged.nominal.n != a.gap.judged.nominal.n:
+            gap += f" (first look, {first.gap.nominal.n_text()}: Holm {bounds(first.gap.judged.interval)}, " \
+                   f"{verdict_text(first.gap.judged)})"
+        lines += [gap + ".", f"  - On favor+ape (gain): {grouped_effects(a, 'favor')}.",
+                  f"  - Same encoding, softmax+pe − favor+pe: {grouped_same(a, 'favor')}."]
+        relu = assessed[find_config(assessed, dataset, "relu")]
+        lines.append(f"  - ReLU: {short_gap(relu.gap, 'relu')}; on relu+ape: {grouped_effects(relu, 'relu')}.")
+    for dataset in sorted(sources.strings, key=lambda d: (d != "mnist", d)):
+        table, _ = sources.strings[dataset]
+        judged = [r["holm"] for _, r in table.iterrows() if r["holm"] is not None]
+        best = table.iloc[0]
+        resolved = sum(j.resolved for j in judged)
+        lines.append(f"- STRING on {DATASET_NAMES.get(dataset, dataset)} (softmax): {resolved} of {len(judged)} "
+                     f"differences to rope exclude 0 at their Holm level (k = {len(judged)}); the highest mean is "
+                     f"{best['variant']}, {best['acc_text']} %.")
+    long, _ = sources.rotation
+    hits = []
+    for cell in rotation.cells(long):
+        by_rotation, on_drop = rotation.families(long, cell)
+        below = sum(j.resolved and j.interval.point < 0 for f in by_rotation.values() for j in f.values())
+        above = sum(j.resolved and j.interval.point > 0 for f in by_rotation.values() for j in f.values())
+        total = sum(len(f) for f in by_rotation.values())
+        drop = sum(j.resolved for j in on_drop.values())
+        hits.append(f"{cell[1]}, {rotation.AUGMENT_WORDS.get(cell[4], cell[4]).split(' (')[0]}: {above} above and "
+                    f"{below} below of {total}, {drop} of {len(on_drop)} drops")
+    lines.append("- Rotation (`rotation_mnist_cpu`): rotinv against the other encodings, comparisons whose Holm "
+                 "interval excludes 0 — " + "; ".join(hits) + ".")
+    for folder in validation_folders(sources.results_dir):
+        knob = knob_of(folder)
+        lines.append(f"- Chosen on validation (`{folder.name}`; {' / '.join(knob)}: the chosen value over the earlier "
+                     f"one, margin in validation points): " + "; ".join(validation_lines(folder, short=True))
+                     + f". The published studies ran {' / '.join(knob)} = {ran_with(sources, knob)}.")
+    lines.append(f"- Cost (measurements, `{TOKEN_SCALING}`): {scaling_summary(sources)}")
+    lines += ["", f"Every figure with its source, and every configuration: [results/{ANSWERS_FILE}](results/"
+                  f"{ANSWERS_FILE}); the tables: [results/report.md](results/report.md)."]
+    return "\n".join(lines)
+
+
+def answers_file(sources: Sources) -> str:
+    """results/ANSWERS.md."""
+    lines = ["# Answers so far", "",
+             "How to read the figures: mean or difference [95 % interval] (n seeds of each group). Intervals are "
+             "t-based (Welch for differences, Fieller for the gap closure G; `rpevit/analysis/stats.py`). A verdict "
+             "family is corrected by Holm; each comparison is also shown at its Holm level (with k, the family's "
+             "size), and an effect is claimed only where that interval excludes 0; otherwise the text says \"not "
+             "resolved with n seeds\". G = (b+pe − b+ape) / (softmax+ape − b+ape) is given only where that gap "
+             "excludes 0 at its Holm level.", "",
+             "Confirmatory or exploratory: a comparison a study declared before its first trial ran (its "
+             "`declaration.json`) is confirmatory and judged over exactly its declared seeds (\"Declared "
+             "comparisons\"). Everything else is exploratory and labelled so: its \"excludes 0\" (or, in the "
+             "sentences the STRING and rotation reports write, \"resolved\") describes these rows under Holm "
+             "families chosen after the data were seen, not a confirmed answer.", "",
+             "## Declared comparisons (confirmatory)", "", *declared_section(sources, True), "",
+             *gap_section(sources, "mnist", "MNIST: softmax vs Performer attention, and what each encoding does"),
+             *string_section(sources, "mnist"), *rotation_section(sources),
+             *gap_section(sources, "cifar10", "CIFAR-10: softmax vs Performer attention, and what each encoding does"),
+             *string_section(sources, "cifar10"), *validation_section(sources), *cost_section(sources)]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- provenance and tables for results/README.md
+def folder_rows(results_dir: Path) -> list[dict]:
+    """Per sweep folder under results_dir (and one level below): its current rows' ok / failed counts, rows set
+    aside, seeds, thread-hours in the trials and the commits the rows record."""
+    out = []
+    for path in sorted(results_dir.glob(f"*/{TRIALS_FILE}")) + sorted(results_dir.glob(f"*/*/{TRIALS_FILE}")):
+        frame = read_sweep(path, path.parent)
+        if frame is None or frame.empty:
+            continue
+        current, aside = current_rows(frame, path.parent)
+        counts = current["status"].value_counts()
+        out.append({"folder": path.parent.relative_to(results_dir).as_posix(),
+                    "tasks": ", ".join(sorted(current["task"].dropna().astype(str).unique())),
+                    OK: int(counts.get(OK, 0)), FAILED: int(counts.get(FAILED, 0)), "aside": aside,
+                    "seeds": sorted(set(pd.to_numeric(current["seed"], errors="coerce").dropna().astype(int))),
+                    "thread_hours": thread_hours(current),
+                    "commits": column(current, "git_commit", "").fillna("").astype(str).str[:7].value_counts()})
+    return out
+
+
+def rows_block(sources: Sources) -> str:
+    """results/README.md: the rows of every study folder, as the Parquet records them (folder_rows)."""
+    seeds = lambda s: f"{s[0]}–{s[-1]}" if len(s) > 1 else str(s[0]) if s else "—"  # noqa: E731
+    table = [[r["folder"], r["tasks"], r[OK], r[FAILED], r["aside"], seeds(r["seeds"]),
+              fmt(r["thread_hours"], 3), ", ".join(f"{c or '—'} ({n})" for c, n in r["commits"].items())]
+             for r in folder_rows(sources.results_dir)]
+    return markdown_table(["folder", "task", OK, FAILED, "set aside (not in space.json)", "seeds",
+                           "thread-hours in trials", "commit (rows)"], table)
+
+
+PROVENANCE_ROW = re.compile(r"^\| `(?P<folder>[^`|]+?)/?` \|(?P<rest>.*)$", re.M)
+COUNT = re.compile(r"\b(\d[\d,]*) (ok|failed)\b")
+
+
+def provenance_mismatches(results_dir: Path) -> list[str]:
+    """Every "N ok" / "N failed" in the provenance table of results/README.md (a row per folder) that is not the
+    count of that folder, or of one sweep folder under it, in the Parquet: typed counts checked, not trusted."""
+    path = Path(results_dir) / "README.md"
+    rows = folder_rows(Path(results_dir))
+    messages = []
+    for match in PROVENANCE_ROW.finditer(path.read_text(encoding="utf-8")):
+        folder = match["folder"].rstrip("/")
+        found = [r for r in rows if r["folder"] == folder or r["folder"].startswith(folder + "/")]
+        for number, word in COUNT.findall(match["rest"]):
+            allowed = sorted({r[OK if word == "ok" else FAILED] for r in found})
+            if int(number.replace(",", "")) not in allowed:
+                messages.append(f"{path}: the row of `{folder}/` says '{number} {word}', but its Parquet holds "
+                                f"{' or '.join(map(str, allowed)) or 'no rows'} {word}; allowed: the counts in the "
+                                f"generated 'study-rows' table")
+    return messages
+
+
+def pilots_block(sources: Sources) -> str:
+    """The CIFAR-10 CPU-protocol pilots: one summary row (the CLI's JSON) per run, the one-seed gap they show,
+    and the stopped 10-epoch start's rows."""
+    runs = {}
+    for path in sorted(sources.folder(PILOTS).glob("cifar10_cpu_*ep_seed0_*.json")):
+        row = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(row, dict) or not isinstance(row.get("epochs"), int):
+            raise AnswersError(f"{path} is not a summary row with an integer 'epochs'; allowed: the JSON the CLI "
+                               f"prints")
+        runs[(row["epochs"], f"{row.get('attention')}+{row.get('pe')}")] = row
+
+    def value(row: dict, name: str, scale: float = 100.0) -> float:
+        x = row.get(name)
+        return scale * x if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+    rows = [[epochs, variant, fmt(value(r, "train_s_per_epoch", 1.0), 3), fmt(value(r, "test_acc")),
+             f"{fmt(value(r, 'test_acc_draw_mean'))} [{fmt(value(r, 'test_acc_draw_min'))}]",
+             fmt(value(r, "test_acc_draw_ensemble")), fmt(value(r, "test_acc_softmax_swap")),
+             fmt(value(r, "attn_tv_to_softmax", 1.0), 3)]
+            for (epochs, variant), r in sorted(runs.items(), key=lambda kv: (-kv[0][0], kv[0][1] != "softmax+ape"))]
+    gaps = []
+    for epochs in sorted({e for e, _ in runs}, reverse=True):
+        soft, favor = runs.get((epochs, "softmax+ape")), runs.get((epochs, "favor+ape"))
+        if soft and favor:
+            gaps.append(f"{fmt(value(soft, 'test_acc') - value(favor, 'test_acc'), 3)} points on the training draw "
+                        f"and {fmt(value(soft, 'test_acc') - value(favor, 'test_acc_draw_mean'), 3)} on the draw mean "
+                        f"at {epochs} epochs")
+    start = read_trials(sources.folder(PILOTS, "cifar10_cpu_10ep_start"), ["train"]).frame
+    ordered = start.sort_values(["pe", "seed"])[["attention", "pe", "seed", "test_acc"]]
+    started = "; ".join(f"{a}+{p} seed {s}: {fmt(100 * acc)}" for a, p, s, acc in ordered.itertuples(index=False))
+    return "\n".join([markdown_table(["epochs", "variant", "train s/epoch", "test acc % (training draw)",
+                                      "draw mean % over fresh draws [min]", "draw ensemble %", "softmax swap %",
+                                      "attention TV to softmax"], rows), "",
+                      f"_Exploratory, one seed, no interval:_ softmax+ape − favor+ape is {'; '.join(gaps)}. The "
+                      f"stopped 10-epoch start (`pilots/cifar10_cpu_10ep_start/`, not part of any result), test acc %: "
+                      f"{started}."])
+
+
+def step_times_block(sources: Sources) -> str:
+    """The CIFAR-10 CPU protocol's training step per variant family, from its bench sweep (each trial alone):
+    what the protocol's epoch count was planned from."""
+    costs = sources.bench_costs
+    g = costs[costs["sweep"] == "bench_cifar10_cpu"]
+    if g.empty:
+        raise AnswersError("results/bench_cifar10_cpu has no bench rows; allowed: the committed bench sweep")
+    ms = lambda rows: (f"{fmt(rows['train_step_ms'].min(), 3)}" if len(rows) == 1 else  # noqa: E731
+                       f"{fmt(rows['train_step_ms'].min(), 3)}–{fmt(rows['train_step_ms'].max(), 3)}")
+    parts = [f"{ms(g[(g['attention'] == 'softmax') & (g['pe'] == 'ape') & (g['qk_norm'] == 'none')])} ms for "
+             "softmax+ape",
+             *(f"{ms(g[g['attention'] == a])} ms for {a}" for a in ("favor", "relu")),
+             f"{ms(g[(g['attention'] == 'softmax') & (g['pe'] == 'rotinv')])} ms for softmax+rotinv"]
+    return (f"The bench rows of its variants (`bench_cifar10_cpu/`, each alone) put a training step at "
+            f"{', '.join(parts)}.")
+
+
+def gpu_times_block(sources: Sources) -> str:
+    """The packed 4-epoch GPU sweep: mean train s/epoch and images/s per variant (contended by design)."""
+    frame = read_trials(sources.folder(GPU_FOLDER, GPU_SWEEP), ["train"]).frame
+    frame = with_variant(frame)
+    cells = frame.groupby(["attention", "pe"])[["train_s_per_epoch", "images_per_s"]].mean()
+    pes = [p for p in ("ape", "luo_rpe", "circulant_string", "rope") if p in set(frame["pe"])]
+    rows = [[attention, *(f"{fmt(cells.loc[(attention, pe), 'train_s_per_epoch'], 3)} s, "
+                          f"{cells.loc[(attention, pe), 'images_per_s']:,.0f}/s" if (attention, pe) in cells.index
+                          else "—" for pe in pes)] for attention in ("softmax", "favor", "relu")]
+    return markdown_table(["attention", *pes], rows)
+
+
+def gpu_answers_block(sources: Sources) -> str:
+    """The 4-epoch GPU rows' gap answers (exploratory; 4 of 200 epochs: not an answer)."""
+    gpu = Sources(sources.results_dir / GPU_FOLDER)
+    lines = [exploratory([GPU_SWEEP], gpu.results_dir) + " _4 of the recipe's 200 epochs: early-training "
+             "figures, not an answer._", "",
+             f"softmax+ape scores {percent(accuracy_of(gpu, 'cifar10', 'softmax', 'ape'))} %."]
+    for config in configurations(gpu.assessed[DRAW_MEAN], "cifar10"):
+        lines += configuration_lines(gpu, config)
+    return "\n".join(lines)
+
+
+def gpu_bench_block(sources: Sources) -> str:
+    """Each CIFAR-10 GPU-protocol variant alone on the H100: median training step (with the min and max of its
+    repeats), ratios to softmax+ape and rope, inference, memory and FLOPs (efficiency.bench_cost_table)."""
+    bench = read_trials(sources.folder(GPU_FOLDER, GPU_BENCH), ["bench"]).frame
+    table = efficiency.bench_cost_table(bench)
+    spread = with_variant(efficiency.cost_bench_rows(bench)).groupby(list(gap_closure.VARIANT)).agg(
+        lo=("train_step_ms_min", "min"), hi=("train_step_ms_max", "max"))
+    rows = [[f"{r['attention']}+{r['pe']}",
+             f"{fmt(r['train_step_ms'], 3)} ({fmt(spread.loc[key, 'lo'], 3)}–{fmt(spread.loc[key, 'hi'], 3)})",
+             fmt(r["train x softmax+ape"], 3), fmt(r["train x rope"], 3), fmt(r["infer_ms_per_sample"], 2),
+             fmt(r["peak_mem_mb"], 4), fmt(r["flops"], 3)]
+            for _, r in table.iterrows() for key in [tuple(r[c] for c in gap_closure.VARIANT)]]
+    return markdown_table(["variant", "train step ms, median (min–max of the repeats)", "x softmax+ape", "x rope",
+                           "inference ms/image", "peak MiB", "FLOPs/image"], rows)
+
+
+def gpu_packing_block(sources: Sources) -> str:
+    """4-per-GPU against 1-per-GPU (benchmarks/gpu_packing.py JSON files)."""
+    rows = []
+    for path in sorted(sources.folder(GPU_FOLDER, GPU_PACKING).glob("*.json")):
+        run = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            single, packed = run["single"], run["packed"]
+            rows.append([path.stem, ", ".join(fmt(s, 4) for s in single["train_s_per_epoch"]),
+                         f"{single['train_images_per_s']:,.0f}", fmt(float(max(single["peak_mem_mb"])), 4),
+                         ", ".join(fmt(s, 4) for s in packed["train_s_per_epoch"]),
+                         f"{packed['train_images_per_s']:,.0f}", fmt(float(run["ratio_train_phase"]), 3),
+                         fmt(float(run["ratio_end_to_end"]), 3)])
+        except (KeyError, TypeError, ValueError) as err:
+            raise AnswersError(f"{path} is not a benchmarks/gpu_packing.py result ({type(err).__name__}: {err}); "
+                               f"allowed: the JSON it writes") from err
+    return markdown_table(["run", "1-per-GPU s/epoch", "1-per-GPU images/s", "peak MiB",
+                           "4-per-GPU s/epoch, each trial", "4-per-GPU aggregate images/s", "ratio, train phase",
+                           "ratio, end to end"], rows)
+
+
+def mnist_redraw_table(sources: Sources) -> str:
+    """docs/random_features.md: per random-feature variant of the converged MNIST study (qk_norm none), its
+    training-draw and draw-mean accuracy, softmax swap and attention TV, redraw off against redrawn."""
+    s = sources.seeds
+    rows = []
+    for (attention, pe, redraw), g in s[(s["dataset"] == "mnist") & s["attention"].isin(["favor", "relu"])
+                                        & (s["qk_norm"] == "none")
+                                        & s["pe"].isin(["ape", "luo_rpe", "rope", "circulant_string"])].groupby(
+            ["attention", "pe", "redraw"]):
+        rows.append([f"{attention}+{pe}", redraw, percent(g[TRAIN_DRAW]), percent(g[DRAW_MEAN]),
+                     percent(g["test_acc_softmax_swap"]), mean_interval(g[gap_closure.FIDELITY]).text(digits=3)])
+    rows.sort(key=lambda r: (r[1] != "off", r[0]))
+    return markdown_table(["variant", "redraw", "training draw %", "draw mean %", "softmax swap %",
+                           "TV to softmax"], rows)
+
+
+# ---------------------------------------------------------------- files
+BLOCKS: dict[str, Callable[[Sources], str]] = {
+    "answers": readme_block,
+    "study-rows": rows_block,
+    "cifar10-pilots": pilots_block,
+    "cifar10-step-times": step_times_block,
+    "gpu-times": gpu_times_block,
+    "gpu-answers": gpu_answers_block,
+    "gpu-bench": gpu_bench_block,
+    "gpu-packing": gpu_packing_block,
+    "mnist-redraw-table": mnist_redraw_table,
+}
+
+
+def targets(results_dir: Path) -> list[Path]:
+    """The hand-written files that may hold generated blocks: the README, results/README.md, docs/*.md."""
+    root = Path(results_dir).resolve().parent
+    return [p for p in [root / "README.md", Path(results_dir) / "README.md", *sorted((root / "docs").glob("*.md"))]
+            if p.exists()]
+
+
+def expected_texts(results_dir: Path) -> dict[Path, str]:
+    """Every generated file and every file holding generated blocks, as the analysis code writes them."""
+    sources = Sources(Path(results_dir))
+    cache: dict[str, str] = {}
+
+    def generator(name: str) -> Callable[[], str]:
+        return lambda: cache.setdefault(name, BLOCKS[name](sources))
+
+    out = {Path(results_dir) / ANSWERS_FILE: whole_file(answers_file(sources), COMMAND)}
+    placed: set[str] = set()
+    for path in targets(results_dir):
+        text = path.read_text(encoding="utf-8")
+        names = block_names(text)
+        if names:
+            placed.update(names)
+            out[path] = fill(text, {name: generator(name) for name in BLOCKS}, COMMAND, str(path))
+    unused = sorted(set(BLOCKS) - placed)
+    if unused:
+        raise GeneratedTextError(f"generated block(s) {', '.join(unused)} appear in no file of "
+                                 f"{', '.join(str(p) for p in targets(results_dir))}; allowed: every block placed once")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results_dir", type=Path, help="the committed results folder (results)")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale file")
+    args = parser.parse_args(argv)
+    if not args.results_dir.is_dir():
+        parser.error(f"RESULTS_DIR {args.results_dir} is not a folder")
+    try:
+        expected = expected_texts(args.results_dir)
+    except (AnswersError, GeneratedTextError) as err:
+        raise SystemExit(f"error: {err}") from None
+    root = args.results_dir.resolve().parent
+    if args.check:
+        messages = stale(expected, root) + provenance_mismatches(args.results_dir)
+        if messages:
+            print("\n\n".join(messages) + f"\n\nRegenerate with: {COMMAND}", file=sys.stderr)
+            raise SystemExit(1)
+        print(f"{len(expected)} files agree with the analysis code")
+        return
+    for path, text in expected.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            write_atomic(path, text)
+            print(f"wrote {os.path.relpath(path)}")
+
+
+__all__ = ["BLOCKS", "COMMAND", "AnswersError", "Sources", "answers_file", "confirmatory_studies", "declared_section",
+           "expected_texts", "main", "provenance_mismatches", "readme_block"]

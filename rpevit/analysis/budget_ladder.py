@@ -1,0 +1,154 @@
+"""A budget ladder's answer: accuracy against training budget per variant, and how stable the ranking of
+the variants is from one budget to the next.
+
+    python analysis/budget_ladder.py RESULTS_DIR
+
+Reads the `train` rows of one study whose trials differ in `epochs` (a space with `branch: epochs`,
+e.g. search_spaces/cifar10_ladder_cpu.yaml). Every figure carries its budget as "N epochs (M images)":
+a ladder's rungs are fixed budgets, none of them "final". Per variant and budget: the judged accuracy
+(mean over fresh draws for random-feature models) as mean [95% t interval] (n seeds). Between every two
+budgets: Kendall's tau of the variants' rankings by mean accuracy, with an interval that carries each
+mean's seed uncertainty (a parametric bootstrap: each variant's mean drawn from its t distribution with
+n - 1 df, 4,000 draws, the 2.5th and 97.5th percentiles of tau). Everything here is exploratory: the
+study's declared comparisons are in confirmatory.md (analysis/confirmatory.py). Writes
+budget_ladder.md and budget_ladder.png into RESULTS_DIR.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as scipy_stats
+
+from rpevit.analysis import stats
+from rpevit.analysis.common import (fmt, judged_accuracy, markdown_table, pyplot, read_trials, save_figure,
+                                    script_main, with_variant)
+
+TAU_DRAWS = 4000
+TAU_SEED = 0  # the bootstrap is seeded: the report regenerates byte for byte
+LEVEL = 0.95
+
+
+def ladder_rows(frame: pd.DataFrame) -> pd.DataFrame:
+    """Train rows with their variant label, budget (epochs, images) and judged accuracy; empty when the
+    rows hold one budget only (not a ladder)."""
+    if frame.empty or "epochs" not in frame.columns or frame["epochs"].nunique() < 2:
+        return frame.iloc[0:0]
+    rows = with_variant(frame)
+    rows["variant"] = rows["attention"].astype(str) + "+" + rows["pe"].astype(str)
+    rows["acc"] = judged_accuracy(frame).to_numpy() * 100
+    rows["images"] = pd.to_numeric(rows["epochs"], errors="coerce") * pd.to_numeric(rows["n_train"], errors="coerce")
+    return rows
+
+
+def per_budget(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (variant, epochs): images seen, mean [t interval] (n) of the judged accuracy, the
+    mean's standard error and df (for the tau interval)."""
+    out = []
+    for (variant, epochs), g in rows.groupby(["variant", "epochs"]):
+        acc = stats.finite(g["acc"])
+        iv = stats.mean_interval(acc)
+        se = float(acc.std(ddof=1) / math.sqrt(len(acc))) if len(acc) > 1 else math.nan
+        out.append({"variant": variant, "epochs": int(epochs), "images": float(g["images"].median()),
+                    "mean": iv.point, "interval": iv, "se": se, "n": len(acc)})
+    return pd.DataFrame(out)
+
+
+def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
+    return float(scipy_stats.kendalltau(a, b).statistic)
+
+
+def tau_interval(table: pd.DataFrame, first: int, second: int) -> tuple[float, float, float, int]:
+    """(tau of the mean rankings at two budgets, interval low, high, variants compared) over the variants
+    measured at both, the interval from the parametric bootstrap of the module docstring (NaN without
+    2+ seeds in every mean)."""
+    a = table[table["epochs"] == first].set_index("variant")
+    b = table[table["epochs"] == second].set_index("variant")
+    common = sorted(set(a.index) & set(b.index))
+    if len(common) < 3:
+        return math.nan, math.nan, math.nan, len(common)
+    a, b = a.loc[common], b.loc[common]
+    tau = kendall_tau(a["mean"].to_numpy(), b["mean"].to_numpy())
+    if not (np.isfinite(a["se"]).all() and np.isfinite(b["se"]).all()):
+        return tau, math.nan, math.nan, len(common)
+    rng = np.random.default_rng(TAU_SEED)
+
+    def draw(side: pd.DataFrame) -> np.ndarray:
+        df = (side["n"] - 1).to_numpy(float)
+        return side["mean"].to_numpy() + side["se"].to_numpy() * rng.standard_t(df, size=(TAU_DRAWS, len(side)))
+
+    da, db = draw(a), draw(b)
+    taus = np.array([kendall_tau(x, y) for x, y in zip(da, db)])
+    lo, hi = np.nanpercentile(taus, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
+    return tau, float(lo), float(hi), len(common)
+
+
+def budget_label(epochs: int, images: float) -> str:
+    return f"{epochs} epochs ({fmt(images / 1e6, 3)}M images)" if math.isfinite(images) else f"{epochs} epochs"
+
+
+def plot(table: pd.DataFrame, path: Path, device_note: str) -> Path:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    styles = {"softmax": "-", "favor": "--", "relu": ":"}
+    encodings = sorted({v.split("+", 1)[1] for v in table["variant"]})
+    colours = {pe: f"C{i}" for i, pe in enumerate(encodings)}
+    for variant, g in table.sort_values("images").groupby("variant"):
+        attention, pe = variant.split("+", 1)
+        lo = [iv.lo for iv in g["interval"]]
+        hi = [iv.hi for iv in g["interval"]]
+        ax.errorbar(g["images"], g["mean"], yerr=[np.subtract(g["mean"], lo), np.subtract(hi, g["mean"])],
+                    ls=styles.get(attention, "-."), color=colours[pe], marker="o", ms=4, capsize=3, label=variant)
+    ax.set_xscale("log")
+    ax.set_xlabel("training budget: images seen (fixed budget per rung; each rung fully decayed)")
+    ax.set_ylabel("judged test accuracy, % (mean, 95% t interval)")
+    ax.set_title(f"Accuracy against budget ({device_note})", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    return save_figure(fig, path)
+
+
+def build(results_dir: Path) -> str | None:
+    trials = read_trials(results_dir, ["train"])
+    rows = ladder_rows(trials.frame)
+    if rows.empty:
+        return None
+    table = per_budget(rows)
+    budgets = sorted(table["epochs"].unique())
+    images = {e: float(table.loc[table["epochs"] == e, "images"].median()) for e in budgets}
+    devices = ", ".join(sorted(rows["device_name"].astype(str).unique())) if "device_name" in rows else "device unknown"
+    plot(table, Path(results_dir) / "budget_ladder.png", devices)
+    acc_rows = []
+    for variant, g in table.groupby("variant"):
+        by = g.set_index("epochs")
+        acc_rows.append([variant, *(by.loc[e, "interval"].text() if e in by.index else "—" for e in budgets)])
+    acc_rows.sort(key=lambda r: r[0])
+    tau_rows = []
+    for first, second in itertools.combinations(budgets, 2):
+        tau, lo, hi, k = tau_interval(table, first, second)
+        tau_rows.append([f"{first} → {second} epochs", fmt(tau, 3),
+                         f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo) else "—", k])
+    ns = sorted(set(table["n"]))
+    lines = [trials.note(), "",
+             "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Device: " + devices + ".",
+             "", "### Judged test accuracy at each fixed budget, % (mean [95% t interval] (n seeds))", "",
+             markdown_table(["variant", *(budget_label(e, images[e]) for e in budgets)], acc_rows), "",
+             "### How stable the ranking of the variants is across budgets", "",
+             markdown_table(["budgets", "Kendall's tau of the mean rankings", "95% interval (seed uncertainty)",
+                             "variants"], tau_rows), "",
+             f"Tau: 1 = the same order at both budgets, 0 = unrelated, -1 = reversed. Its interval draws each variant's "
+             f"mean from its t distribution (n − 1 df, n = {', '.join(map(str, ns))} seeds) {TAU_DRAWS:,} times: "
+             f"two rankings whose variants sit within their seed noise of each other have a wide interval.", "",
+             "![accuracy against budget](budget_ladder.png)", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    script_main(__doc__, build, "budget_ladder.md", "Budget ladder: accuracy against training budget",
+                "train trials at two or more budgets (epochs)")
+
+
+__all__ = ["build", "kendall_tau", "ladder_rows", "main", "per_budget", "tau_interval"]

@@ -1,0 +1,143 @@
+"""Declared comparisons (rpevit/sweep/declaration.py) and their confirmatory table
+(rpevit/analysis/confirmatory.py): refusals, the record in the sweep folder, and the table over
+exactly the declared seeds and rows that started after the declaration."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from rpevit.analysis import confirmatory
+from rpevit.sweep import declaration
+from rpevit.sweep.declaration import DeclarationError, parse
+from rpevit.sweep.space import SpaceError, expand_space
+from tests.analysis_rows import config_row, write_sweep
+
+DECLARE = {"metric": "judged", "seeds": [0, 1, 2], "families": [
+    {"name": "gap", "comparisons": [[{"attention": "softmax", "pe": "ape"}, {"attention": "favor", "pe": "ape"}],
+                                    [{"attention": "softmax", "pe": "rope"}, {"attention": "favor", "pe": "rope"}]]}]}
+SPACE = {"name": "d", "fixed": {"dataset": "digits", "epochs": 1},
+         "grid": {"attention": ["softmax", "favor"], "pe": ["ape", "rope"]}, "seeds": [0, 1, 2], "declare": DECLARE}
+
+
+def space(**changes):
+    return expand_space({**SPACE, **changes}, source="x.yaml")
+
+
+def test_a_valid_declaration_is_checked_against_the_space():
+    s = space()
+    assert s.declaration.metric == "judged" and s.declaration.seeds == (0, 1, 2)
+    assert len(s.declaration.families[0].comparisons) == 2
+
+
+@pytest.mark.parametrize("declare, match", [
+    ({**DECLARE, "metric": "val_acc"}, "'declare.metric' has value 'val_acc'; allowed: judged"),
+    ({**DECLARE, "seeds": [0]}, "'declare.seeds' has value \\[0\\]; allowed: a list of at least 2"),
+    ({**DECLARE, "extra": 1}, "'declare.extra'"),
+    ({**DECLARE, "families": [{"name": "g", "comparisons": [[{"attention": "softmax", "seed": 0},
+                                                            {"attention": "favor"}]]}]}, "'seed' is not one"),
+    ({**DECLARE, "families": [{"name": "g", "comparisons": [[{"attention": "softmax"}]]}]}, "a pair \\[a, b\\]"),
+])
+def test_a_bad_block_is_refused_in_one_line(declare, match):
+    with pytest.raises(SpaceError, match=match):
+        space(declare=declare)
+
+
+def test_sides_must_select_one_cell_holding_every_declared_seed():
+    typo = {**DECLARE, "families": [{"name": "g", "comparisons": [[{"attention": "softmax", "pe": "apee"},
+                                                                    {"attention": "favor", "pe": "ape"}]]}]}
+    with pytest.raises(SpaceError, match="matches no trial of the space"):
+        space(declare=typo)
+    wide = {**DECLARE, "families": [{"name": "g", "comparisons": [[{"attention": "softmax"},
+                                                                    {"attention": "favor", "pe": "ape"}]]}]}
+    with pytest.raises(SpaceError, match="matches trials that differ in pe"):
+        space(declare=wide)
+    with pytest.raises(SpaceError, match="has no trial with seed\\(s\\) \\[3\\]"):
+        space(declare={**DECLARE, "seeds": [0, 1, 2, 3]})
+
+
+def test_the_record_is_fixed_once_rows_exist(tmp_path):
+    decl = parse(DECLARE, "x")
+    assert "recorded" in declaration.record(tmp_path, decl, rows_exist=False, redeclare=False)
+    assert declaration.record(tmp_path, decl, rows_exist=True, redeclare=False) is None  # unchanged: nothing to do
+    changed = parse({**DECLARE, "seeds": [0, 1, 2, 3, 4]}, "x")  # seeds added after a look
+    with pytest.raises(DeclarationError, match="changed after trials of this sweep ran"):
+        declaration.record(tmp_path, changed, rows_exist=True, redeclare=False)
+    assert "exploratory" in declaration.record(tmp_path, changed, rows_exist=True, redeclare=True)
+    entries = json.loads((tmp_path / declaration.DECLARATION_FILE).read_text())["declarations"]
+    assert [e["declaration"]["seeds"] for e in entries] == [[0, 1, 2], [0, 1, 2, 3, 4]]
+
+
+def test_a_declaration_added_after_rows_exist_is_refused(tmp_path):
+    with pytest.raises(DeclarationError, match="was added after trials"):
+        declaration.record(tmp_path, parse(DECLARE, "x"), rows_exist=True, redeclare=False)
+
+
+def test_a_planted_or_damaged_record_is_refused(tmp_path):
+    (tmp_path / declaration.DECLARATION_FILE).write_text("{not json")
+    with pytest.raises(DeclarationError, match="cannot be read"):
+        declaration.read_record(tmp_path)
+    (tmp_path / declaration.DECLARATION_FILE).unlink()
+    (tmp_path / declaration.DECLARATION_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DeclarationError, match="not a regular file"):
+        declaration.read_record(tmp_path)
+
+
+ACC = {("softmax", "ape"): [0.90, 0.91, 0.92, 0.60], ("favor", "ape"): [0.80, 0.81, 0.82, 0.99],
+       ("softmax", "rope"): [0.90, 0.85, 0.95], ("favor", "rope"): [0.89, 0.86, 0.92]}
+
+
+def rows(started_at: float, seeds=(0, 1, 2, 3)) -> list[dict]:
+    out = []
+    for (attention, pe), accs in ACC.items():
+        for seed, acc in zip(seeds, accs):
+            out.append({**config_row(dataset="digits", epochs=1, attention=attention, pe=pe, seed=seed,
+                                     redraw_interval=100),
+                        "test_acc": acc if attention == "softmax" else 0.1, "test_acc_draw_mean": acc,
+                        "started_at": started_at, "finished_at": started_at + 1})
+    return out
+
+
+def test_the_table_uses_only_declared_seeds_after_the_declaration(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "d", rows(time.time() + 10))
+    decl, _, families, set_aside = confirmatory.judge(folder)
+    (name, outcomes), = families
+    ape, rope = outcomes
+    assert ape.values_a == (0.90, 0.91, 0.92) and ape.values_b == (0.80, 0.81, 0.82)  # seed 3 is not declared
+    assert ape.nominal.point == pytest.approx(10.0) and ape.k == 2
+    assert ape.resolved and ape.verdict(3) == "resolved: attention=softmax pe=ape higher"
+    assert not rope.resolved and rope.verdict(3) == "not resolved with 3 seeds"
+    assert ape.holm.level == pytest.approx(1 - 0.05 / 2)  # the smaller p is judged at alpha / k
+    assert set_aside["a seed outside the declared ones"] == 2
+    text = confirmatory.build(folder)
+    assert "Holm within each family" in text and "resolved: attention=softmax pe=ape higher" in text
+
+
+def test_rows_that_started_before_the_declaration_are_not_confirmatory(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    write_sweep(folder, "d", rows(time.time() - 3600))  # ran an hour before the comparisons were declared
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=True, redeclare=True)
+    _, _, families, set_aside = confirmatory.judge(folder)
+    assert all(not o.complete and "incomplete: 0 and 0 of the 3" in o.verdict(3) for o in families[0][1])
+    assert set_aside["started before the declaration was recorded (or no start time)"] == 12
+
+
+def test_an_incomplete_cell_gets_no_verdict(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "d", [r for r in rows(time.time() + 10) if not (r["pe"] == "ape" and r["seed"] == 2)])
+    _, _, families, _ = confirmatory.judge(folder)
+    ape = families[0][1][0]
+    assert not ape.complete and not ape.resolved and ape.verdict(3).startswith("incomplete: 2 and 2 of the 3")
+
+
+def test_a_folder_without_a_declaration_says_so(tmp_path):
+    write_sweep(tmp_path / "d", "d", rows(time.time()))
+    with pytest.raises(DeclarationError, match="declared no comparisons"):
+        confirmatory.judge(tmp_path / "d")
