@@ -77,6 +77,12 @@ class GuardedCompile:
     """
 
     def __init__(self, fn: Callable, cfg: TrialConfig, log: Callable[[str], None] | None = None) -> None:
+        if cfg.compile != "off":
+            # A new run's step compiles from an empty Dynamo cache. A process runs run after run (Ray reuses
+            # its workers; a benchmark, its modes): each run's step is a new closure of the same code, and
+            # past Dynamo's per-code recompile limit (8) a fullgraph compile is a hard failure, so the ninth
+            # trial of a worker ran eager (found by benchmarks/gpu_rehearsal.sh on torch 2.11).
+            torch._dynamo.reset()
         self.eager = fn
         self.fn = compiled(fn, cfg)
         self.fallback = ""  # "" while compiled (or compile off); else why the run went eager

@@ -196,3 +196,19 @@ def test_fused_compiled_bf16_all12_cells_equal_their_eager_solo_runs(cell, count
     result = check_cell(cfg, members=2, steps=2)
     assert not result["compile_fallback"] and counter.frame_count >= 1, result
     assert result["grad_error"] < result["tolerance"] and result["loss_error"] < result["tolerance"], result
+
+
+def test_run_after_run_in_one_process_every_step_compiles(counter):
+    """A Ray worker runs trial after trial (reused actors), each step a new closure of the same code;
+    past Dynamo's recompile limit (8 per code object) a fullgraph compile failed and the run went eager
+    (the rehearsal's ninth all12 cell did). Each run now compiles afresh: ten variants, ten compiles."""
+    variants = [(a, p) for a in ("softmax", "favor", "relu") for p in ("ape", "rope", "luo_rpe", "circulant_string")]
+    for attention, pe in variants[:10]:
+        cfg = TrialConfig.from_dict({**MODEL, "attention": attention, "pe": pe})
+        model = build_model(cfg, 1, 10).train()
+        x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+        masks = model.draw_path_masks(4, dtype=torch.float32, device="cpu")
+        guard = forward_loss_fn(cfg, torch.device("cpu"), identity)
+        guard.step(lambda fn: fn(model, x, y, masks)[0].backward())
+        assert guard.fallback == "", (attention, pe, guard.fallback)
+    assert counter.frame_count == 10
