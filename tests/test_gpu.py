@@ -293,12 +293,13 @@ def test_all12_cells_cover_both_token_counts_and_every_variant() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("attention,pe", [("favor", "luo_rpe"), ("softmax", "circulant_string")])
-def test_the_fused_compiled_step_never_waits_for_the_gpu(attention: str, pe: str) -> None:
-    """After warm-up, a fused compiled step (random-feature schedule, drop-path masks, forward, backward,
-    per-member clipping, fused AdamW, schedule) makes no synchronising CUDA call: torch's sync debug mode
-    raises on any (a redraw step copies its new draw from the host, once per redraw_interval steps; none
-    falls in the steps checked)."""
+@pytest.mark.parametrize("attention,pe,redraw", [("favor", "luo_rpe", 1), ("relu", "rope", 1),
+                                                 ("softmax", "circulant_string", 100)])
+def test_the_fused_compiled_step_never_waits_for_the_gpu(attention: str, pe: str, redraw: int) -> None:
+    """After warm-up, a fused compiled step (random-feature schedule and redraws, drop-path masks, forward,
+    backward, per-member clipping, fused AdamW, schedule) makes no synchronising CUDA call: torch's sync
+    debug mode raises on any. all12.yaml redraws every step: each layer's new draw is copied from pinned
+    host memory, queued behind the step, never waited for."""
     from rpevit.attention.kernelized import advance_random_features
     from rpevit.data import synthetic_splits
     from rpevit.models import build_model
@@ -306,7 +307,7 @@ def test_the_fused_compiled_step_never_waits_for_the_gpu(attention: str, pe: str
     from rpevit.tasks.train_group import StackedStep
 
     cfg = next(c for c in ALL12_CELLS if c.dataset == "cifar10" and c.attention == attention and c.pe == pe)
-    cfg = cfg.replace(redraw_interval=100)
+    cfg = cfg.replace(redraw_interval=redraw)
     device = torch.device("cuda")
     data = synthetic_splits("cifar10", 64, device)
     models = [build_model(cfg.replace(seed=s), 3, 10).to(device).train() for s in range(3)]

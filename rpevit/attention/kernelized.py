@@ -96,7 +96,10 @@ class KernelizedAttention(RandomFeatureBackend):
         if self.training and self.uses_projection and self.redraw_interval > 0:
             count = self.steps_started
             if count > 0 and count % self.redraw_interval == 0 and not self.redraws_frozen(count):
-                self.projection.copy_(self.draw_projection(count // self.redraw_interval))
+                draw = self.draw_projection(count // self.redraw_interval)
+                if self.projection.is_cuda:  # from pinned memory the copy is queued, not waited for
+                    draw = draw.pin_memory()
+                self.projection.copy_(draw, non_blocking=draw.is_pinned())
             self.forward_count += 1  # the checkpointed count, updated on the device without a sync
             self.steps_started = count + 1
 
