@@ -1,26 +1,30 @@
-"""Training throughput of one device: solo eager, solo compiled, packed processes, fused seed groups
-(k members stacked, rpevit/tasks/train_group.py), fused + compiled; utilisation; projected hours.
+"""Training throughput of one device, measured as a user runs it: solo eager, solo compiled, fused seed
+groups compiled (k members stacked, rpevit/tasks/train_group.py), and packed processes of compiled fused
+groups (what `python sweep.py --space search_spaces/all12.yaml` runs: 4 groups per GPU); utilisation.
 
-    .venv/bin/python benchmarks/throughput.py                       # both protocol models, this device
-    .venv/bin/python benchmarks/throughput.py --models cpu --fused 3 --steps 5 --json out.json
+    python benchmarks/throughput.py --models gpu                    # the lease's run (benchmarks/gpu_lease.sh)
+    python benchmarks/throughput.py --models tiny --fused 3 --packed 2 --steps 2 --json out.json  # a CPU check
 
-Every mode runs the real training step of the train task (tasks/train.py's solo_step, or
-train_group's StackedStep) on data kept on the device with the recipe's augmentation, drop path
-and random-feature redraws, after untimed warm-up steps (compilation happens there), with the
-device synchronised around the timed steps. Measured side by side in one run:
+Every mode runs the real training step of the train task (tasks/train.py's solo_step, or train_group's
+StackedStep) on synthetic data kept on the device, with the recipe's augmentation, drop path and
+random-feature redraws, after untimed warm-up steps (compilation happens there), the device synchronised
+around each timed sample. Each mode is `--samples` samples (>= 3) of `--steps` steps; its figure is the
+median sample, and the spread (min-max) is printed beside it. Side by side in one run:
 
-- images/s: training images per second over all members (k x batch x steps / seconds);
-- utilisation: fvcore forward FLOPs per image x 3 (forward + backward) x images/s, against the
-  device's peak (GPU: dense bf16 tensor-core peak; CPU: this run's own float32 matmul rate, printed).
-  fvcore counts a multiply-add as one FLOP, as the project does everywhere (rpevit/flops.py);
-- ratios to solo eager;
-- projected hours of the CIFAR-10 half of all12.yaml (12 variants x 3 seeds x 200 epochs of
-  45,000 images) at the best mode's rate, each variant scaled by its committed bench row's step
-  time relative to softmax+ape (results/gpu_h100/bench_cifar10_gpu on a GPU, bench_cifar10_cpu on
-  the CPU); "packed" runs P solo processes at once (`--packed`), each a separate interpreter.
+- images/s: training images per second over all members (k x batch x steps / seconds) and processes;
+- FLOPs as the peak counts them: fvcore counts a multiply-add as ONE FLOP (rpevit/flops.py), a
+  datasheet's peak counts it as TWO, so a training image costs 2 x 3 x fvcore's forward count
+  (forward + backward = 3 forwards); utilisation = that x images/s / peak (GPU: the dense bf16
+  tensor-core peak by name; CPU: this run's own float32 matmul rate, 2 FLOPs per multiply-add too);
+- ratios to solo eager; a compiled mode whose compilation failed and fell back to eager says so
+  (`compile_fallback`) and is not a compiled figure;
+- projected hours of the CIFAR-10 half of all12.yaml (12 variants x 3 seeds x 200 epochs of 45,000
+  images) at the packed rate, each variant scaled by its committed bench row's step time relative to
+  softmax+ape (results/gpu_h100/bench_cifar10_gpu on a GPU, bench_cifar10_cpu on the CPU).
 
-The protocol models: gpu = all12.yaml's CIFAR-10 model (dim 192, depth 9, 12 heads, patch 4,
-batch 128, bf16 on a GPU); cpu = cifar10_cpu.yaml's (dim 64, depth 4, 4 heads, batch 128).
+The models: gpu = all12.yaml's CIFAR-10 model (dim 192, depth 9, 12 heads, patch 4, batch 128, bf16 on a
+GPU); cpu = cifar10_cpu.yaml's (dim 64, depth 4, 4 heads); tiny = a CPU check of this script (dim 32,
+depth 2, batch 16).
 """
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,12 +46,13 @@ sys.path.insert(0, str(ROOT))
 
 from rpevit import registry  # noqa: E402
 from rpevit.config import TrialConfig  # noqa: E402
-from rpevit.data import DATASET_SPECS, Splits  # noqa: E402
+from rpevit.data import synthetic_splits  # noqa: E402
 from rpevit.flops import count_flops  # noqa: E402
 from rpevit.metrics import device_name, synchronize  # noqa: E402
 from rpevit.models import build_model  # noqa: E402
 from rpevit.tasks.train import make_optimizer, solo_step, warmup_cosine  # noqa: E402
 from rpevit.tasks.train_group import StackedStep, step_inputs  # noqa: E402
+from rpevit import training  # noqa: E402
 from rpevit.training import default_dtype, forward_loss_fn, path_mask_dtype  # noqa: E402
 
 MODELS = {
@@ -54,7 +60,10 @@ MODELS = {
             "drop_path": 0.1, "batch_size": 128, "num_features": 64, "redraw_interval": 100},
     "cpu": {"dataset": "cifar10", "patch_size": 4, "dim": 64, "depth": 4, "heads": 4, "mlp_ratio": 2.0,
             "drop_path": 0.1, "batch_size": 128, "num_features": 64, "redraw_interval": 100},
+    "tiny": {"dataset": "cifar10", "patch_size": 4, "dim": 32, "depth": 2, "heads": 2, "mlp_ratio": 2.0,
+             "drop_path": 0.1, "batch_size": 16, "num_features": 16, "redraw_interval": 100},
 }
+FLOPS_PER_MULTIPLY_ADD = 2  # a datasheet peak counts a multiply-add as 2 FLOPs; fvcore counts it as 1
 GPU_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}  # dense
 STUDY_IMAGES = 12 * 3 * 200 * 45_000  # all12.yaml's CIFAR-10 half: variants x seeds x epochs x train images
 BENCH_ROWS = {"cuda": ROOT / "results/gpu_h100/bench_cifar10_gpu/trials.parquet",
@@ -62,41 +71,34 @@ BENCH_ROWS = {"cuda": ROOT / "results/gpu_h100/bench_cifar10_gpu/trials.parquet"
 ALL12 = [(a, p) for a in ("softmax", "favor", "relu") for p in ("ape", "luo_rpe", "circulant_string", "rope")]
 
 
-def synthetic_splits(n: int, device: torch.device, seed: int = 0) -> Splits:
-    """CIFAR-shaped uint8 images and labels on the device (throughput does not depend on the pixels)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8).to(device)
-    y = torch.randint(0, 10, (n,), generator=g).to(device)
-    mean = torch.full((1, 3, 1, 1), 0.5, device=device)
-    return Splits(spec=DATASET_SPECS["cifar10"], x_train=x, y_train=y, x_val=x[:0], y_val=y[:0], x_test=x[:0],
-                  y_test=y[:0], mean=mean, std=mean)
-
-
 def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int,
-            attention: str = "softmax", pe: str = "ape") -> dict:
-    """Training images/s of k members (k = 1: the solo step; k > 1: the fused stacked step)."""
+            samples: int = 3, attention: str = "softmax", pe: str = "ape", barrier: tuple[str, int] | None = None) -> dict:
+    """Training images/s of k members (k = 1: the solo step; k > 1: the fused stacked step): `samples`
+    timed samples of `steps` steps after `warmup` steps; the median sample's rate (and all of them).
+    `barrier` (folder, n): after the warm-up, wait until n processes have warmed up (packed processes
+    time together, each after its own compilation)."""
     cfg = TrialConfig.from_dict({**model_cfg, "attention": attention, "pe": pe, "compile": compile_mode,
                                  "device": device.type})
     batch = cfg.resolved_batch_size
     with default_dtype(cfg):
-        data = synthetic_splits(batch * (steps + warmup), device)
-        models = [build_model(cfg.replace(seed=s), 3, 10).to(device) for s in range(k)]
+        data = synthetic_splits(cfg.dataset, batch * (warmup + samples * steps), device)
+        models = [build_model(cfg.replace(seed=s), cfg.spec.channels, cfg.spec.num_classes).to(device)
+                  for s in range(k)]
         mask_generators = [torch.Generator(device=device).manual_seed(s) for s in range(k)]
         data_generators = [torch.Generator(device=device).manual_seed(s) for s in range(k)]
-        schedule = warmup_cosine(10 * (steps + warmup), 1)
+        schedule = warmup_cosine(10 * (warmup + samples * steps), 1)
         mask_dtype = path_mask_dtype(cfg, device)
         if k == 1:
             model = models[0]
             optimizer = make_optimizer(model, cfg)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-            forward_loss = forward_loss_fn(cfg, device, data.normalize)
+            guard = forward_loss_fn(cfg, device, data.normalize)
 
             def step(images, labels, masks):
-                return solo_step(model, optimizer, scheduler, forward_loss, images[0], labels[0], masks[0],
-                                 cfg.grad_clip)
+                return solo_step(model, optimizer, scheduler, guard, images[0], labels[0], masks[0], cfg.grad_clip)
         else:
             stepper = StackedStep(models, cfg, device, data.normalize, schedule)
-            step = stepper.step
+            guard, step = stepper.forward_loss, stepper.step
         for m in models:
             m.train()
         order = torch.arange(len(data.x_train), device=device)
@@ -110,39 +112,64 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
 
         run(0, warmup)
         synchronize(device)
-        t0 = time.perf_counter()
-        run(warmup, steps)
-        synchronize(device)
-        seconds = time.perf_counter() - t0
+        together = wait_for_others(*barrier) if barrier else True
+        rates = []
+        for sample in range(samples):
+            t0 = time.perf_counter()
+            run(warmup + sample * steps, steps)
+            synchronize(device)
+            rates.append(k * batch * steps / (time.perf_counter() - t0))
         flops, _ = count_flops(models[0], data.normalize(data.x_train[:2]))
-    return {"members": k, "compile": compile_mode, "images_per_s": k * batch * steps / seconds,
-            "step_ms": 1e3 * seconds / steps, "forward_flops_per_image": flops}
+    median = sorted(rates)[len(rates) // 2]
+    return {"members": k, "compile": compile_mode, "images_per_s": median, "images_per_s_samples": rates,
+            "step_ms": 1e3 * k * batch / median, "forward_flops_per_image_fvcore": flops,
+            "compile_fallback": guard.fallback, "timed_together": together}
 
 
-def packed(model_key: str, processes: int, device: torch.device, steps: int, warmup: int) -> dict:
-    """P solo eager processes at once, each its own interpreter (what `gpus_per_trial: 1/P` runs)."""
+def wait_for_others(folder: str, count: int, timeout_s: float = 600.0) -> bool:
+    """Mark this process warm in `folder`, then wait until `count` processes are: True if they all were."""
+    Path(folder, str(os.getpid())).touch()
+    deadline = time.time() + timeout_s
+    while len(list(Path(folder).iterdir())) < count:
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def packed(model_key: str, processes: int, k: int, compile_mode: str, device: torch.device, steps: int,
+           warmup: int, samples: int) -> dict:
+    """P processes at once, each its own interpreter running a fused group of k (compiled): what all12.yaml
+    runs on one GPU (`gpus_per_trial: 0.25`, `fuse: seeds`). Every process compiles and warms up first,
+    then all time their samples together; the rate is the sum of the processes' medians."""
     threads = max(1, (os.cpu_count() or 1) // processes) if device.type == "cpu" else 4
-    start_at = time.time() + 20.0 + 5.0 * processes  # every child has imported torch by then
-    cmd = [sys.executable, __file__, "--worker", model_key, "--device", device.type, "--steps", str(steps),
-           "--warmup", str(warmup), "--start-at", str(start_at), "--threads", str(threads)]
-    children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
-    rows = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
-    return {"members": processes, "compile": "off", "images_per_s": sum(r["images_per_s"] for r in rows),
-            "step_ms": max(r["step_ms"] for r in rows), "forward_flops_per_image": rows[0]["forward_flops_per_image"],
-            "packed_processes": processes}
+    with tempfile.TemporaryDirectory() as barrier:
+        cmd = [sys.executable, __file__, "--worker", model_key, "--device", device.type, "--steps", str(steps),
+               "--warmup", str(warmup), "--samples", str(samples), "--barrier", barrier, "--threads", str(threads),
+               "--fused", str(k), "--compile", compile_mode, "--packed", str(processes),
+               "--backend", training.COMPILE_BACKEND]
+        children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+        rows = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
+    return {"members": k * processes, "compile": compile_mode, "packed_processes": processes,
+            "images_per_s": sum(r["images_per_s"] for r in rows),
+            "images_per_s_samples": [sum(x) for x in zip(*(r["images_per_s_samples"] for r in rows))],
+            "step_ms": max(r["step_ms"] for r in rows),
+            "forward_flops_per_image_fvcore": rows[0]["forward_flops_per_image_fvcore"],
+            "compile_fallback": "; ".join(sorted({r["compile_fallback"] for r in rows if r["compile_fallback"]})),
+            "timed_together": all(r["timed_together"] for r in rows)}
 
 
 def worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
     registry.load_all()
-    measure(MODELS[args.worker], 1, "off", device, 1, 1)  # imports, first kernels: before the common start
-    time.sleep(max(0.0, args.start_at - time.time()))
-    print(json.dumps(measure(MODELS[args.worker], 1, "off", device, args.steps, args.warmup)), flush=True)
+    row = measure(MODELS[args.worker], args.fused[0], args.compile, torch.device(args.device), args.steps,
+                  args.warmup, args.samples, barrier=(args.barrier, args.packed))
+    print(json.dumps(row), flush=True)
 
 
 def peak_flops(device: torch.device) -> tuple[float, str]:
-    """(FLOP/s, what it is): the GPU's dense bf16 peak by name, or this CPU's measured float32 matmul rate."""
+    """(FLOP/s as a datasheet counts them, what it is): the GPU's dense bf16 peak by name, or this CPU's
+    measured float32 matmul rate (2 FLOPs per multiply-add)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, tflops in GPU_BF16_PEAK_TFLOPS.items():
@@ -154,8 +181,9 @@ def peak_flops(device: torch.device) -> tuple[float, str]:
     t0 = time.perf_counter()
     for _ in range(5):
         a @ b
-    rate = 5 * 2048 ** 3 / (time.perf_counter() - t0)  # multiply-adds per second, fvcore's FLOP
-    return rate, f"this CPU's float32 2048^3 matmul rate, {rate / 1e9:.1f} GFLOP/s (multiply-add = 1), {torch.get_num_threads()} threads"
+    rate = FLOPS_PER_MULTIPLY_ADD * 5 * 2048 ** 3 / (time.perf_counter() - t0)
+    return rate, (f"this CPU's float32 2048^3 matmul rate, {rate / 1e9:.1f} GFLOP/s (a multiply-add = 2 FLOPs), "
+                  f"{torch.get_num_threads()} threads")
 
 
 def projected_hours(rate_softmax_ape: float, device: torch.device) -> tuple[float, str]:
@@ -177,23 +205,42 @@ def projected_hours(rate_softmax_ape: float, device: torch.device) -> tuple[floa
     return sum(images_per_variant * r for r in ratios) / rate_softmax_ape / 3600, source
 
 
+def plan_modes(key: str, args: argparse.Namespace, device: torch.device) -> list[tuple[str, object]]:
+    """(name, thunk) of every mode, in the order they run."""
+    model, steps, warmup, samples, mode = MODELS[key], args.steps, args.warmup, args.samples, args.compile
+    plan = [("solo eager", lambda: measure(model, 1, "off", device, steps, warmup, samples)),
+            (f"solo compiled ({mode})", lambda: measure(model, 1, mode, device, steps, warmup, samples))]
+    plan += [(f"fused k={k} + compiled ({mode})", lambda k=k: measure(model, k, mode, device, steps, warmup, samples))
+             for k in args.fused]
+    if args.packed > 1:
+        k = min(args.fused)
+        plan.append((f"{args.packed} packed processes, fused k={k} + compiled",
+                     lambda: packed(key, args.packed, k, mode, device, steps, warmup, samples)))
+    return plan
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["gpu", "cpu"], choices=sorted(MODELS))
+    parser.add_argument("--models", nargs="+", default=["gpu"], choices=sorted(MODELS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--fused", nargs="+", type=int, default=[3, 6, 12])
-    parser.add_argument("--packed", type=int, default=4, help="solo processes run at once (0: skip)")
+    parser.add_argument("--fused", nargs="+", type=int, default=[3, 5], help="fused group sizes k (compiled)")
+    parser.add_argument("--packed", type=int, default=4, help="processes of compiled fused groups at once (0: skip)")
     parser.add_argument("--compile", default="on", choices=("on", "cudagraphs"), help="the compiled modes' setting")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=10, help="steps per timed sample")
+    parser.add_argument("--samples", type=int, default=3, help="timed samples per mode (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--variants", action="store_true",
-                        help="also time each of all12's 12 variants solo eager and fused (largest k) + compiled: "
-                             "their speed-ups, and the projection from their own rates")
+                        help="also time each of all12's 12 variants solo eager and fused (largest k) + compiled")
+    parser.add_argument("--backend", default="inductor",
+                        help="torch.compile's backend (aot_eager: a quick CPU check of this script, not a timing)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.samples < 3 and not args.worker:
+        parser.error(f"--samples has value {args.samples}; allowed: 3 or more (a median of fewer is no median)")
+    training.COMPILE_BACKEND = args.backend
     if args.worker:
         worker(args)
         return
@@ -201,44 +248,49 @@ def main() -> None:
     device = torch.device(args.device)
     peak, peak_text = peak_flops(device)
     print(f"device: {device_name(device)}; torch {torch.__version__}; {torch.get_num_threads()} threads; "
-          f"peak: {peak_text}", flush=True)
+          f"peak: {peak_text}; {args.samples} samples of {args.steps} steps per mode (median; min-max)", flush=True)
     results = {"device": device_name(device), "torch": torch.__version__, "python": platform.python_version(),
-               "threads": torch.get_num_threads(), "peak_flops": peak, "peak": peak_text, "models": {}}
-    biggest = max(args.fused)
+               "compile_backend": args.backend,
+               "threads": torch.get_num_threads(), "peak_flops": peak, "peak": peak_text,
+               "flops_per_multiply_add": FLOPS_PER_MULTIPLY_ADD, "models": {}}
     for key in args.models:
-        steps, warmup = (args.steps, args.warmup)
-        plan = [("solo eager", lambda: measure(MODELS[key], 1, "off", device, steps, warmup)),
-                (f"solo compiled ({args.compile})", lambda: measure(MODELS[key], 1, args.compile, device, steps, warmup))]
-        if args.packed > 1:
-            plan.append((f"{args.packed} packed processes", lambda: packed(key, args.packed, device, steps, warmup)))
-        plan += [(f"fused k={k}", lambda k=k: measure(MODELS[key], k, "off", device, steps, warmup)) for k in args.fused]
-        plan.append((f"fused k={biggest} + compiled ({args.compile})",
-                     lambda: measure(MODELS[key], biggest, args.compile, device, steps, warmup)))
         rows = []
         print(f"\nmodel {key}: {MODELS[key]}", flush=True)
-        for name, run in plan:
+        for name, run in plan_modes(key, args, device):
             try:
                 row = {"mode": name, **run()}
             except Exception as err:  # noqa: BLE001 - a mode that fails is reported, the others still run
                 row = {"mode": name, "error": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
             if "images_per_s" in row:
-                row["tflops"] = 3 * row["forward_flops_per_image"] * row["images_per_s"] / 1e12
-                row["utilisation"] = 3 * row["forward_flops_per_image"] * row["images_per_s"] / peak
+                row["flops_per_image"] = FLOPS_PER_MULTIPLY_ADD * 3 * row["forward_flops_per_image_fvcore"]
+                row["tflops"] = row["flops_per_image"] * row["images_per_s"] / 1e12
+                row["utilisation"] = row["flops_per_image"] * row["images_per_s"] / peak
             rows.append(row)
             print(format_row(row, rows[0]), flush=True)
-        best = max((r for r in rows if "images_per_s" in r), key=lambda r: r["images_per_s"])
-        hours, source = projected_hours(best["images_per_s"], device)
-        print(f"projected all12 CIFAR-10 half (12 variants x 3 seeds x 200 epochs) at the best mode "
-              f"({best['mode']}, {best['images_per_s']:.0f} images/s): {hours:.2f} h on this device; {source}")
-        results["models"][key] = {"config": MODELS[key], "rows": rows, "best": best["mode"],
-                                  "projected_all12_cifar10_hours": hours, "projection_source": source}
+            results["models"][key] = {"config": MODELS[key], "rows": rows}
+            write_json(args.json, results)  # after every mode: a run cut short keeps what it measured
+        timed = [r for r in rows if "images_per_s" in r]
+        best = max(timed, key=lambda r: r["images_per_s"]) if timed else None
+        entry = {"config": MODELS[key], "rows": rows}
+        if best is not None:
+            hours, source = projected_hours(best["images_per_s"], device)
+            print(f"projected all12 CIFAR-10 half (12 variants x 3 seeds x 200 epochs) at the best mode "
+                  f"({best['mode']}, {best['images_per_s']:.0f} images/s): {hours:.2f} h on this device; {source}")
+            entry.update(best=best["mode"], projected_all12_cifar10_hours=hours, projection_source=source)
+        results["models"][key] = entry
         if args.variants:
-            results["models"][key]["variants"] = time_variants(key, biggest, args.compile, device, steps, warmup)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+            entry["variants"] = time_variants(key, max(args.fused), args.compile, device, args.steps, args.warmup,
+                                              args.samples)
+    write_json(args.json, results)
 
 
-def time_variants(key: str, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int) -> list[dict]:
+def write_json(path: str | None, results: dict) -> None:
+    if path:
+        Path(path).write_text(json.dumps(results, indent=1))
+
+
+def time_variants(key: str, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int,
+                  samples: int) -> list[dict]:
     """Each all12 variant solo eager and fused k + compiled, side by side; the projected hours of the
     CIFAR-10 half from these rates (each variant at its own fused rate)."""
     rows, hours = [], 0.0
@@ -246,10 +298,10 @@ def time_variants(key: str, k: int, compile_mode: str, device: torch.device, ste
     for attention, pe in ALL12:
         row = {"variant": f"{attention}+{pe}"}
         try:
-            solo = measure(MODELS[key], 1, "off", device, steps, warmup, attention, pe)
-            fused = measure(MODELS[key], k, compile_mode, device, steps, warmup, attention, pe)
+            solo = measure(MODELS[key], 1, "off", device, steps, warmup, samples, attention, pe)
+            fused = measure(MODELS[key], k, compile_mode, device, steps, warmup, samples, attention, pe)
             row.update(solo_images_per_s=solo["images_per_s"], fused_images_per_s=fused["images_per_s"],
-                       speedup=fused["images_per_s"] / solo["images_per_s"])
+                       speedup=fused["images_per_s"] / solo["images_per_s"], compile_fallback=fused["compile_fallback"])
             hours += STUDY_IMAGES / len(ALL12) / fused["images_per_s"] / 3600
             print(f"    {row['variant']:<26} {row['solo_images_per_s']:>9.0f} -> {row['fused_images_per_s']:>9.0f} "
                   f"images/s ({row['speedup']:.2f}x)", flush=True)
@@ -264,10 +316,13 @@ def time_variants(key: str, k: int, compile_mode: str, device: torch.device, ste
 
 def format_row(row: dict, solo: dict) -> str:
     if "error" in row:
-        return f"  {row['mode']:<34} failed: {row['error']}"
+        return f"  {row['mode']:<42} failed: {row['error']}"
     ratio = row["images_per_s"] / solo["images_per_s"] if "images_per_s" in solo else math.nan
-    return (f"  {row['mode']:<34} {row['images_per_s']:>10.0f} images/s  {row['step_ms']:>9.1f} ms/step  "
-            f"{row['tflops']:>8.3f} TFLOP/s  {100 * row['utilisation']:>6.2f}% of peak  {ratio:>5.2f}x solo eager")
+    spread = f"({min(row['images_per_s_samples']):.0f}-{max(row['images_per_s_samples']):.0f})"
+    fallback = f"  COMPILE FELL BACK TO EAGER: {row['compile_fallback']}" if row.get("compile_fallback") else ""
+    return (f"  {row['mode']:<42} {row['images_per_s']:>10.0f} images/s {spread:>17}  {row['step_ms']:>8.1f} ms/step  "
+            f"{row['tflops']:>8.3f} TFLOP/s  {100 * row['utilisation']:>6.2f}% of peak  {ratio:>5.2f}x solo eager"
+            f"{fallback}")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,19 @@ class Splits:
         return (x.to(torch.get_default_dtype()) / 255.0 - self.mean) / self.std
 
 
+def synthetic_splits(dataset: str, n: int, device: torch.device | str, seed: int = 0) -> Splits:
+    """n random uint8 images and labels shaped like `dataset`'s, as a training split on the device (no
+    file read): for timing and device checks, whose results do not depend on the pixels."""
+    spec = DATASET_SPECS[dataset]
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (n, spec.channels, spec.image_size, spec.image_size), generator=g,
+                      dtype=torch.uint8).to(device)
+    y = torch.randint(0, spec.num_classes, (n,), generator=g).to(device)
+    half = torch.full((1, spec.channels, 1, 1), 0.5, device=device)
+    return Splits(spec=spec, x_train=x, y_train=y, x_val=x[:0], y_val=y[:0], x_test=x[:0], y_test=y[:0],
+                  mean=half, std=half)
+
+
 def resolve_data_dir(data_dir: str | os.PathLike | None) -> Path:
     """--data-dir, else $RPEVIT_DATA, else ./data; always absolute (Ray trials change cwd)."""
     chosen = data_dir or os.environ.get("RPEVIT_DATA") or "data"

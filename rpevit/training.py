@@ -11,7 +11,7 @@ step can reproduce the eager solo run (tests/test_fused_group.py, tests/test_com
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -60,18 +60,66 @@ def loss_of(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
 
 
 LossFn = Callable[[nn.Module, Tensor, Tensor, Tensor], "tuple[Tensor, Tensor]"]
+Result = TypeVar("Result")
 
 
-def forward_loss_fn(cfg: TrialConfig, device: torch.device, normalize: Callable[[Tensor], Tensor]) -> LossFn:
+class GuardedCompile:
+    """A step's forward + loss, compiled as `cfg.compile` says, that falls back to eager honestly.
+
+    Why: a compilation can fail on a device although it traced on the CPU (an Inductor or Triton
+    bug, a kernel the device lacks). Losing a whole group to that wastes the GPU time it was given;
+    running on eager without saying so would publish eager timings as compiled ones. So `step`
+    runs the step's forward and backward with the compiled function, and if that raises, once:
+    records why (`fallback`: the step, the exception's type and first two lines, which the row
+    stores as `compile_fallback`), logs it, switches to the eager function for the rest of the run, and
+    redoes that step eagerly. Nothing is lost: the forward is a pure function of its inputs, and
+    the optimizer has not stepped yet. An error the eager step raises too is the run's error.
+    """
+
+    def __init__(self, fn: Callable, cfg: TrialConfig, log: Callable[[str], None] | None = None) -> None:
+        if cfg.compile != "off":
+            # A new run's step compiles from an empty Dynamo cache. A process runs run after run (Ray reuses
+            # its workers; a benchmark, its modes): each run's step is a new closure of the same code, and
+            # past Dynamo's per-code recompile limit (8) a fullgraph compile is a hard failure, so the ninth
+            # trial of a worker ran eager (found by benchmarks/gpu_rehearsal.sh on torch 2.11).
+            torch._dynamo.reset()
+        self.eager = fn
+        self.fn = compiled(fn, cfg)
+        self.fallback = ""  # "" while compiled (or compile off); else why the run went eager
+        self.steps = 0
+        self.log = log or (lambda _msg: None)
+
+    def __call__(self, *args: Tensor) -> "tuple[Tensor, Tensor]":
+        return self.fn(*args)
+
+    def step(self, forward_backward: Callable[[Callable], Result]) -> Result:
+        """forward_backward(fn): forward + loss with fn, then backward; guarded as the class says."""
+        self.steps += 1
+        if self.fn is self.eager:
+            return forward_backward(self.eager)
+        try:
+            return forward_backward(self.fn)
+        except Exception as err:  # noqa: BLE001 - any failure of the compiled step: recorded, redone eagerly
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            self.fallback = f"step {self.steps}: {type(err).__name__}: {' '.join(lines[:2])}"[:500]
+            self.fn = self.eager
+            self.log(f"compile failed at {self.fallback}; this run continues eager (its rows say so: "
+                     f"compile_fallback)")
+            return forward_backward(self.eager)
+
+
+def forward_loss_fn(cfg: TrialConfig, device: torch.device, normalize: Callable[[Tensor], Tensor],
+                    log: Callable[[str], None] | None = None) -> GuardedCompile:
     """(model, uint8 images, labels, path masks) -> (loss, logits): normalisation, forward and loss of
-    one training step under the run's autocast, compiled (fullgraph) when `cfg.compile` asks."""
+    one training step under the run's autocast, compiled (fullgraph) when `cfg.compile` asks, with
+    the eager fallback of GuardedCompile."""
 
     def forward_loss(model: nn.Module, images: Tensor, labels: Tensor, path_masks: Tensor) -> tuple[Tensor, Tensor]:
         with autocast_context(cfg, device):
             logits = model(normalize(images), path_masks)
             return loss_of(logits, labels, cfg.label_smoothing), logits
 
-    return compiled(forward_loss, cfg)
+    return GuardedCompile(forward_loss, cfg, log)
 
 
 def compiled(fn: Callable, cfg: TrialConfig) -> Callable:
@@ -101,13 +149,20 @@ def clip_grad_norm_per_member(params: Iterable[Tensor], max_norm: float) -> Tens
     """Gradient clipping of stacked parameters (leading dim = member), each member by its own global
     norm, exactly as clip_grad_norm_ clips a solo model: g_m *= min(1, max_norm / (|g_m| + 1e-6)).
     Returns the (members,) norms before clipping. Never a norm over all members together: one
-    member's large gradient would shrink every other member's step."""
+    member's large gradient would shrink every other member's step.
+
+    A constant number of launches whatever the number of parameter tensors T, as clip_grad_norm_'s
+    own foreach path: one multi-tensor norm of every member's slice of every gradient (k T views,
+    no copies), then one multi-tensor scale per member (k launches), instead of 2 T kernels.
+    """
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         return torch.zeros(0)
-    per_tensor = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads])  # (tensors, k)
-    norms = torch.linalg.vector_norm(per_tensor, dim=0)  # (k,)
+    members = grads[0].shape[0]
+    slices = [g[m] for m in range(members) for g in grads]  # member-major views
+    per_slice = torch.stack(torch._foreach_norm(slices)).view(members, len(grads))
+    norms = torch.linalg.vector_norm(per_slice, dim=1)  # (k,)
     coef = (max_norm / (norms + CLIP_EPS)).clamp(max=1.0)
-    for g in grads:
-        g.mul_(coef.to(g.dtype).view(-1, *([1] * (g.ndim - 1))))
+    for m in range(members):
+        torch._foreach_mul_([g[m] for g in grads], coef[m].to(grads[0].dtype))
     return norms

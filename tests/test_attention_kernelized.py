@@ -265,3 +265,66 @@ def test_the_committed_crossover_table_is_well_formed():
         start = entry["fft_from_tokens"]
         if start is not None:  # the FFT path is faster from `start` on at every measured N
             assert all(f < d for t, d, f in zip(n, entry["dense_ms_per_image"], entry["fft_ms_per_image"]) if t >= start)
+
+
+# -- the redraw schedule without a device sync --------------------------------------------------
+
+def test_advancing_a_step_reads_nothing_back_from_the_device():
+    """`int(forward_count)` was a device-to-host sync per layer per step (27 per fused CIFAR step on a
+    GPU): the schedule is decided on the host copy, and the buffer is only written."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    backend = build("favor", redraw_interval=2).train()
+    with Ops() as ops:
+        for _ in range(5):  # steps 0-4, redraws at 2 and 4
+            backend.advance_step()
+    assert not [n for n in ops.names if "_local_scalar_dense" in n or n.startswith("item")], sorted(set(ops.names))
+    assert int(backend.forward_count) == backend.steps_started == 5
+
+
+def reference_draws(steps: int, interval: int, until: float, total: int | None) -> list[int]:
+    """The draw in use at each training step, by the rule as the buffer-reading code applied it."""
+    draws, current = [], 0
+    for count in range(steps):
+        frozen = total is not None and count >= until * total
+        if count > 0 and count % interval == 0 and not frozen:
+            current = count // interval
+        draws.append(current)
+    return draws
+
+
+@pytest.mark.parametrize("interval,until,total", [(3, 0.8, 20), (1, 0.5, 10), (4, 0.8, None)])
+def test_same_draws_at_the_same_steps_across_a_checkpoint(interval, until, total):
+    """The projection in use at every step is the rule's draw, and a module loaded from a checkpoint
+    taken mid-run (a fresh module: host copy 0) continues on exactly the same schedule."""
+    def fresh():
+        backend = build("favor", redraw_interval=interval, redraw_until=until).train()
+        backend.total_steps = total
+        return backend
+
+    expected = reference_draws(20, interval, until, total)
+    run = fresh()
+    seen = []
+    for t in range(20):
+        run.advance_step()
+        seen.append(run.projection.clone())
+        if t == 8:
+            saved = {key: value.clone() for key, value in run.state_dict().items()}
+    for t, draw in enumerate(expected):
+        assert torch.equal(seen[t], run.draw_projection(draw)), (t, draw)
+    resumed = fresh()
+    resumed.load_state_dict(saved)
+    assert resumed.steps_started == 9
+    for t in range(9, 20):
+        resumed.advance_step()
+        assert torch.equal(resumed.projection, seen[t]), t
+    assert int(resumed.forward_count) == 20

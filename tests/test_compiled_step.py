@@ -126,3 +126,89 @@ def test_the_cli_flag_alone_turns_compile_on():
     assert parser.parse_args(["--compile", "cudagraphs"]).compile == "cudagraphs"
     assert parser.parse_args([]).compile is None  # the config's default: off
     assert TrialConfig().compile == "off"
+
+
+# -- a compilation that fails on a device: the run goes on eager and its rows say so -------------
+
+def failing_backend(gm, example_inputs):
+    raise RuntimeError("forced compile failure (a stand-in for an Inductor/Triton error on a device)")
+
+
+@pytest.fixture
+def failing_compile(monkeypatch):
+    torch._dynamo.reset()
+    monkeypatch.setattr(training, "COMPILE_BACKEND", failing_backend)
+    yield
+    torch._dynamo.reset()
+
+
+TIMING = ("train_s_per_epoch", "images_per_s", "infer_ms_per_sample", "peak_mem_mb", "started_at")
+
+
+def assert_same_metrics(fallen: dict, eager: dict) -> None:
+    for key, value in eager.items():
+        if key in TIMING or key in ("compile", "compile_fallback"):
+            continue
+        assert fallen[key] == value or (value != value and fallen[key] != fallen[key]), key
+
+
+def test_a_failing_compile_runs_eager_and_the_row_says_why(failing_compile):
+    cfg = TrialConfig.from_dict({**RUN, "compile": "on", "epochs": 2})
+    logs: list[str] = []
+    row = train_and_evaluate(cfg, log=logs.append)
+    assert row["compile_fallback"].startswith("step 1: BackendCompilerFailed"), row["compile_fallback"]
+    assert "forced compile failure" in row["compile_fallback"]
+    assert sum("compile failed at step 1" in line for line in logs) == 1  # said once, not per step
+    eager = train_and_evaluate(cfg.replace(compile="off"), log=None)
+    assert eager["compile_fallback"] == ""
+    assert_same_metrics(row, eager)  # the failed attempt changed nothing: the step was redone eagerly
+
+
+def test_a_failing_compile_in_a_fused_group_runs_eager_and_every_row_says_why(failing_compile):
+    cfgs = [TrialConfig.from_dict({**RUN, "compile": "on", "seed": s}) for s in (0, 1, 2)]
+    rows = train_group(cfgs, log=None)
+    assert all(isinstance(r, dict) for r in rows), rows
+    assert all(r["compile_fallback"].startswith("step 1: BackendCompilerFailed") for r in rows), rows
+    eager = train_group([c.replace(compile="off") for c in cfgs], log=None)
+    for a, b in zip(rows, eager):
+        assert b["compile_fallback"] == ""
+        assert_same_metrics(a, b)
+
+
+def test_compile_fallback_is_a_declared_column():
+    assert registry.METRICS["train"].other["compile_fallback"] is str
+
+
+# -- autocast inside vmap inside torch.compile(fullgraph=True): what a GPU sweep of all12.yaml runs ---
+BF16_CELLS = ["mnist-49tok-softmax+luo_rpe", "cifar10-64tok-softmax+circulant_string", "mnist-49tok-favor+rope",
+              "cifar10-64tok-relu+luo_rpe"]
+
+
+@pytest.mark.parametrize("cell", BF16_CELLS)
+def test_fused_compiled_bf16_all12_cells_equal_their_eager_solo_runs(cell, counter):
+    """bf16 autocast traced inside the vmapped, compiled step (every other compile test runs amp: none),
+    on all12's own models at their token counts: the fused compiled group equals its eager solo runs up
+    to bf16 rounding, and compiled without a fallback (tests/all12_cells.py; tests/test_gpu.py runs
+    every cell with Inductor on CUDA)."""
+    from tests.all12_cells import all12_cells, cell_id, check_cell
+
+    cfg = next(c for c in all12_cells(depth=1, device="cpu", amp="bf16") if cell_id(c) == cell)
+    result = check_cell(cfg, members=2, steps=2)
+    assert not result["compile_fallback"] and counter.frame_count >= 1, result
+    assert result["grad_error"] < result["tolerance"] and result["loss_error"] < result["tolerance"], result
+
+
+def test_run_after_run_in_one_process_every_step_compiles(counter):
+    """A Ray worker runs trial after trial (reused actors), each step a new closure of the same code;
+    past Dynamo's recompile limit (8 per code object) a fullgraph compile failed and the run went eager
+    (the rehearsal's ninth all12 cell did). Each run now compiles afresh: ten variants, ten compiles."""
+    variants = [(a, p) for a in ("softmax", "favor", "relu") for p in ("ape", "rope", "luo_rpe", "circulant_string")]
+    for attention, pe in variants[:10]:
+        cfg = TrialConfig.from_dict({**MODEL, "attention": attention, "pe": pe})
+        model = build_model(cfg, 1, 10).train()
+        x, y = torch.randn(4, 1, 8, 8), torch.randint(0, 10, (4,))
+        masks = model.draw_path_masks(4, dtype=torch.float32, device="cpu")
+        guard = forward_loss_fn(cfg, torch.device("cpu"), identity)
+        guard.step(lambda fn: fn(model, x, y, masks)[0].backward())
+        assert guard.fallback == "", (attention, pe, guard.fallback)
+    assert counter.frame_count == 10

@@ -1,6 +1,9 @@
 """Checks that need a real CUDA device; every test here is skipped without one.
 
-Run them with `benchmarks/gpu_check.sh` (or `pytest -m gpu tests/test_gpu.py`) on a GPU machine.
+Run them with `benchmarks/gpu_check.sh` (or `pytest -m gpu tests/test_gpu.py`, `-n 6` with pytest-xdist)
+on a GPU machine; benchmarks/gpu_lease.sh runs them first in a lease. Every cell of all12.yaml runs
+here as the sweep runs it (fused, compiled by Inductor, bf16, at 49 and 64 tokens) against its eager
+solo run (tests/all12_cells.py), and the fused compiled step is checked never to wait for the GPU.
 They cover what the CPU suite cannot: every attention x encoding variant under bf16 autocast on
 CUDA (cuFFT takes half precision for powers of two only, so the shapes here are chosen to give
 FFT sizes that are not), the train task end to end on the GPU, fractional packing of four
@@ -26,6 +29,7 @@ from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space
 from rpevit.sweep.trainable import place_on_devices
 from rpevit.tasks.train import train_and_evaluate
+from tests.all12_cells import all12_cells, cell_id, check_cell
 from tests.test_amp_cpu import (FFT_AND_SOLVE_CASES, HALF, TINY_MODEL, bf16_train_steps, case_id,
                                 fft_and_solve_dtypes, sparse_cg_error_under_autocast, variant_cases)
 
@@ -267,3 +271,63 @@ def test_fused_group_and_compiled_step_train_on_cuda(attention: str, pe: str, co
         solo = train_and_evaluate(cfg.replace(compile="off"), log=None)
         assert abs(row["test_acc"] - solo["test_acc"]) < 0.05, (cfg.seed, row["test_acc"], solo["test_acc"])
         assert row["fused_members"] == 3 and math.isfinite(row["log_likelihood"])
+
+
+# -- every all12.yaml cell as the sweep runs it: fused, compiled (Inductor), bf16, 49 and 64 tokens ---
+ALL12_CELLS = all12_cells(depth=2, device="cuda", amp="bf16")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cfg", ALL12_CELLS, ids=cell_id)
+def test_every_all12_cell_fused_compiled_bf16_equals_its_eager_solo_run(cfg: TrialConfig) -> None:
+    """3 members, 3 steps (a redraw among them): the first step's clipped gradients and every loss equal
+    the eager solo runs' up to bf16 rounding, and the compiled step did not fall back to eager."""
+    result = check_cell(cfg, members=3, steps=3)
+    assert not result["compile_fallback"], result
+    assert result["grad_error"] < result["tolerance"] and result["loss_error"] < result["tolerance"], result
+
+
+def test_all12_cells_cover_both_token_counts_and_every_variant() -> None:
+    ids = {cell_id(c) for c in ALL12_CELLS}
+    assert len(ids) == 24 and sum("-49tok-" in i for i in ids) == 12 and sum("-64tok-" in i for i in ids) == 12
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("attention,pe,redraw", [("favor", "luo_rpe", 1), ("relu", "rope", 1),
+                                                 ("softmax", "circulant_string", 100)])
+def test_the_fused_compiled_step_never_waits_for_the_gpu(attention: str, pe: str, redraw: int) -> None:
+    """After warm-up, a fused compiled step (random-feature schedule and redraws, drop-path masks, forward,
+    backward, per-member clipping, fused AdamW, schedule) makes no synchronising CUDA call: torch's sync
+    debug mode raises on any. all12.yaml redraws every step: each layer's new draw is copied from pinned
+    host memory, queued behind the step, never waited for."""
+    from rpevit.attention.kernelized import advance_random_features
+    from rpevit.data import synthetic_splits
+    from rpevit.models import build_model
+    from rpevit.tasks.train import warmup_cosine
+    from rpevit.tasks.train_group import StackedStep
+
+    cfg = next(c for c in ALL12_CELLS if c.dataset == "cifar10" and c.attention == attention and c.pe == pe)
+    cfg = cfg.replace(redraw_interval=redraw)
+    device = torch.device("cuda")
+    data = synthetic_splits("cifar10", 64, device)
+    models = [build_model(cfg.replace(seed=s), 3, 10).to(device).train() for s in range(3)]
+    stepper = StackedStep(models, cfg, device, data.normalize, warmup_cosine(100, 1))
+    generators = [torch.Generator(device=device).manual_seed(s) for s in range(3)]
+
+    def step() -> None:
+        for model in models:
+            advance_random_features(model)
+        masks = [m.draw_path_masks(8, dtype=torch.bfloat16, device=device, generator=g)
+                 for m, g in zip(models, generators)]
+        stepper.step([data.x_train[:8]] * 3, [data.y_train[:8]] * 3, masks)
+
+    for _ in range(3):  # compilation, the optimizer's state, the allocator's pools
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not stepper.forward_loss.fallback

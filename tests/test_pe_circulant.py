@@ -1,11 +1,76 @@
-"""circulant-STRING: the FFT rotation equals matrix_exp of the dense generators; group properties."""
+"""circulant-STRING: the real-DFT rotation equals the complex FFT path it replaced and matrix_exp of the
+dense generators (float64); group properties; no complex tensor anywhere in its forward or backward."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.pe.circulant_string import (
     CirculantString, circulant_rotate, circulant_spectrum, rope_like_coefficients,
 )
+
+
+def complex_fft_spectrum(coefficients):
+    """lambda = 2 Im rfft(c): the complex path before the real DFT (the reference)."""
+    return 2 * torch.fft.rfft(coefficients, dim=-1).imag
+
+
+def complex_fft_rotate(x, angles):
+    """irfft(exp(i angles) rfft(x)), half precision in float32: the complex path before the real DFT."""
+    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    phase = torch.polar(torch.ones_like(angles, dtype=work.dtype), angles.to(work.dtype))
+    return torch.fft.irfft(torch.fft.rfft(work, dim=-1) * phase, n=x.shape[-1], dim=-1).to(x.dtype)
+
+
+@pytest.mark.parametrize("d", [3, 4, 7, 8, 12, 16, 33, 64])
+def test_real_dft_path_equals_the_complex_fft_path(d):
+    """Every bin's angle random, the DC and Nyquist bins' too (irfft ignores their imaginary part)."""
+    g = torch.Generator().manual_seed(d)
+    coefficients = torch.randn(3, 2, d, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(circulant_spectrum(coefficients), complex_fft_spectrum(coefficients),
+                               rtol=1e-12, atol=1e-12)
+    x = torch.randn(2, 3, 5, d, generator=g, dtype=torch.float64)
+    angles = 5 * torch.randn(3, 5, d // 2 + 1, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(circulant_rotate(x, angles), complex_fft_rotate(x, angles), rtol=1e-12, atol=1e-12)
+
+
+def test_bf16_under_autocast_is_the_float32_rotation_rounded_once():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 16, generator=g).bfloat16()
+    angles = 3 * torch.randn(2, 16, 9, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        rotated = circulant_rotate(x, angles)
+    assert rotated.dtype == torch.bfloat16
+    reference = complex_fft_rotate(x.float(), angles)
+    torch.testing.assert_close(rotated.float(), reference, rtol=2 ** -8, atol=1e-6)  # one bf16 rounding
+
+
+class _Dtypes(TorchDispatchMode):
+    """Every dtype of every tensor an aten op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.seen.add((func.__name__, t.dtype))
+        return out
+
+
+def test_no_complex_tensor_in_forward_or_backward():
+    """What the compiled, vmapped step traces holds no complex op (Inductor's CUDA path for them has
+    open crashes and a silent wrong result): the encoding's rotate, with its gradient."""
+    pe = CirculantString(grid=(4, 4), heads=2, head_dim=8, layer=0)
+    q = torch.randn(3, 2, 16, 8, requires_grad=True)
+    with _Dtypes() as mode:
+        rq, rk = pe.rotate(q, q * 2)
+        (rq.square().sum() + rk.sum()).backward()
+    complex_ops = sorted({name for name, dtype in mode.seen if dtype.is_complex})
+    assert not complex_ops, complex_ops
+    assert pe.coefficients.grad is not None and pe.coefficients.grad.abs().sum() > 0
 
 
 def circulant_matrix(c):

@@ -65,6 +65,55 @@ def test_softmax_with_bias_equals_definition():
     torch.testing.assert_close(SoftmaxAttention(heads=2, head_dim=8)(q, k, v, pe.modulation()), weights @ v)
 
 
+def test_vmapped_members_take_the_explicit_path_equal_to_sdpa(monkeypatch):
+    """A fused group's softmax + luo_rpe (every member its own table, under vmap) never hands SDPA a
+    float mask (its batching rule is broken on CUDA: pytorch/pytorch#161310) and equals each member's
+    own SDPA call, values and gradients, in float64."""
+    from torch.func import grad, vmap
+
+    from rpevit.attention.softmax import SoftmaxAttention
+
+    g = torch.Generator().manual_seed(0)
+    k_members = 3
+    tables = torch.randn(k_members, 2, 7, 7, generator=g, dtype=torch.float64)
+    q, k, v = torch.randn(3, k_members, 2, 2, 16, 8, generator=g, dtype=torch.float64).unbind(0)
+    backend = SoftmaxAttention(heads=2, head_dim=8)
+
+    def member(table, q, k, v):
+        return backend(q, k, v, RelativeBias(table, (4, 4)))
+
+    masks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording_sdpa(*args, **kwargs):
+        masks.append(kwargs.get("attn_mask"))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    fused = vmap(member)(tables, q, k, v)
+    assert not any(m is not None for m in masks), "a float mask reached SDPA under vmap"
+    fused_grad = vmap(grad(lambda *a: member(*a).square().sum()))(tables, q, k, v)
+    for i in range(k_members):
+        solo = member(tables[i], q[i], k[i], v[i])  # not under vmap: SDPA with the float mask
+        torch.testing.assert_close(fused[i], solo, rtol=1e-12, atol=1e-12)
+        solo_grad = grad(lambda *a: member(*a).square().sum())(tables[i], q[i], k[i], v[i])
+        torch.testing.assert_close(fused_grad[i], solo_grad, rtol=1e-10, atol=1e-12)
+    assert masks[-1] is not None  # the solo calls did take SDPA's mask path
+
+
+def test_explicit_biased_softmax_equals_the_definition_and_runs_float32_under_bf16():
+    from rpevit.pe.relative_bias import biased_softmax_attention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 2, 2, 16, 8, generator=g, dtype=torch.float64).unbind(0)
+    bias = torch.randn(2, 16, 16, generator=g, dtype=torch.float64)
+    reference = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + bias, dim=-1) @ v
+    torch.testing.assert_close(biased_softmax_attention(q, k, v, bias), reference, rtol=1e-12, atol=1e-12)
+    half = biased_softmax_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias.bfloat16())
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.double(), reference, rtol=0.05, atol=0.05)
+
+
 def test_one_table_per_layer_in_the_model():
     model = build_model(cfg(depth=3), in_chans=1, num_classes=10)
     tables = [p for n, p in model.named_parameters() if n.endswith(".raw_table")]

@@ -40,6 +40,12 @@ class KernelizedAttention(RandomFeatureBackend):
     (`advance_random_features`), not the forward itself: reading the count is a host
     synchronisation and a data-dependent branch, which a compiled step must not contain and a
     vmapped step (fused seed groups) cannot contain. The forward only reads the buffer.
+    The schedule is decided on `steps_started`, a host copy of the count kept beside it (set from
+    the buffer when a state dict is loaded), so a step reads nothing back from the device: on a GPU
+    `int(forward_count)` waited for the previous step to finish, once per layer per step.
+
+    Projections are drawn in float64 and stored in the dtype the layer was built in (the trial's
+    `dtype`), so a float64 run's draws are not float32 draws cast up.
     """
 
     linear_time = True
@@ -55,8 +61,9 @@ class KernelizedAttention(RandomFeatureBackend):
         self.redraw_until = redraw_until
         self.total_steps: int | None = None  # set by the train task; None: redraw for ever
         self.register_buffer("forward_count", torch.zeros((), dtype=torch.long))
+        self.steps_started = 0  # host copy of forward_count: the schedule reads it without a device sync
         if self.uses_projection:
-            self.register_buffer("projection", self.draw_projection(0))
+            self.register_buffer("projection", self.draw_projection(0).to(torch.get_default_dtype()))
 
     @property
     def random_features(self) -> bool:
@@ -73,7 +80,8 @@ class KernelizedAttention(RandomFeatureBackend):
         """
         generator = torch.Generator().manual_seed(projection_seed(self.seed, self.layer, draw, salt))
         sample = orthogonal_gaussian if self.feature_type == "orthogonal" else iid_gaussian
-        return sample(self.num_features, self.head_dim, generator=generator)
+        dtype = self.projection.dtype if hasattr(self, "projection") else torch.float64
+        return sample(self.num_features, self.head_dim, generator=generator, dtype=dtype)
 
     def use_draw(self, projection: Tensor) -> None:
         """Replace the current projection (the draw-aware evaluation swaps draws in and back)."""
@@ -86,10 +94,20 @@ class KernelizedAttention(RandomFeatureBackend):
     def advance_step(self) -> None:
         """One training step begins: redraw if this step is a redraw step, then count it."""
         if self.training and self.uses_projection and self.redraw_interval > 0:
-            count = int(self.forward_count)
+            count = self.steps_started
             if count > 0 and count % self.redraw_interval == 0 and not self.redraws_frozen(count):
-                self.projection.copy_(self.draw_projection(count // self.redraw_interval))
-            self.forward_count += 1
+                draw = self.draw_projection(count // self.redraw_interval)
+                if self.projection.is_cuda:  # from pinned memory the copy is queued, not waited for
+                    draw = draw.pin_memory()
+                self.projection.copy_(draw, non_blocking=draw.is_pinned())
+            self.forward_count += 1  # the checkpointed count, updated on the device without a sync
+            self.steps_started = count + 1
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        """Loading a checkpoint sets the host copy of the step count too (one read per load)."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if (key := prefix + "forward_count") in state_dict:
+            self.steps_started = int(state_dict[key])
 
     def features(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         """phi(q d^-1/4), phi(k d^-1/4): (q d^-1/4)^T (k d^-1/4) = q^T k / sqrt(d)."""

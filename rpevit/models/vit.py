@@ -208,14 +208,33 @@ class ViT(nn.Module):
                         generator: torch.Generator | None = None) -> Tensor:
         """(2 depth, batch, 1, 1) masks in the order the eager forward draws them (block by block,
         attention then MLP; a site with rate 0 draws nothing and gets ones). `dtype` is the dtype of
-        the residual branch there (bf16 under autocast), as timm's draw would have it."""
+        the residual branch there (bf16 under autocast), as timm's draw would have it.
+
+        Each site draws Bernoulli(keep) in place into its row, from the generator, in that order: the
+        same numbers as timm's separate draw of a (batch, 1, 1) tensor. The 1 / keep of every site is
+        applied by one multiplication with a per-site column computed once (`_path_scales`, the same
+        `ones.div_(keep)` bits timm's division gives), so a step costs sites + 2 ops per model, not 3
+        per site (tests/test_step_ops.py).
+        """
         masks = torch.ones((2 * len(self.blocks), batch, 1, 1), dtype=dtype, device=device)
-        for i, block in enumerate(self.blocks):
-            rate = block.drop_path.drop_prob
-            if rate > 0:
-                for j in (2 * i, 2 * i + 1):
-                    masks[j] = draw_path_mask(batch, 1.0 - rate, dtype=dtype, device=device, generator=generator)
-        return masks
+        for j, keep in enumerate(self._path_keeps()):
+            if keep < 1.0:
+                masks[j].bernoulli_(keep, generator=generator)
+        return masks.mul_(self._path_scales(dtype, torch.device(device)))
+
+    def _path_keeps(self) -> list[float]:
+        """Keep probability of each stochastic-depth site (two per block), in draw order."""
+        return [1.0 - block.drop_path.drop_prob for block in self.blocks for _ in range(2)]
+
+    def _path_scales(self, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """(sites, 1, 1, 1) column of 1 / keep per site in `dtype`, rounded as timm's `mask.div_(keep)`
+        rounds it (1 where nothing is drawn); computed once per dtype and device."""
+        cache = self.__dict__.setdefault("_path_scale_cache", {})
+        if (dtype, device) not in cache:
+            ones = [torch.ones((1, 1, 1), dtype=dtype, device=device) for _ in self._path_keeps()]
+            cache[dtype, device] = torch.stack([one.div_(keep) if keep < 1.0 else one
+                                                for one, keep in zip(ones, self._path_keeps())])
+        return cache[dtype, device]
 
     def no_weight_decay(self) -> set[str]:
         """Names of parameters AdamW must not decay (timm's convention, read by make_optimizer).

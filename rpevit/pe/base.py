@@ -34,10 +34,11 @@ if TYPE_CHECKING:
 
 
 def grid_positions(grid: tuple[int, int]) -> Tensor:
-    """(N, 2) float tensor of (x, y) patch coordinates in row-major token order."""
+    """(N, 2) tensor of (x, y) patch coordinates in row-major token order, in the default dtype (the
+    trial's `dtype` while a model is built), so that tables computed from it follow that dtype."""
     h, w = grid
     ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    return torch.stack([xs.flatten(), ys.flatten()], dim=-1).float()
+    return torch.stack([xs.flatten(), ys.flatten()], dim=-1).to(torch.get_default_dtype())
 
 
 class PositionEncoding(nn.Module):

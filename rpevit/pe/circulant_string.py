@@ -2,15 +2,25 @@
 
 R(r) = exp(r_x L_x + r_y L_y), L_k = C_k - C_k^T with C_k circulant (first column c_k, d learned
 numbers per head, layer and axis). Circulants are diagonalised by the DFT, so the L_k commute,
-R(r)^T R(s) = R(s - r), and R(r) z = IFFT(exp(i (r . lambda)) FFT(z)) with i lambda_k =
-FFT(c_k) - conj FFT(c_k) = 2i Im FFT(c_k): O(d log d) per token, never a d x d matrix per token.
-lambda is odd in frequency, so real FFTs suffice; bins 0 and d/2 have lambda = 0 and never rotate.
+R(r)^T R(s) = R(s - r), and R(r) z = IDFT(exp(i (r . lambda)) DFT(z)) with i lambda_k =
+DFT(c_k) - conj DFT(c_k) = 2i Im DFT(c_k): never a d x d matrix per token. lambda is odd in
+frequency, so the d//2+1 bins of a real transform suffice; bins 0 and d/2 have lambda = 0.
+
+The transforms are real matrix products with cos/sin tables (`real_dft_tables`), not complex FFTs:
+at head dims 8-64 a d x (d+2) product is as cheap as an FFT, and it keeps complex tensors out of
+the compiled, vmapped training step (Inductor falls back for complex ops, and its CUDA path has had
+crashes and a silent wrong result there: pytorch/pytorch#185396, #181625, #172826, #174891). With
+X = z C - i z S (C_tf = cos 2 pi f t / d, S_tf = sin 2 pi f t / d), the rotated spectrum
+X e^{i theta} and the inverse z'_t = sum_f w_f Re(X'_f e^{2 pi i f t / d}) / d (w = 1 at bins 0
+and d/2, else 2, as irfft weighs them) are exactly the rfft/irfft path
+(tests/test_pe_circulant.py: float64, against the complex FFTs and matrix_exp).
 
 Init is RoPE-like: c_k is chosen so that lambda_k equals axial RoPE frequencies base^(-4t/d) on
 alternate bins (x on even, y on odd rotating bins), i.e. RoPE in the Fourier basis.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -22,19 +32,40 @@ from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
 
+def real_dft_tables(d: int, dtype: torch.dtype, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
+    """(d, d//2+1) tables C_tf = cos(2 pi f t / d) and S_tf = sin(2 pi f t / d) of the real DFT.
+
+    The phase f t is reduced mod d in integers before the angle is formed, so the tables are exact to
+    the dtype's rounding at every d (no growth of the angle's error with f t)."""
+    t = torch.arange(d, device=device)
+    phase = (t[:, None] * torch.arange(d // 2 + 1, device=device)[None, :]) % d
+    angle = phase.to(dtype) * (2 * math.pi / d)
+    return torch.cos(angle), torch.sin(angle)
+
+
 def circulant_spectrum(coefficients: Tensor) -> Tensor:
-    """lambda = 2 Im FFT(c), over the d//2+1 real-FFT bins: (..., d) -> (..., d//2+1)."""
-    return 2 * torch.fft.rfft(coefficients, dim=-1).imag
+    """lambda = 2 Im DFT(c) = -2 c S over the d//2+1 bins: (..., d) -> (..., d//2+1)."""
+    _, sin = real_dft_tables(coefficients.shape[-1], coefficients.dtype, coefficients.device)
+    return -2 * coefficients @ sin
 
 
 def circulant_rotate(x: Tensor, angles: Tensor) -> Tensor:
-    """R z = IFFT(exp(i angles) FFT(z)) along the last axis; x (... n d), angles (... n d//2+1).
+    """R z = IDFT(exp(i angles) DFT(z)) along the last axis; x (... n d), angles (... n d//2+1).
 
-    FFTs run in float32 at least (half-precision FFTs are restricted to powers of two on GPU).
+    Real arithmetic only (module docstring). Half-precision inputs are rotated in float32 with
+    autocast off (a bf16 DFT loses ~2 digits over d terms) and returned in their dtype.
     """
-    work = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-    phase = torch.polar(torch.ones_like(angles, dtype=work.dtype), angles.to(work.dtype))
-    rotated = torch.fft.irfft(torch.fft.rfft(work, dim=-1) * phase, n=x.shape[-1], dim=-1)
+    d = x.shape[-1]
+    work = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        z, theta = x.to(work), angles.to(work)
+        cos, sin = real_dft_tables(d, work, x.device)
+        re, minus_im = z @ cos, z @ sin  # X_f = re - i minus_im
+        c, s = torch.cos(theta), torch.sin(theta)
+        rot_re, rot_im = re * c + minus_im * s, re * s - minus_im * c  # X_f e^{i theta_f}
+        weight = torch.tensor([1.0 if f == 0 or 2 * f == d else 2.0 for f in range(d // 2 + 1)],  # irfft's
+                              dtype=work, device=x.device) / d
+        rotated = (rot_re * weight) @ cos.T - (rot_im * weight) @ sin.T
     return rotated.to(x.dtype)
 
 
@@ -45,7 +76,7 @@ def rope_like_coefficients(heads: int, head_dim: int, base: float) -> Tensor:
     for t in range((head_dim - 1) // 2):  # rotating bins 1 .. (d-1)//2
         spectrum[t % 2, t + 1] = base ** (-4.0 * (t // 2) / head_dim)
     columns = torch.fft.irfft(1j * spectrum / 2, n=head_dim, dim=-1)  # Im FFT(c) = lambda / 2
-    return columns.float().expand(heads, 2, head_dim).clone()
+    return columns.to(torch.get_default_dtype()).expand(heads, 2, head_dim).clone()  # the trial's dtype
 
 
 @register_pe("circulant_string")
@@ -65,8 +96,11 @@ class CirculantString(PositionEncoding):
             )
 
     def angles(self) -> Tensor:
-        """(h, n, d//2+1) rotation angle r_i . lambda of every Fourier bin."""
-        return einsum(self.positions, circulant_spectrum(self.coefficients), "n k, h k f -> h n f")
+        """(h, n, d//2+1) rotation angle r_i . lambda of every Fourier bin, in the parameters' dtype
+        (autocast off: a bf16 angle of ~10 rad is off by ~0.04 rad)."""
+        with torch.autocast(self.coefficients.device.type, enabled=False):
+            spectrum = circulant_spectrum(self.coefficients)
+            return einsum(self.positions.to(spectrum.dtype), spectrum, "n k, h k f -> h n f")
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         angles = self.angles()

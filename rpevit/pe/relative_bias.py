@@ -89,8 +89,12 @@ class RelativeBias(Modulation):
         return torch.exp(log_c - log_c.amax(dim=(-2, -1), keepdim=True))
 
     def softmax_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """softmax(q k^T / sqrt(d) + b): b enters as an additive float mask."""
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.dense_log().to(q.dtype))
+        """softmax(q k^T / sqrt(d) + b): b enters SDPA as an additive float mask; under vmap (a fused
+        seed group, where every member has its own b) through `biased_softmax_attention` instead."""
+        bias = self.dense_log().to(q.dtype)
+        if under_vmap(q):
+            return biased_softmax_attention(q, k, v, bias)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
 
     def linear_attention(self, phi_q: Tensor, phi_k: Tensor, v: Tensor) -> Tensor:
         """numerator_i = phi(q_i)^T sum_j c_ij phi(k_j) v_j^T, denominator_i = phi(q_i)^T sum_j c_ij phi(k_j).
@@ -105,6 +109,26 @@ class RelativeBias(Modulation):
         if path == "dense":
             return dense_linear_attention(phi_q, phi_k, v, toeplitz_dense_matrix(weights, self.grid))
         return fft_linear_attention(phi_q, phi_k, v, weights, self.grid)
+
+
+def under_vmap(x: Tensor) -> bool:
+    """Whether x is a member's slice inside torch.func.vmap (a fused seed group's forward). Dynamo
+    traces this check, so the compiled, vmapped step takes the same branch as the eager one."""
+    return torch._C._functorch.is_batchedtensor(x)
+
+
+def biased_softmax_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d) + bias) v written out: two matmuls and a softmax, never SDPA.
+
+    Why: under vmap a per-member float attn_mask goes through SDPA's batching rule, which mishandles
+    the bias on CUDA's memory-efficient kernel (pytorch/pytorch#161310, fixed after torch 2.11). The
+    fused groups' N is small (49-64 tokens), where the (N, N) scores cost little; the logits and the
+    softmax run in float32 at least (SDPA's kernels accumulate there too). Equal to SDPA's path in
+    float64 (tests/test_pe_relative_bias.py); its cost against SDPA: benchmarks/luo_softmax_path.py.
+    """
+    work = torch.promote_types(q.dtype, torch.float32)
+    scores = (q @ k.transpose(-1, -2)).to(work) * q.shape[-1] ** -0.5 + bias.to(work)
+    return scores.softmax(dim=-1).to(v.dtype) @ v
 
 
 LUO_FFT_CHUNK_BYTES = 256 * 2**20  # working set of one chunk of the FFT path (see fft_linear_attention)
@@ -137,7 +161,7 @@ def fft_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, weights: Tenso
     if chunk >= m:
         out = _fft_chunk(phi_q, phi_k, v_one, weights, grid)
     else:
-        recompute = torch.is_grad_enabled() and not torch._C._functorch.is_batchedtensor(phi_q)
+        recompute = torch.is_grad_enabled() and not under_vmap(phi_q)
         out = None
         for start in range(0, m, chunk):
             part = (phi_q[..., start:start + chunk], phi_k[..., start:start + chunk], v_one, weights, grid)

@@ -21,13 +21,14 @@ from rpevit.registry import register_pe
 
 
 def axial_frequencies(head_dim: int, base: float) -> Tensor:
-    """(d/2, 2) frequency vectors: the first half of the planes along x, the second along y."""
+    """(d/2, 2) frequency vectors: the first half of the planes along x, the second along y; computed in
+    float64, returned in the default dtype (the trial's `dtype` while a model is built)."""
     quarter = head_dim // 4
     theta = base ** (-4.0 * torch.arange(quarter, dtype=torch.float64) / head_dim)
     zeros = torch.zeros_like(theta)
     along_x = torch.stack([theta, zeros], dim=-1)
     along_y = torch.stack([zeros, theta], dim=-1)
-    return torch.cat([along_x, along_y]).float()
+    return torch.cat([along_x, along_y]).to(torch.get_default_dtype())
 
 
 def apply_rotary(x: Tensor, angles: Tensor) -> Tensor:

@@ -51,7 +51,7 @@ def centred_coordinates(grid: tuple[int, int]) -> Tensor:
     h, w = grid
     ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     xy = torch.stack([xs.flatten() - (w - 1) / 2, ys.flatten() - (h - 1) / 2], dim=-1).double()
-    return (xy / max(h - 1, w - 1, 1)).float()
+    return (xy / max(h - 1, w - 1, 1)).to(torch.get_default_dtype())  # the trial's dtype while building
 
 
 BERNSTEIN_RANGE = 2.0  # t = |c_i - c_j|^2 <= 2 for centred coordinates in [-1/2, 1/2]^2
@@ -165,7 +165,8 @@ class RotationInvariantRPE(PositionEncoding):
         degree, heads = rotinv_degree, self.heads
         self.register_buffer("coordinates", centred_coordinates(self.grid), persistent=False)
         if resolved_basis(rotinv_basis, rotinv_mode) == "bernstein":  # raw = 0, b = 1: p = 1, no modulation at first
-            self.register_buffer("basis", bernstein_to_monomial(degree).float(), persistent=False)
+            basis = bernstein_to_monomial(degree).to(torch.get_default_dtype())
+            self.register_buffer("basis", basis, persistent=False)
             self.raw_coefficients = nn.Parameter(torch.zeros(heads, degree + 1))
         else:  # a_0 = 1, a_k = 0.1: p varies by under 2x over [0, 2] at K = 2, a mild start
             start = torch.full((heads, degree + 1), 0.1)
@@ -175,12 +176,12 @@ class RotationInvariantRPE(PositionEncoding):
         if self.mode == "exact":
             phi_pow, psi_pow, order = distance_monomials(self.coordinates, degree)
             self.register_buffer("order", order, persistent=False)
-            self.register_buffer("phi_monomials", phi_pow.float(), persistent=False)
-            self.register_buffer("psi_monomials", psi_pow.float(), persistent=False)
+            self.register_buffer("phi_monomials", phi_pow.to(torch.get_default_dtype()), persistent=False)
+            self.register_buffer("psi_monomials", psi_pow.to(torch.get_default_dtype()), persistent=False)
         else:
             w = torch.randn(heads, rotinv_draws, 2, generator=self.seed_generator())
             self.register_buffer("projections", w)  # fixed: part of the model (checkpoints), from the seed
-            self.register_buffer("selector", binomial_selector(degree).float(), persistent=False)
+            self.register_buffer("selector", binomial_selector(degree).to(torch.get_default_dtype()), persistent=False)
 
     @classmethod
     def resolve_options(cls, values: dict[str, Any]) -> dict[str, Any]:

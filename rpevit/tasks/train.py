@@ -91,7 +91,7 @@ METRICS = TaskMetrics(
            "attn_tv_per_layer": list[float], "aic": float, "bic": float, "params": int, "flops": int,
            "flops_unsupported": str, "train_s_per_epoch": float, "images_per_s": float,
            "infer_ms_per_sample": float, "peak_mem_mb": float, "peak_mem_kind": str, "n_train": int, "n_test": int,
-           "fused_members": int, **dict.fromkeys(rotation_keys(), float)},
+           "fused_members": int, "compile_fallback": str, **dict.fromkeys(rotation_keys(), float)},
     epoch={"train_loss": float, "train_acc": float, "val_loss": float, "val_acc": float, "lr": float,
            "epoch_s": float, "attn_tv_to_softmax": float, "attn_tv_per_layer": list[float]},
 )
@@ -145,7 +145,7 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps_per_epoch, total_steps))
         generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
         augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
-        forward_loss = forward_loss_fn(cfg, device, data.normalize)
+        forward_loss = forward_loss_fn(cfg, device, data.normalize, log)
         mask_dtype = path_mask_dtype(cfg, device)
         history: list[dict] = []
         start_epoch = 0
@@ -205,16 +205,21 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
             if on_epoch is not None:
                 on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
 
-        return summarize(model, data, cfg, device, history)
+        return summarize(model, data, cfg, device, history, compile_fallback=forward_loss.fallback)
 
 
 def solo_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, forward_loss: Callable,
               images: Tensor, labels: Tensor, masks: Tensor, grad_clip: float) -> tuple[Tensor, Tensor]:
     """Forward + loss, backward, clipping by the global norm, AdamW, schedule: one training step of
-    one model (random features already advanced, masks already drawn). Returns (loss, logits)."""
-    loss, logits = forward_loss(model, images, labels, masks)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    one model (random features already advanced, masks already drawn). Returns (loss, logits).
+    `forward_loss` from forward_loss_fn: a failing compiled forward/backward is redone eagerly."""
+    def forward_backward(fn: Callable) -> tuple[Tensor, Tensor]:
+        loss, logits = fn(model, images, labels, masks)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        return loss, logits
+
+    loss, logits = forward_loss.step(forward_backward)
     if grad_clip > 0:
         nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
@@ -273,9 +278,10 @@ def fidelity_batch(data: Splits) -> Tensor:
 
 
 def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device,
-              history: list[dict]) -> dict:
+              history: list[dict], compile_fallback: str = "") -> dict:
     """Test metrics, draw-aware and softmax-swap accuracy, attention fidelity, information criteria,
-    FLOPs, timing, memory and environment in one flat row."""
+    FLOPs, timing, memory and environment in one flat row. `compile_fallback`: why a compiled run
+    went eager ("" when it did not: rpevit.training.GuardedCompile)."""
     def predict_test(m: nn.Module) -> Tensor:
         return predict(m, data, data.x_test, cfg, device)
 
@@ -318,6 +324,7 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
         "n_train": len(data.x_train),
         "n_test": len(data.y_test),
         "fused_members": 1,  # a fused group's members say how many trained together (their times are the group's)
+        "compile_fallback": compile_fallback,
         "epochs_done": len(history),
         "final_val_acc": history[-1]["val_acc"] if history else float("nan"),
         **metrics.environment(device),

@@ -34,8 +34,8 @@ from rpevit.registry import register_group_task
 from rpevit.tasks.train import (DivergedError, checkpoint_payload, diverged_message, epoch_line, epoch_row,
                                 lr_factor, make_optimizer, one_draw_note, resolve_device, save_checkpoint, solo_step,
                                 summarize)
-from rpevit.training import (autocast_context, clip_grad_norm_per_member, compiled, default_dtype, forward_loss_fn,
-                             loss_of, make_adamw, path_mask_dtype)
+from rpevit.training import (GuardedCompile, autocast_context, clip_grad_norm_per_member, default_dtype,
+                             forward_loss_fn, loss_of, make_adamw, path_mask_dtype)
 
 GROUP_FIELDS = ("seed",)  # the config fields that may differ between the members of one group
 Outcome = Union[dict, BaseException]  # a member's summary row, or why it failed
@@ -125,9 +125,9 @@ def _train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict
         blockers = vmap_blockers(models[0])
         if blockers:
             log(f"fused group of {k}: members stepped in turn, not stacked: {'; '.join(blockers)}")
-            stepper: Stepper = InTurnStep(models, cfg, device, data.normalize, schedule)
+            stepper: Stepper = InTurnStep(models, cfg, device, data.normalize, schedule, log)
         else:
-            stepper = StackedStep(models, cfg, device, data.normalize, schedule)
+            stepper = StackedStep(models, cfg, device, data.normalize, schedule, log)
             log(f"fused group of {k} ({', '.join(tags)}): parameters stacked, one vmapped step"
                 + (f", compiled ({cfg.compile})" if cfg.compile != "off" else ""))
         states = [state for _, state in opened]
@@ -184,7 +184,8 @@ def _train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict
         for i in alive:
             models[i].eval()
             try:
-                outcomes[i] = {**summarize(models[i], data, cfgs[i], device, history[i]), "fused_members": k}
+                outcomes[i] = {**summarize(models[i], data, cfgs[i], device, history[i],
+                                           compile_fallback=stepper.forward_loss.fallback), "fused_members": k}
             except Exception as err:  # noqa: BLE001 - one member's evaluation failing fails that member only
                 outcomes[i] = err
     return outcomes  # type: ignore[return-value]
@@ -211,6 +212,8 @@ def step_inputs(data: Splits, batches: tuple[Tensor, ...], data_generators: list
 class Stepper:
     """Forward, backward, clipping, AdamW and schedule of one step for every member."""
 
+    forward_loss: GuardedCompile  # its `fallback` says why a compiled group went eager
+
     def train(self) -> None: ...
     def step(self, images: list[Tensor], labels: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Tensor]: ...
     def last_lr(self) -> float: ...
@@ -224,7 +227,8 @@ class StackedStep(Stepper):
     summed losses (each member's gradient is its own), per-member clipping, one AdamW."""
 
     def __init__(self, models: list[nn.Module], cfg: TrialConfig, device: torch.device,
-                 normalize: Callable[[Tensor], Tensor], schedule: Callable[[int], float]) -> None:
+                 normalize: Callable[[Tensor], Tensor], schedule: Callable[[int], float],
+                 log: Callable[[str], None] | None = None) -> None:
         self.stack, self.cfg = StackedModels(models), cfg
         self.optimizer = make_adamw(self.stack.named_parameters(), models[0].no_weight_decay(), cfg, device)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
@@ -236,16 +240,21 @@ class StackedStep(Stepper):
                 logits = forward(params, buffers, normalize(images), masks)
                 return loss_of(logits, labels, cfg.label_smoothing), logits
 
-        self.forward_loss = compiled(self.stack.vmapped(member_loss), cfg)
+        self.forward_loss = GuardedCompile(self.stack.vmapped(member_loss), cfg, log)
 
     def train(self) -> None:
         self.stack.train()
 
     def step(self, images: list[Tensor], labels: list[Tensor], masks: list[Tensor]) -> tuple[Tensor, Tensor]:
-        losses, logits = self.forward_loss(self.stack.params, self.stack.buffers, torch.stack(images),
-                                           torch.stack(labels), torch.stack(masks))
-        self.optimizer.zero_grad(set_to_none=True)
-        losses.sum().backward()
+        inputs = (self.stack.params, self.stack.buffers, torch.stack(images), torch.stack(labels), torch.stack(masks))
+
+        def forward_backward(fn: Callable) -> tuple[Tensor, Tensor]:
+            losses, logits = fn(*inputs)
+            self.optimizer.zero_grad(set_to_none=True)
+            losses.sum().backward()
+            return losses, logits
+
+        losses, logits = self.forward_loss.step(forward_backward)
         if self.cfg.grad_clip > 0:
             clip_grad_norm_per_member(self.stack.params.values(), self.cfg.grad_clip)
         self.optimizer.step()
@@ -270,11 +279,12 @@ class InTurnStep(Stepper):
     """Each member its own eager step (the solo step), one after another, in the group's loop."""
 
     def __init__(self, models: list[nn.Module], cfg: TrialConfig, device: torch.device,
-                 normalize: Callable[[Tensor], Tensor], schedule: Callable[[int], float]) -> None:
+                 normalize: Callable[[Tensor], Tensor], schedule: Callable[[int], float],
+                 log: Callable[[str], None] | None = None) -> None:
         self.models, self.cfg = models, cfg
         self.optimizers = [make_optimizer(m, cfg) for m in models]
         self.schedulers = [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in self.optimizers]
-        self.forward_loss = forward_loss_fn(cfg, device, normalize)
+        self.forward_loss = forward_loss_fn(cfg, device, normalize, log)
 
     def train(self) -> None:
         for model in self.models:

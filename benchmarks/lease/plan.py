@@ -1,0 +1,100 @@
+"""The lease's study plan: which whole fused groups of a space fit before the lease's deadline.
+
+    python benchmarks/lease/plan.py --deadline-s 840 --throughput throughput.json [SWEEP FLAGS]
+
+Chooses the longest budget (epochs, from EPOCH_LADDER, at most the space's) at which every group of
+the space ends before the deadline, else the shortest, at which some do; prints the plan and, on the
+last line, `EPOCHS SECONDS`: the budget (`--set epochs=EPOCHS`) and `--deadline-estimate` (seconds per
+epoch of one Tune trial, what sweep.py plans with). The plan is rpevit.sweep.deadline's, the one
+sweep.py makes, given the lease's real deadline and slots (4 fused groups per GPU). Exits 2, naming
+why, when it admits nothing, so that a lease never launches a sweep that would start no group.
+
+The estimate: a fused group of k members trains k x n_train images per epoch at a quarter of the
+measured rate of four packed processes of compiled fused groups (benchmarks/throughput.py's row, on
+the GPU protocol's CIFAR-10 model, which costs more per image than the MNIST model: an over-estimate),
+plus the validation pass and the compilation spread over the epochs. Without a measured rate (the
+benchmark failed, or a CPU rehearsal) the fallback is the eager solo rate the first H100 lease
+measured for that model (4,700 images/s, issue 40), divided by 4 for the packing: pessimistic too.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from rpevit.config import ConfigError  # noqa: E402
+from rpevit.sweep import deadline as deadlines  # noqa: E402
+from rpevit.sweep.space import load_space, parse_overrides  # noqa: E402
+
+FALLBACK_IMAGES_PER_S = 4700.0  # solo eager, GPU protocol CIFAR-10 model, H100 (the first lease)
+PACKED_ROW = "4 packed processes, fused k=3 + compiled"  # benchmarks/throughput.py's mode name
+COMPILE_S = 90.0  # one compilation of a fused group's step (forward + backward), once per batch shape
+VALIDATION_S = 3.0  # one epoch's validation and fidelity pass
+EPOCH_LADDER = (30, 20, 15, 10, 8, 6, 5, 4, 3, 2, 1)  # budgets tried, longest first, up to the space's own
+TRAIN_IMAGES = {"mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000, "digits": 1_797}  # before validation
+
+
+def measured_rate(path: Path | None) -> tuple[float, str]:
+    """Images/s of ONE of four packed compiled fused groups, and where the figure comes from."""
+    try:
+        rows = json.loads(Path(path).read_text())["models"]["gpu"]["rows"] if path else []
+        packed = next(r for r in rows if r.get("mode") == PACKED_ROW and r.get("images_per_s"))
+        return packed["images_per_s"] / 4, f"{path}: {PACKED_ROW} / 4"
+    except (OSError, KeyError, StopIteration, TypeError, ValueError) as err:
+        return FALLBACK_IMAGES_PER_S / 4, f"fallback {FALLBACK_IMAGES_PER_S:g} images/s / 4 ({type(err).__name__})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--space", default=str(ROOT / "search_spaces" / "all12.yaml"))
+    parser.add_argument("--deadline-s", type=float, required=True, help="seconds from now to the lease's deadline")
+    parser.add_argument("--throughput", default=None, help="benchmarks/throughput.py's JSON from this lease")
+    parser.add_argument("--slots", type=int, default=4, help="Tune trials at once (4 x 0.25 GPU)")
+    parser.add_argument("--set", action="append", default=[])
+    parser.add_argument("--only", action="append", default=[])
+    args = parser.parse_args()
+    from rpevit.sweep.tune_run import tune_trials  # imports Ray: the lease's environment has it
+
+    try:
+        space = load_space(args.space, parse_overrides(args.set), only=parse_overrides(args.only, "--only"))
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    rate, source = measured_rate(Path(args.throughput) if args.throughput else None)
+    specs = tune_trials(space, space.trials, list(range(len(space.trials))), checkpoint_root=Path("/nonexistent"),
+                        cpus=1, gpus=0.25, reserved_cpus=0.0)
+    members = max(len(spec.members) for spec in specs)
+    first = space.trials[0]
+    n_train = round(TRAIN_IMAGES[first["dataset"]] * (1 - first["val_fraction"]))
+    ladder = [e for e in EPOCH_LADDER if e <= int(first["epochs"])] or [int(first["epochs"])]
+    now = time.time()
+    for epochs in ladder:  # the longest budget at which every group fits, else the shortest, partly
+        per_epoch = members * n_train / rate + VALIDATION_S + COMPILE_S / epochs
+        units = [deadlines.Unit(tuple((m.trial_key, {**m.cfg, "epochs": epochs}) for m in spec.members),
+                                "fused" if spec.fused else "single") for spec in specs]
+        estimator = deadlines.Estimator([], space.task, has_epochs=True, fallback_s=per_epoch)
+        plan = deadlines.plan_units(units, estimator, slots=args.slots, now=now,
+                                    deadline=deadlines.Deadline(now + args.deadline_s),
+                                    checkpoint_root=Path("/nonexistent"), probe=False)
+        if not plan.left:
+            break
+    print(f"lease plan: {len(plan.admitted)} of {len(units)} fused group(s) of {members} fit in "
+          f"{args.deadline_s / 60:.1f} min on {args.slots} slots at {epochs} epochs; {per_epoch:.1f} s per epoch "
+          f"of a group ({members} x {n_train} images at {rate:,.0f} images/s, {source}; + {VALIDATION_S:g} s "
+          f"validation, + {COMPILE_S:g} s compile / {epochs} epochs)"
+          + (f"; the last ends {(plan.finish_at - now) / 60:.1f} min from now" if math.isfinite(plan.finish_at) else ""))
+    if not plan.admitted:
+        print("error: the plan admits no group even at 1 epoch: a later deadline", file=sys.stderr)
+        return 2
+    print(f"{epochs} {per_epoch:.2f}")  # what gpu_lease.sh reads: --set epochs=E, --deadline-estimate S
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,165 @@
+"""Every cell of search_spaces/all12.yaml as the GPU runs it: a fused seed group (k members stacked, one
+vmapped step), compiled (`compile: on`), under bf16 autocast, at the cell's own token count (MNIST: 7 x 7
+= 49 tokens, CIFAR-10: 8 x 8 = 64), checked against the same members' eager solo steps.
+
+Used by tests/test_gpu.py (CUDA, Inductor) and by the CPU rehearsal of the device
+(benchmarks/gpu_rehearsal.sh: `python -m tests.all12_cells --device cpu`). What a cell's check does:
+
+1. builds k members from the cell's config (the space's own width, heads, patch, drop path, random
+   features; depth cut to `depth`, since compile time grows with depth and the ops do not), and a
+   deep copy of each for the solo runs: the same initial weights;
+2. steps both `steps` times on the same synthetic batches, with the same drop-path masks and
+   random-feature redraws (redraw_interval 2, so a redraw happens inside the check): the fused group
+   through StackedStep (compiled, clipped per member, one AdamW), each solo copy through solo_step
+   with compile off (eager);
+3. compares, per member, the clipped gradients of the first step (relative L2 error over every
+   parameter) and every step's loss. Under bf16 the two differ by rounding (a few 1e-3 relative);
+   a wrong kernel differs by O(1). A compile that fell back to eager is a failure here (the check is
+   about the compiled path), named with its reason.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rpevit import registry, training
+from rpevit.attention.kernelized import advance_random_features, set_training_length
+from rpevit.config import TrialConfig
+from rpevit.data import synthetic_splits
+from rpevit.models import build_model
+from rpevit.sweep.space import load_space
+from rpevit.tasks.train import make_optimizer, solo_step, warmup_cosine
+from rpevit.tasks.train_group import StackedStep
+from rpevit.training import forward_loss_fn, path_mask_dtype
+
+ROOT = Path(__file__).resolve().parent.parent
+ALL12 = ROOT / "search_spaces" / "all12.yaml"
+TOLERANCE = {"bf16": 0.05, "none": 1e-4}  # relative error allowed: bf16 rounding vs float32 rounding
+
+
+def all12_cells(depth: int | None = 2, device: str = "cuda", amp: str = "bf16") -> list[TrialConfig]:
+    """One config per (dataset, attention, pe) of all12.yaml, as the space resolves it (seed 0), with the
+    depth cut to `depth` (None: the space's), a small batch, and a redraw every 2 steps."""
+    registry.load_all()
+    cells: dict[tuple, TrialConfig] = {}
+    for values in load_space(ALL12).trials:
+        key = (values["dataset"], values["attention"], values["pe"])
+        if key not in cells:
+            cfg = TrialConfig.from_dict({**values, "seed": 0, "device": device, "amp": amp, "batch_size": 8,
+                                         "redraw_interval": 2})
+            cells[key] = cfg.replace(depth=depth) if depth else cfg
+    return list(cells.values())
+
+
+def cell_id(cfg: TrialConfig) -> str:
+    tokens = (cfg.spec.image_size // cfg.resolved_patch_size) ** 2
+    return f"{cfg.dataset}-{tokens}tok-{cfg.attention}+{cfg.pe}"
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def check_cell(cfg: TrialConfig, members: int = 3, steps: int = 3) -> dict[str, Any]:
+    """The check of the module docstring for one cell; returns its figures (errors, times, fallback)."""
+    device = torch.device(cfg.device)
+    torch.manual_seed(0)
+    cfgs = [cfg.replace(seed=s) for s in range(members)]
+    spec = cfg.spec
+    data = synthetic_splits(cfg.dataset, members * steps * cfg.resolved_batch_size, device)
+    fused_models = [build_model(c, spec.channels, spec.num_classes).to(device) for c in cfgs]
+    solo_models = [copy.deepcopy(m) for m in fused_models]
+    for model in fused_models + solo_models:
+        set_training_length(model, 10 * steps)
+        model.train()
+    schedule = warmup_cosine(10 * steps, 1)
+    logs: list[str] = []
+    stepper = StackedStep(fused_models, cfg, device, data.normalize, schedule, logs.append)
+    solo_cfg = cfg.replace(compile="off")
+    solo = []
+    for model in solo_models:
+        optimizer = make_optimizer(model, solo_cfg)
+        solo.append((model, optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+                     forward_loss_fn(solo_cfg, device, data.normalize)))
+    mask_dtype = path_mask_dtype(cfg, device)
+    fused_masks = [torch.Generator(device=device).manual_seed(100 + i) for i in range(members)]
+    solo_masks = [torch.Generator(device=device).manual_seed(100 + i) for i in range(members)]
+    batch = cfg.resolved_batch_size
+    grad_error, loss_error, fused_s = 0.0, 0.0, []
+    for t in range(steps):
+        images = [data.x_train[(t * members + i) * batch:(t * members + i + 1) * batch] for i in range(members)]
+        labels = [data.y_train[(t * members + i) * batch:(t * members + i + 1) * batch] for i in range(members)]
+        for model in fused_models + solo_models:
+            advance_random_features(model)
+        masks = [m.draw_path_masks(batch, dtype=mask_dtype, device=device, generator=g)
+                 for m, g in zip(fused_models, fused_masks)]
+        start = time.perf_counter()
+        losses, _ = stepper.step(images, labels, masks)
+        losses = losses.float().cpu()
+        fused_s.append(time.perf_counter() - start)
+        for i, (model, optimizer, scheduler, forward_loss) in enumerate(solo):
+            mask = model.draw_path_masks(batch, dtype=mask_dtype, device=device, generator=solo_masks[i])
+            loss, _ = solo_step(model, optimizer, scheduler, forward_loss, images[i], labels[i], mask, cfg.grad_clip)
+            loss_error = max(loss_error, abs(losses[i].item() - loss.item()) / max(abs(loss.item()), 1e-6))
+            if t == 0:  # the first step's clipped gradients, member by member
+                fused_grad = torch.cat([p.grad[i].flatten() for p in stepper.stack.params.values()
+                                        if p.grad is not None])
+                solo_grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+                grad_error = max(grad_error, relative_error(fused_grad, solo_grad))
+    tolerance = TOLERANCE["bf16" if training.uses_bf16(cfg, device) else "none"]
+    finite = all(math.isfinite(x) for x in (grad_error, loss_error))
+    fallback = stepper.forward_loss.fallback
+    return {"cell": cell_id(cfg), "grad_error": grad_error, "loss_error": loss_error, "tolerance": tolerance,
+            "compile_fallback": fallback, "first_step_s": fused_s[0],
+            "later_step_ms": 1e3 * (sum(fused_s[1:]) / max(1, len(fused_s) - 1)),
+            "ok": finite and not fallback and grad_error < tolerance and loss_error < tolerance}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager)")
+    parser.add_argument("--depth", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--members", type=int, default=3)
+    parser.add_argument("--amp", default="bf16", choices=("bf16", "none"))
+    parser.add_argument("--only", default=None, help="cells whose id contains this text")
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    training.COMPILE_BACKEND = args.backend
+    results = []
+    print(f"all12 cells, fused k={args.members} + compiled ({args.backend}) + amp {args.amp}, depth {args.depth}, "
+          f"{args.steps} steps, on {args.device}; torch {torch.__version__}", flush=True)
+    for cfg in all12_cells(args.depth, args.device, args.amp):
+        if args.only and args.only not in cell_id(cfg):
+            continue
+        start = time.perf_counter()
+        try:
+            row = check_cell(cfg, args.members, args.steps)
+        except Exception as err:  # noqa: BLE001 - a cell that raises is reported, the others still run
+            row = {"cell": cell_id(cfg), "ok": False, "error": f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"}
+        row["wall_s"] = time.perf_counter() - start
+        results.append(row)
+        detail = row.get("error") or (f"grad err {row['grad_error']:.2e} loss err {row['loss_error']:.2e} "
+                                      f"(tol {row['tolerance']:g}); first step {row['first_step_s']:.1f} s, then "
+                                      f"{row['later_step_ms']:.0f} ms" + (f"; FELL BACK: {row['compile_fallback']}"
+                                                                          if row["compile_fallback"] else ""))
+        print(f"{'ok  ' if row['ok'] else 'FAIL'} {row['cell']:<40} {row['wall_s']:6.1f} s  {detail}", flush=True)
+    failed = [r["cell"] for r in results if not r["ok"]]
+    print(f"{len(results) - len(failed)} of {len(results)} cells ok" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "device": args.device,
+                                               "backend": args.backend, "cells": results}, indent=1))
+    return 1 if failed or not results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The GPU lease's plan (benchmarks/lease/plan.py) and its benchmark's FLOP convention.
+
+The first lease planned no study work (issue 40: a deadline 14 min away and 200-epoch trials admit
+nothing). The lease now asks the sweep's own planner (rpevit.sweep.deadline) with its real deadline and
+an estimate from its benchmark (or a pessimistic fallback), and refuses to launch a sweep that would start
+nothing. benchmarks/throughput.py counts FLOPs as a datasheet peak does (a multiply-add is 2 FLOPs), where
+fvcore counts 1: utilisation was 2x too low.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PLAN = ROOT / "benchmarks" / "lease" / "plan.py"
+STUDY = ["--only", "dataset=mnist"]
+
+
+def plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(PLAN), *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_lease_deadline_admits_whole_groups_even_at_the_fallback_rate():
+    """13 minutes left when the second call plans (25 - 12), no benchmark figure: the pessimistic fallback still
+    admits groups; the estimate is the last line, as gpu_lease.sh reads it."""
+    result = plan("--deadline-s", "780", *STUDY)
+    assert result.returncode == 0, result.stderr
+    assert "fused group(s) of 3 fit in 13.0 min on 4 slots at " in result.stdout
+    admitted = int(result.stdout.split("lease plan: ")[1].split(" of ")[0])
+    assert 1 <= admitted <= 12
+    assert float(result.stdout.strip().splitlines()[-1]) > 0
+
+
+@pytest.mark.slow
+def test_a_measured_packed_rate_is_used_and_a_hopeless_deadline_refused(tmp_path):
+    rows = {"models": {"gpu": {"rows": [{"mode": "4 packed processes, fused k=3 + compiled",
+                                         "images_per_s": 100_000.0}]}}}
+    (tmp_path / "t.json").write_text(json.dumps(rows))
+    fast = plan("--deadline-s", "780", "--throughput", str(tmp_path / "t.json"), *STUDY)
+    assert fast.returncode == 0 and "lease plan: 12 of 12" in fast.stdout, fast.stdout + fast.stderr
+    assert "4 packed processes, fused k=3 + compiled / 4" in fast.stdout
+    hopeless = plan("--deadline-s", "60", *STUDY)
+    assert hopeless.returncode == 2 and "admits no group" in hopeless.stderr
+
+
+def test_throughput_counts_a_multiply_add_as_two_flops():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import throughput
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert throughput.FLOPS_PER_MULTIPLY_ADD == 2
+    assert "fused k=3 + compiled (on)" in [name for name, _ in throughput.plan_modes(
+        "tiny", type("Args", (), {"steps": 1, "warmup": 1, "samples": 3, "compile": "on", "fused": [3, 5],
+                                  "packed": 4})(), None)]
