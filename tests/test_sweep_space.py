@@ -233,3 +233,26 @@ def test_gpu_claims_spread_before_sharing_and_forget_dead_processes(tmp_path):
     assert str(dead.pid) not in yaml.safe_load(claims.read_text())
     assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0  # re-claim replaces, not adds
     assert yaml.safe_load(claims.read_text())["1"] == [0, 0.25]
+
+
+def test_gpu_claims_live_in_the_private_folder_and_never_follow_links(tmp_path, monkeypatch):
+    """Issue 39 follow-up: the claims file was in the shared /tmp, written through write_text and its lock
+    opened with open(..., 'w'): a link planted there by another user would have been written through."""
+    from rpevit.sweep import gpus
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    assert gpus.default_claims_file() == tmp_path / f"rpevit-{os.getuid()}" / gpus.CLAIMS_NAME
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    claims = tmp_path / "claims.json"
+    claims.symlink_to(victim)
+    with pytest.raises(Exception, match="symbolic link"):
+        claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
+    claims.unlink()
+    claims.with_suffix(".lock").symlink_to(victim)
+    with pytest.raises(OSError):
+        claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
+    assert victim.read_text() == "keep"
+    claims.with_suffix(".lock").unlink()
+    claims.write_text('{"12": "bogus", "x": [0, 0.5], "1": [0, 0.25]}')  # malformed entries are dropped
+    assert gpus.read_claims(claims) == {"1": [0, 0.25]}
