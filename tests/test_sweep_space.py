@@ -249,6 +249,7 @@ def test_gpu_claims_live_in_the_private_folder_and_never_follow_links(tmp_path, 
     with pytest.raises(Exception, match="symbolic link"):
         claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
     claims.unlink()
+    claims.with_suffix(".lock").unlink()  # the first call made the lock file
     claims.with_suffix(".lock").symlink_to(victim)
     with pytest.raises(OSError):
         claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
