@@ -4,7 +4,8 @@ In float64 on the CPU:
 - the step: for every registered attention x encoding (and the path options, '+' combinations and
   qk_norm of tests/test_amp_cpu.py), 20 steps of three stacked members (the real StackedStep:
   vmapped forward, summed backward, per-member clipping, one AdamW) leave every parameter and
-  every AdamW moment within 1e-9 of three solo runs (the real solo_step), with stochastic depth,
+  every AdamW moment within 1e-9 of three solo runs (the real solo_step), or, for an ill-conditioned
+  cell, within ROUNDING_FACTOR x what one ulp of input rounding moves its solo runs, with stochastic depth,
   redraws every 3 steps (random-feature backends) and each member's own data;
 - the task: train_group's rows equal train_and_evaluate's metric for metric (1e-9) for every
   attention and every encoding (each in at least one pairing), including the sparse CG solve that
@@ -64,6 +65,58 @@ def build_members(cfg: TrialConfig) -> tuple[list[torch.nn.Module], list[torch.G
     return models, generators
 
 
+# A cell whose fused run differs from its solo runs by 1e-9 or more (relative, float64) passes only if
+# the solo runs themselves move that much under one ulp of rounding (every input x (1 + 2^-52)), within
+# this factor: ill-conditioned cells (relu with l2-normalised q and k, where denominators come near 0;
+# the Luo FFT path once 20 steps at luo_scale 1000 have spread the table over tens of logits, where its
+# sums lose relative precision at the grid's edges: docs/mechanisms.md) amplify reordered sums as
+# much as they amplify any rounding, while a fusion defect (a member's data, clipping, moments or draws
+# crossed) is orders of magnitude above both.
+ROUNDING_FACTOR = 100.0
+
+
+def solo_runs(cfg: TrialConfig, schedule, data, perturb: float = 0.0) -> list[torch.nn.Module]:
+    """The members' solo runs (the real solo_step), inputs scaled by (1 + perturb); each model keeps
+    its optimizer's state as .solo_state."""
+    solo_models, solo_generators = build_members(cfg)
+    forward_loss = forward_loss_fn(cfg, torch.device("cpu"), normalize)
+    for model, generator, batches in zip(solo_models, solo_generators, data):
+        optimizer = make_optimizer(model, cfg)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        for x, y in batches:
+            advance_random_features(model)
+            masks = model.draw_path_masks(len(x), dtype=torch.float64, device="cpu", generator=generator)
+            solo_step(model, optimizer, scheduler, forward_loss, x * (1 + perturb), y, masks, cfg.grad_clip)
+        model.solo_state = {"params": dict(model.named_parameters()), **optimizer.state_dict()}
+    return solo_models
+
+
+def trained_difference(solo_models: list[torch.nn.Module], others: list[dict]) -> tuple[float, tuple]:
+    """The largest relative difference over every member's parameters and AdamW moments, and where."""
+    worst = (0.0, ())
+    for i, (solo, other) in enumerate(zip(solo_models, others)):
+        for name, p in solo.solo_state["params"].items():
+            worst = max(worst, (relative_error(p, other["params"][name]), (i, name)))
+        for index, values in solo.solo_state["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                worst = max(worst, (relative_error(values[key], other["state"][index][key]), (i, index, key)))
+    return worst
+
+
+def rounding_sensitivity(cfg: TrialConfig, schedule, data, solo_models: list[torch.nn.Module],
+                         rng_state: torch.Tensor, perturb: float = 2.0 ** -52) -> float:
+    """How far the solo runs move when every input is perturbed by one ulp (float64), started from the
+    global RNG state the solo runs started from."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.set_rng_state(rng_state)
+        perturbed = solo_runs(cfg, schedule, data, perturb=perturb)
+    finally:
+        torch.set_default_dtype(previous)
+    return trained_difference(solo_models, [m.solo_state for m in perturbed])[0]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_stacked_steps_equal_solo_steps(case):
@@ -76,17 +129,8 @@ def test_stacked_steps_equal_solo_steps(case):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        solo_models, solo_generators = build_members(cfg)
-        forward_loss = forward_loss_fn(cfg, torch.device("cpu"), normalize)
-        for model, generator, batches in zip(solo_models, solo_generators, data):
-            optimizer = make_optimizer(model, cfg)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-            for x, y in batches:
-                advance_random_features(model)
-                masks = model.draw_path_masks(len(x), dtype=torch.float64, device="cpu", generator=generator)
-                solo_step(model, optimizer, scheduler, forward_loss, x, y, masks, cfg.grad_clip)
-            model.solo_state = optimizer.state_dict()
-
+        rng_state = torch.get_rng_state()
+        solo_models = solo_runs(cfg, schedule, data)
         models, generators = build_members(cfg)
         step = StackedStep(models, cfg, torch.device("cpu"), normalize, schedule)
         for t in range(STEPS):
@@ -99,15 +143,14 @@ def test_stacked_steps_equal_solo_steps(case):
         torch.set_default_dtype(previous)
 
     for i, (solo, member) in enumerate(zip(solo_models, models)):
-        fused = dict(member.named_parameters())
-        for name, p in solo.named_parameters():
-            assert relative_error(p, fused[name]) < 1e-9, (i, name)
         for name, b in solo.named_buffers():
             assert torch.equal(b, dict(member.named_buffers())[name]), (i, name)  # draws, counters
-        fused_state = step.member_optimizer_state(i)["state"]
-        for index, values in solo.solo_state["state"].items():
-            for key in ("exp_avg", "exp_avg_sq"):
-                assert relative_error(values[key], fused_state[index][key]) < 1e-9, (i, index, key)
+    fused_states = [{"params": dict(m.named_parameters()), **step.member_optimizer_state(i)}
+                    for i, m in enumerate(models)]
+    error = trained_difference(solo_models, fused_states)
+    if error[0] >= 1e-9:  # an ill-conditioned cell: measure what one ulp of rounding does to it
+        rounding = rounding_sensitivity(cfg, schedule, data, solo_models, rng_state)
+        assert error[0] < ROUNDING_FACTOR * rounding, (error, f"one-ulp sensitivity {rounding:.2e}")
     # the members really are different models (not one model three times)
     assert relative_error(solo_models[0].head.weight, solo_models[1].head.weight) > 1e-3
 

@@ -33,7 +33,9 @@ def test_the_lease_deadline_admits_whole_groups_even_at_the_fallback_rate():
     assert "fused group(s) of 3 fit in 13.0 min on 4 slots at " in result.stdout
     admitted = int(result.stdout.split("lease plan: ")[1].split(" of ")[0])
     assert 1 <= admitted <= 12
-    assert float(result.stdout.strip().splitlines()[-1]) > 0
+    assert "fallback 4700 images/s / 4 (no benchmark figure given)" in result.stdout
+    epochs, seconds = result.stdout.strip().splitlines()[-1].split()  # `EPOCHS SECONDS`, as gpu_lease.sh reads it
+    assert int(epochs) >= 1 and float(seconds) > 0
 
 
 @pytest.mark.slow
@@ -58,3 +60,23 @@ def test_throughput_counts_a_multiply_add_as_two_flops():
     assert "fused k=3 + compiled (on)" in [name for name, _ in throughput.plan_modes(
         "tiny", type("Args", (), {"steps": 1, "warmup": 1, "samples": 3, "compile": "on", "fused": [3, 5],
                                   "packed": 4})(), None)]
+
+
+def test_the_fallback_rate_says_why_a_benchmark_figure_was_not_used(tmp_path):
+    sys.path.insert(0, str(PLAN.parent))
+    try:
+        import plan as lease_plan
+    finally:
+        sys.path.remove(str(PLAN.parent))
+    fallback = lease_plan.FALLBACK_IMAGES_PER_S / 4
+    assert lease_plan.measured_rate(None) == (fallback, "fallback 4700 images/s / 4 (no benchmark figure given)")
+    (tmp_path / "bad.json").write_text("{not json")
+    rate, why = lease_plan.measured_rate(tmp_path / "bad.json")
+    assert rate == fallback and "unreadable: JSONDecodeError" in why
+    (tmp_path / "norow.json").write_text(json.dumps({"models": {"gpu": {"rows": [
+        {"mode": lease_plan.PACKED_ROW, "images_per_s": "fast"}]}}}))
+    rate, why = lease_plan.measured_rate(tmp_path / "norow.json")
+    assert rate == fallback and "has no '4 packed processes" in why
+    (tmp_path / "ok.json").write_text(json.dumps({"models": {"gpu": {"rows": [
+        {"mode": lease_plan.PACKED_ROW, "images_per_s": 8000.0}]}}}))
+    assert lease_plan.measured_rate(tmp_path / "ok.json")[0] == 2000.0

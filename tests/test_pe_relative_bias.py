@@ -158,3 +158,31 @@ def test_fft_chunks_follow_the_memory_budget():
     per_feature = 2 * 3 * 5 * p * q * 2 * 8 * 2
     assert fft_chunk_features(phi_q, v, grid, budget=10 * per_feature) == 10
     assert fft_chunk_features(phi_q, v, grid, budget=1) == 1
+
+
+def fft_error_at_range(table_range: float, dtype: torch.dtype) -> float:
+    """Relative error of the FFT path against the float64 dense definition, for a table rising by
+    table_range logits towards one corner offset: a query at the opposite edge sees only the table's
+    low end, e^-table_range below the largest weight the FFT's rounding is relative to."""
+    grid, h, m, d = (7, 7), 2, 16, 8
+    a = torch.linspace(0, 1, 2 * grid[0] - 1, dtype=torch.float64)
+    table = (table_range * (a[:, None] + a[None, :]) / 2).expand(h, -1, -1)
+    g = torch.Generator().manual_seed(0)
+    n = grid[0] * grid[1]
+    phi_q, phi_k = (torch.rand(1, h, n, m, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(1, h, n, d, generator=g, dtype=torch.float64)
+    reference = RelativeBias(table, grid, "dense").linear_attention(phi_q, phi_k, v)
+    out = RelativeBias(table.to(dtype), grid, "fft").linear_attention(phi_q.to(dtype), phi_k.to(dtype), v.to(dtype))
+    return ((out.double() - reference).abs().max() / reference.abs().max()).item()
+
+
+def test_fft_path_precision_falls_with_the_table_range():
+    """A known limit of the FFT path (docs/mechanisms.md, luo_rpe): its sums are exact only up to
+    rounding relative to the largest weight, so a table spread over tens of logits (luo_scale 1000 does
+    that within tens of steps) leaves edge queries' weights below the noise. Accurate for a narrow table;
+    wrong by more than the signal for a wide one, in float32 first. This test fails when the path is
+    made range-robust: then say so in the docs and assert the new bound here."""
+    assert fft_error_at_range(5, torch.float32) < 1e-5
+    assert fft_error_at_range(20, torch.float64) < 1e-9
+    assert fft_error_at_range(40, torch.float32) > 1e-1  # float32: no longer the same function
+    assert fft_error_at_range(80, torch.float64) > 1e-1  # float64 too, further out

@@ -42,12 +42,18 @@ TRAIN_IMAGES = {"mnist": 60_000, "cifar10": 50_000, "cifar100": 50_000, "digits"
 
 def measured_rate(path: Path | None) -> tuple[float, str]:
     """Images/s of ONE of four packed compiled fused groups, and where the figure comes from."""
+    fallback = FALLBACK_IMAGES_PER_S / 4, f"fallback {FALLBACK_IMAGES_PER_S:g} images/s / 4"
+    if path is None:
+        return fallback[0], f"{fallback[1]} (no benchmark figure given)"
     try:
-        rows = json.loads(Path(path).read_text())["models"]["gpu"]["rows"] if path else []
-        packed = next(r for r in rows if r.get("mode") == PACKED_ROW and r.get("images_per_s"))
-        return packed["images_per_s"] / 4, f"{path}: {PACKED_ROW} / 4"
-    except (OSError, KeyError, StopIteration, TypeError, ValueError) as err:
-        return FALLBACK_IMAGES_PER_S / 4, f"fallback {FALLBACK_IMAGES_PER_S:g} images/s / 4 ({type(err).__name__})"
+        rows = json.loads(Path(path).read_text())["models"]["gpu"]["rows"]
+    except (OSError, KeyError, TypeError, ValueError) as err:
+        return fallback[0], f"{fallback[1]} ({path} unreadable: {type(err).__name__})"
+    packed = [r for r in rows if isinstance(r, dict) and r.get("mode") == PACKED_ROW
+              and isinstance(r.get("images_per_s"), (int, float)) and r["images_per_s"] > 0]
+    if not packed:
+        return fallback[0], f"{fallback[1]} ({path} has no '{PACKED_ROW}' row with a rate)"
+    return packed[0]["images_per_s"] / 4, f"{path}: {PACKED_ROW} / 4"
 
 
 def main() -> int:
