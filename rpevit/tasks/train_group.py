@@ -184,7 +184,8 @@ def _train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict
         for i in alive:
             models[i].eval()
             try:
-                outcomes[i] = {**summarize(models[i], data, cfgs[i], device, history[i]), "fused_members": k}
+                outcomes[i] = {**summarize(models[i], data, cfgs[i], device, history[i],
+                                           lambda msg, tag=tags[i]: log(f"{tag} {msg}")), "fused_members": k}
             except Exception as err:  # noqa: BLE001 - one member's evaluation failing fails that member only
                 outcomes[i] = err
     return outcomes  # type: ignore[return-value]
