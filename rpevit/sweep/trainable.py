@@ -57,6 +57,7 @@ from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in i
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
 from rpevit.sweep.protocol import EPOCH, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
+from rpevit.sweep.results import TENSORBOARD_DIR
 from rpevit.tasks.bench import combine_repeats
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
@@ -242,7 +243,6 @@ def report_epoch(key: str, row: dict) -> None:
     tune.report(Report(EPOCH, key, dict(row)).to_tune())
 
 
-TENSORBOARD_DIR = "tensorboard"  # results/<sweep>/tensorboard/<trial_key>/: one event file per trial
 EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event files
 
 
