@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rpevit.config import ConfigError
 from rpevit.sweep.deadline import check_estimate, parse_deadline
+from rpevit.sweep import dry_run
 from rpevit.sweep.lock import sweep_dir
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides
 
@@ -30,7 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default=None, help="folder of <dataset>.npz (default $RPEVIT_DATA or ./data)")
     p.add_argument("--resume", action="store_true", help="continue the sweep in <results-dir>/<name>")
     p.add_argument("--retry-failed", action="store_true", help="with --resume: rerun failed trials too")
-    p.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the trial table, the values every trial runs with (after --set), the data each "
+                        "dataset reads, GPU needs this machine lacks and an estimate from measured rows, and exit")
     p.add_argument("--deadline", default=None, metavar="WHEN",
                    help="start only trials predicted to end before WHEN; running ones finish, the rest wait for "
                         "--resume: 2026-11-23T18:00 (ISO 8601; local time unless it has an offset like +01:00 or Z), "
@@ -79,7 +82,9 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError(f"--data-dir has value {args.data_dir!r} but no trial reads a data folder (dataset "
                               f"{', '.join(FOLDERLESS_DATASETS)} is bundled with scikit-learn); allowed: leave "
                               f"--data-dir out")
-    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    local = is_local(args)
+    if local and not args.dry_run:  # a dry run says it (dry_run.data_lines)
+        dry_run.check_data(space, args.data_dir)  # a file that cannot be had: refused before anything starts
     if local and any(t["device"] == "cuda" for t in space.trials):
         import torch
 
@@ -87,6 +92,11 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError("field 'device' has value 'cuda' but torch sees no CUDA device on this machine, "
                               "where the local Ray runs the trials; allowed: cpu, auto (or --address a cluster "
                               "with GPUs)")
+
+
+def is_local(args: argparse.Namespace) -> bool:
+    """The trials run on this machine (an embedded Ray), not on a cluster joined by --address / $RAY_ADDRESS."""
+    return not (args.address or os.environ.get("RAY_ADDRESS"))
 
 
 def check_results_dir(results_dir: str, name: str) -> None:
@@ -152,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         dropped = f" ({space.duplicates_dropped} duplicates dropped)" if space.duplicates_dropped else ""
         print(f"{len(space.trials)} trials{dropped} in sweep {space.name!r} from {args.space}")
         if args.dry_run:
+            resources = space.resources.with_overrides(args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent,
+                                                       space.source)
+            for line in dry_run.describe(space, parse_overrides(args.overrides), resources,
+                                         results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
+                                         local=is_local(args)):
+                print(line)
             if deadline is not None:
                 print(f"deadline {deadline.describe()}")
             return 0
