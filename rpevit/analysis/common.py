@@ -366,6 +366,7 @@ def save_figure(fig, path: Path) -> Path:
             fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     pyplot().close(fig)
+    print(f"wrote {path}")  # every figure is named where it lands, as write_markdown names the text
     return path
 
 
