@@ -21,6 +21,7 @@ from pathlib import Path  # noqa: E402
 
 from rpevit import sigterm  # noqa: E402
 from rpevit.config import ConfigError  # noqa: E402
+from rpevit.sweep import dry_run  # noqa: E402
 from rpevit.sweep.deadline import check_estimate, parse_deadline  # noqa: E402
 from rpevit.sweep.lock import sweep_dir  # noqa: E402
 from rpevit.sweep.session import check_address  # noqa: E402
@@ -41,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redeclare", action="store_true",
                    help="record the space's changed `declare:` block although trials ran; every row that started "
                         "before it becomes exploratory (rpevit/sweep/declaration.py)")
-    p.add_argument("--dry-run", action="store_true", help="print the trial table and exit")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the trial table, the values every trial runs with (after --set), the data each "
+                        "dataset reads, GPU needs this machine lacks and an estimate from measured rows, and exit")
     p.add_argument("--deadline", default=None, metavar="WHEN",
                    help="start only trials predicted to end before WHEN; running ones finish, the rest wait for "
                         "--resume: 2026-11-23T18:00 (ISO 8601; local time unless it has an offset like +01:00 or Z), "
@@ -90,9 +93,10 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
             raise ConfigError(f"--data-dir has value {args.data_dir!r} but no trial reads a data folder (dataset "
                               f"{', '.join(FOLDERLESS_DATASETS)} is bundled with scikit-learn); allowed: leave "
                               f"--data-dir out")
-    check_data_files(args.data_dir, space)
     check_address(args.address)  # its form (auto, host:port); whether a head answers: when Ray starts
-    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    local = is_local(args)
+    if local and not args.dry_run:  # a dry run says it (dry_run.data_lines)
+        dry_run.check_data(space, args.data_dir)  # a file a trial would refuse: refused before anything starts
     if local and any(t["device"] == "cuda" for t in space.trials):
         import torch
 
@@ -102,17 +106,9 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
                               "with GPUs)")
 
 
-def check_data_files(data_dir: str | None, space: Space) -> None:
-    """Each dataset file the trials will read, checked as a trial checks it before reading
-    (rpevit.data.dataset_file: a folder where the .npz should be, a missing file with RPEVIT_OFFLINE=1)."""
-    from rpevit.data import FOLDERLESS_DATASETS, DataError, dataset_file
-
-    for dataset, folder in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
-        if dataset not in FOLDERLESS_DATASETS:
-            try:
-                dataset_file(dataset, folder or None)
-            except DataError as err:
-                raise ConfigError(str(err)) from err
+def is_local(args: argparse.Namespace) -> bool:
+    """The trials run on this machine (an embedded Ray), not on a cluster joined by --address / $RAY_ADDRESS."""
+    return not (args.address or os.environ.get("RAY_ADDRESS"))
 
 
 def check_results_dir(results_dir: str, name: str) -> None:
@@ -189,6 +185,12 @@ def run(argv: list[str] | None = None) -> int:
         dropped = f" ({space.duplicates_dropped} duplicates dropped)" if space.duplicates_dropped else ""
         print(f"{len(space.trials)} trials{dropped} in sweep {space.name!r} from {args.space}")
         if args.dry_run:
+            resources = space.resources.with_overrides(args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent,
+                                                       space.source)
+            for line in dry_run.describe(space, parse_overrides(args.overrides), resources,
+                                         results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
+                                         local=is_local(args)):
+                print(line)
             if deadline is not None:
                 print(f"deadline {deadline.describe()}")
             return 0

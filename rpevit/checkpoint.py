@@ -101,20 +101,14 @@ def remove_stale_temp(path: Path) -> None:
 def load(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint's contents, unpickled with weights_only=True (never runs code from the file)."""
     path = Path(path)
+    if _plain_pickle(path):  # a pickle.dump, never torch.save's format: refused without unpickling it
+        raise _refused(path, _pickle_with_globals(path), "a plain pickle, not torch's file format")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         refused = _DISALLOWED_GLOBAL.search(str(err)) is not None  # torch named a global it would not import
-        imports = None if refused else _pickle_with_globals(path)  # a plain pickle.dump of objects
-        if not (refused or imports):  # random bytes, a torn or foreign file: nothing that could run
-            raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint (not a valid torch file: "
-                                  f"{_unpickling_reason(str(err))}); allowed: a checkpoint written by rpevit; "
-                                  f"delete the file to start afresh") from err
-        reason = imports or _unpickling_reason(str(err))
-        raise CheckpointError(
-            f"checkpoint {path} holds objects other than tensors and plain values ({reason}) and was not "
-            f"loaded: unpickling it could run code from the file; allowed: a checkpoint written by rpevit "
-            f"(tensors, numbers, strings, lists, dicts); delete the file to start the run afresh") from err
+        reason = _unpickling_reason(str(err))
+        raise _refused(path, reason if refused else _pickle_with_globals(path), reason) from err
     except Exception as err:  # noqa: BLE001 - torch.load raises anything on a torn or foreign file
         reason = " ".join(str(err).split())[:300]
         raise CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint ({type(err).__name__}: {reason}); "
@@ -124,6 +118,31 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} is not an rpevit train checkpoint (it holds {have}); "
                               f"allowed: a dict with keys {', '.join(REQUIRED_KEYS)}")
     return state
+
+
+def _refused(path: Path, imports: str | None, why_corrupt: str) -> CheckpointError:
+    """The refusal of a file torch's weights-only loader does not take: one that would import or call
+    something (`imports`, what it names) could run code; anything else is corrupt or foreign."""
+    if imports is None:  # random bytes, a torn or foreign file: nothing that could run
+        return CheckpointError(f"checkpoint {path} is corrupt or not a checkpoint (not a valid torch file: "
+                               f"{why_corrupt}); allowed: a checkpoint written by rpevit; delete the file to start "
+                               f"afresh")
+    return CheckpointError(
+        f"checkpoint {path} holds objects other than tensors and plain values ({imports}) and was not "
+        f"loaded: unpickling it could run code from the file; allowed: a checkpoint written by rpevit "
+        f"(tensors, numbers, strings, lists, dicts); delete the file to start the run afresh")
+
+
+def _plain_pickle(path: Path) -> bool:
+    """The file starts like a pickle of protocol 3 or later: what pickle.dump writes, never torch.save
+    (a zip archive; its legacy format opens with protocol 2). torch.load would unpickle it with a
+    protocol warning only to refuse it."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(2)
+    except OSError:
+        return False  # torch.load reports it
+    return len(head) == 2 and head[0] == 0x80 and head[1] > 2
 
 
 _DISALLOWED_GLOBAL = re.compile(r"unsupported GLOBAL|Unsupported global", re.I)  # torch's weights_only refusal

@@ -198,12 +198,13 @@ class TrialConfig:
     device: str = _field("auto", "runtime", "where to run (auto: cuda if available)", choices=("auto", "cpu", "cuda"))
     amp: str = _field("auto", "runtime", "autocast precision (auto: bf16 on GPU, none on CPU)",
                       choices=("auto", "bf16", "none"))
-    eval_batch_size: int = _field(1024, "runtime", "batch size of evaluation passes", gt=0)
+    eval_batch_size: int = _field(1024, "runtime", "batch size of evaluation passes (the final evaluation: "
+                                  "(image, variant) pairs, each batch's images read by every draw together)", gt=0)
     eval_draws: int = _field(8, "runtime", "fresh random-feature draws of the draw-aware test evaluation",
                              ge=0, note="0 = no draw-aware evaluation")
     eval_rotations: str = _field("none", "runtime", "test-time rotations of the summary row (standard: the test set "
                                  "rotated by 0, 90, 180, 270 degrees and by a fixed random angle per image; "
-                                 "rpevit.evaluation.rotation_accuracy)", choices=("none", "standard"))
+                                 "rpevit.evaluation.rotation_metrics)", choices=("none", "standard"))
     dtype: str = _field("float32", "runtime", "dtype of parameters and activations (float64: the exactness "
                             "checks of fused and compiled steps; amp autocasts on top)", choices=("float32", "float64"))
     compile: str = _field("off", "runtime", "torch.compile the training step's forward + loss (fullgraph): on = "

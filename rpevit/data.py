@@ -128,7 +128,8 @@ def dataset_file(name: str, data_dir: str | os.PathLike | None = None) -> Path:
     """Where a trial reads dataset `name` (not a folderless one), checked as it will check it before
     reading: the folder is not a file, the .npz is a file (not a folder, a FIFO, a device) where it
     exists, and where it does not, a download is allowed (not RPEVIT_OFFLINE=1). DataError otherwise.
-    `sweep.py --dry-run` calls it for every trial's dataset, so the dry run refuses what a trial would."""
+    `sweep.py` calls it for every trial's dataset: a dry run warns of what a trial would refuse, a real local run
+    refuses it before Ray starts."""
     folder = resolve_data_dir(data_dir)
     if folder.exists() and not folder.is_dir():
         raise DataError(f"field 'data_dir' has value {str(folder)!r}, which is a file; allowed: a folder "

@@ -10,10 +10,11 @@ import math
 import platform
 import resource
 import subprocess
+import sys
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -162,16 +163,30 @@ def device_name(device: torch.device) -> str:
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> str:
-    """The commit of the rpevit checkout, with '+dirty' when it has uncommitted changes."""
+    """The commit of the rpevit checkout, with '+dirty' when the code that ran is not that commit's:
+    uncommitted changes to tracked files, or an untracked file this process imported (a one-file
+    variant dropped into rpevit/attention/, a module of one's own beside sweep.py)."""
     root = Path(__file__).resolve().parent.parent
+    loaded = [Path(f) for m in list(sys.modules.values()) if isinstance(f := getattr(m, "__file__", None), str)]
+    return git_state(root, loaded)
+
+
+def git_state(root: Path, loaded: Iterable[Path]) -> str:
+    """'<sha>', '<sha>+dirty' (see git_commit) or 'unknown' (not a git checkout, or no git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=10,
+                              check=True).stdout
+
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = git("rev-parse", "HEAD").strip()
+        changed = git("status", "--porcelain", "--untracked-files=no").strip()
+        top = Path(git("rev-parse", "--show-toplevel").strip())
+        untracked = {(top / name).resolve() for name in git("ls-files", "--others", "--exclude-standard", "--full-name",
+                                                             "-z", ":/").split("\0") if name}
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-    return sha + ("+dirty" if dirty else "")
+    used = untracked & {p.resolve() for p in loaded}
+    return sha + ("+dirty" if changed or used else "")
 
 
 def environment(device: torch.device) -> dict[str, str]:

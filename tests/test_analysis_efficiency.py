@@ -189,3 +189,37 @@ def test_a_newer_field_in_one_sweep_keeps_an_older_sweeps_bench_rows_matching(tm
     assert costs.loc["softmax", "train_s_per_epoch"] == pytest.approx(5.0)  # 5 ms x 1000 images
     assert costs.loc["favor", "timing"] != efficiency.BENCH_TIMING  # no bench row of that model
     assert "rotinv_path" in common.load_trials(parent / "new", "train").columns
+
+
+def test_pareto_accuracy_axis_whiskers_time_source_and_legend(tmp_path, figures):
+    """Issue 43, item 7: one variant near the top magnified 0.08 points into a full axis; no seed whiskers;
+    the sweep's own contended times looked like costs; the legend named qk_norm l2 and 'never redrawn'
+    for rows that had neither."""
+    rows = [{**r, "redraw_interval": 100} for r in train_rows()]  # every favor row redrew: no black rim
+    rows = [{**r, "test_acc_draw_mean": r["test_acc"]} if r["attention"] != "softmax" else r for r in rows]
+    write_sweep(tmp_path / "main", "main", rows)
+    costs = efficiency.variant_costs(common.load_trials(tmp_path, "train"))
+    softmax = costs[costs["attention"] == "softmax"].iloc[0]
+    from rpevit.analysis.stats import mean_interval
+    assert (softmax[efficiency.JUDGED_LO], softmax[efficiency.JUDGED_HI]) == pytest.approx(
+        (mean_interval([0.90, 0.92, 0.91]).lo, mean_interval([0.90, 0.92, 0.91]).hi))
+    efficiency.plot_pareto(costs, tmp_path / "pareto.png")
+    fig = figures[-1]
+    main = fig.axes[0]
+    low, high = main.get_ylim()
+    assert high - low >= efficiency.MIN_ACC_SPAN
+    whiskers = [c for ax in fig.axes for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(whiskers) == 3 * len(costs)  # every variant has 3 seeds: a whisker in each cost panel
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "whiskers: 95% t interval over seeds" in labels
+    assert not any("qk_norm" in x or "never redrawn" in x for x in labels), labels
+    time_axis = next(ax.get_xlabel() for ax in fig.axes if "train s / epoch" in ax.get_xlabel())
+    assert "contended" in time_axis or "one trial at a time" in time_axis, time_axis
+    assert_readable_and_inside(fig)
+
+
+def test_accuracy_range_is_never_shorter_than_the_minimum_span():
+    low, high = efficiency.accuracy_range(np.array([72.08]), np.array([[np.nan, np.nan]]))
+    assert high - low >= efficiency.MIN_ACC_SPAN and low < 72.08 < high
+    low, high = efficiency.accuracy_range(np.array([50.0, 60.0]), np.array([[-30.0, 130.0], [55, 65]]))
+    assert (low, high) == pytest.approx((-8.0, 108.0))  # 0-100 padded by 8%: whiskers past them run off the axis

@@ -121,6 +121,13 @@ def test_gap_closure_with_one_seed_says_no_interval(tmp_path):
     assert f"{favor:.3g} (no interval, n=1,1,1)" in text
     assert "one seed, no interval" in text and "no interval (one seed): rope" in text
     assert "closes" not in text.split("### Gap closure")[0]  # nothing is claimed from one seed
+    assert "Holm over k = 0" not in text and "nothing is Holm-corrected" in text  # issue 43, item 9
+    assert "(1 seed per variant, " in text and " 1 seeds" not in text
+
+
+def test_count_text_says_one_in_the_singular():
+    assert gap_closure.count_text([1], "epochs") == "1 epoch" and gap_closure.count_text([1, 1], "seeds") == "1 seed"
+    assert gap_closure.count_text([3], "epochs") == "3 epochs" and gap_closure.count_text([1, 3], "seeds") == "1–3 seeds"
 
 
 # favor (qk none, redraw every 100 until 0.8): training draw as ACCURACIES, draw mean 0.71 (ape) / 0.81 (rope);
@@ -263,3 +270,30 @@ def test_gap_closure_figure_names_its_interval_and_n_and_keeps_everything_inside
     assert "95%" not in caption and "no whiskers" in caption, caption
     assert not [c for ax in fig.axes for c in ax.containers if getattr(c, "errorbar", None) is not None]
     assert_readable_and_inside(fig)
+
+
+def test_gap_closure_axis_fits_the_bars_and_the_legend_names_only_what_is_drawn(tmp_path, figures, capsys):
+    """Issue 43, item 7: a fixed +-5 axis drew G = 0.45 [0.2, 0.7] as a sliver; the legend named a
+    'hatched: training draw' and encodings with no bar; the script named no PNG it wrote."""
+    rows = train_rows() + [{**config_row(attention="favor", pe="luo_rpe", seed=0, dataset="digits"), "test_acc": 0.9}]
+    out = write_sweep(tmp_path / "three", "three", rows)
+    gap_closure.build(out)
+    fig = figures[-1]
+    ax = fig.axes[0]
+    bars = [p for c in ax.containers if hasattr(c, "patches") for p in c.patches]
+    ends = [v for c in ax.containers if getattr(c, "errorbar", None) is not None
+            for seg in c.errorbar.lines[2][0].get_segments() for v in seg[:, 1]]
+    low, high = ax.get_ylim()
+    assert -1 < low <= min(0.0, *ends) and max(1.0, *ends, *(b.get_height() for b in bars)) <= high < 3, (low, high)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["luo_rpe", "rope", "hatched: training draw"], labels  # no draw-mean rows: no solid bars
+    assert f"wrote {out / 'gap_closure.png'}" in capsys.readouterr().out
+
+
+def test_a_gap_closure_figure_without_any_bar_says_why_and_has_no_legend(tmp_path, figures):
+    """One seed and a gap below MIN_GAP: no G anywhere; no legend of absent bars, the caption says why."""
+    rows = [{**r, "test_acc": 0.9 if r["attention"] == "softmax" else 0.899} for r in train_rows() if r["seed"] == 0]
+    gap_closure.build(write_sweep(tmp_path / "none", "none", rows))
+    fig = figures[-1]
+    assert not fig.legends and "no G bar" in fig._suptitle.get_text()
+    assert fig.axes[0].get_ylim()[1] < 2  # 0 and 1 shown, not +-5

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -124,6 +125,18 @@ def test_random_bytes_are_corrupt_not_code_but_a_real_pickle_still_is(tmp_path) 
     with pytest.raises(CheckpointError, match="could run code") as err:
         checkpoint.load(path)
     assert "system" in str(err.value) and not (tmp_path / "ran").exists()
+
+
+def test_a_plain_pickle_is_refused_without_torch_unpickling_it(tmp_path) -> None:
+    """Issue 43, item 9: torch.load unpickled a pickle.dump file (protocol 4) only to refuse it, warning
+    'Detected pickle protocol 4' each time; such a file is refused before torch.load, with no warning."""
+    path = tmp_path / CHECKPOINT_NAME
+    for data in (b"\x80\x04" + np.random.default_rng(0).bytes(64), __import__("pickle").dumps({"model": 1})):
+        path.write_bytes(data)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning fails the test
+            with pytest.raises(CheckpointError, match="corrupt or not a checkpoint .*a plain pickle"):
+                checkpoint.load(path)
 
 
 def test_save_never_writes_through_a_planted_temp_link_and_stale_temps_go(tmp_path) -> None:

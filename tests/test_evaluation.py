@@ -4,8 +4,11 @@
 - the total-variation metric equals an explicit double loop; it is 0 for softmax and falls towards
   0 as FAVOR+ gets more features;
 - draw-aware keys are present (NaN without random features), seeded, and leave the training draw
-  in place; the softmax swap equals a softmax model loaded from the same state dict.
+  in place; the softmax swap equals a softmax model loaded from the same state dict;
+- the batched final evaluation (variant_logits, final_evaluation) equals the plain whole-set passes
+  of each draw (tests/eval_reference.py) exactly in float64, and logs a line per stage.
 """
+import functools
 import math
 
 import pytest
@@ -13,8 +16,8 @@ import torch
 
 from rpevit.attention.base import LowRankModulation, softmax_attention_matrix, total_variation
 from rpevit.config import TrialConfig
-from rpevit.evaluation import (attention_fidelity, draw_aware_accuracy, fresh_draw, random_feature_layers,
-                               softmax_swap_accuracy, with_softmax_attention)
+from rpevit.evaluation import (FRESH, OWN, SWAP, EvalSet, attention_fidelity, draw_aware_metrics, evaluation_variants,
+                               fresh_draw, random_feature_layers, variant_logits, with_softmax_attention)
 from rpevit.models import build_attention, build_model
 from rpevit.pe.relative_bias import RelativeBias
 from rpevit.tasks.train import train_and_evaluate
@@ -121,24 +124,28 @@ def predictor(images):
     return predict
 
 
-def test_draw_aware_accuracy_by_hand_and_nan_without_random_features():
+def test_draw_aware_metrics_by_hand_and_no_fresh_draws_without_random_features():
     images, labels = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))
     model = build_model(cfg(attention="favor"), 1, 10)
     predict = predictor(images)
-    got = draw_aware_accuracy(model, predict, labels, draws=3)
-    accs, probs = [], 0
+    accs, probs, fresh = [], 0, []
     for draw in (1, 2, 3):
         with fresh_draw(model, draw):
             logits = predict(model)
+        fresh.append(logits)
         accs.append((logits.argmax(-1) == labels).double().mean().item())
         probs = probs + torch.softmax(logits.double(), -1)
+    got = draw_aware_metrics(fresh, labels)
     assert got["test_acc_draw_mean"] == pytest.approx(sum(accs) / 3)
     assert got["test_acc_draw_min"] == pytest.approx(min(accs))
     assert got["test_acc_draw_std"] == pytest.approx(torch.tensor(accs).std().item())
     assert got["test_acc_draw_ensemble"] == pytest.approx((probs.argmax(-1) == labels).double().mean().item())
+    assert all(math.isnan(v) for v in draw_aware_metrics([], labels).values())
+    assert [v.kind for v in evaluation_variants(model, cfg(attention="favor", eval_draws=3))] == [OWN, *[FRESH] * 3, SWAP]
     for attention, extra in [("softmax", {}), ("relu", {"relu_projection": "identity"})]:
-        plain = build_model(cfg(attention=attention, **extra), 1, 10)
-        assert all(math.isnan(v) for v in draw_aware_accuracy(plain, predict, labels, draws=3).values())
+        plain_cfg = cfg(attention=attention, eval_draws=3, **extra)
+        kinds = [v.kind for v in evaluation_variants(build_model(plain_cfg, 1, 10), plain_cfg)]
+        assert kinds == ([OWN] if attention == "softmax" else [OWN, SWAP])
 
 
 def test_softmax_swap_equals_softmax_model_from_the_same_state_dict():
@@ -148,7 +155,7 @@ def test_softmax_swap_equals_softmax_model_from_the_same_state_dict():
         for name, p in model.named_parameters():
             if "raw_table" in name or "log_temperature" in name:
                 p.normal_()
-    images, labels = torch.randn(16, 1, 8, 8), torch.randint(0, 10, (16,))
+    images = torch.randn(16, 1, 8, 8)
     softmax_model = build_model(favor_cfg.replace(attention="softmax"), 1, 10)
     state = {k: v for k, v in model.state_dict().items() if ".backend." not in k}
     missing, unexpected = softmax_model.load_state_dict(state, strict=False)
@@ -157,10 +164,87 @@ def test_softmax_swap_equals_softmax_model_from_the_same_state_dict():
     swapped = with_softmax_attention(model, favor_cfg)
     swapped.eval()
     torch.testing.assert_close(swapped(images), softmax_model(images))
-    predict = predictor(images)
-    expected = (predict(softmax_model).argmax(-1) == labels).double().mean().item()
-    assert softmax_swap_accuracy(model, favor_cfg, predict, labels) == pytest.approx(expected)
-    assert math.isnan(softmax_swap_accuracy(softmax_model, favor_cfg.replace(attention="softmax"), predict, labels))
+    swap = evaluation_variants(model, favor_cfg)[-1]
+    assert swap.kind == SWAP and swap.model is not model
+    torch.testing.assert_close(predictor(images)(swap.model), softmax_model(images))
+
+
+def test_variant_logits_batches_the_draws_and_restores_the_training_draw():
+    """Each evaluation batch holds batch_size (image, variant) pairs: batch_size // k images, read by
+    all k variants of their set before the next images; the logits are each variant's whole-set
+    logits (float64: exactly), and the model keeps its training draw."""
+    model_cfg = cfg(attention="favor", eval_draws=3, dtype="float64")
+    model = build_model(model_cfg, 1, 10).double()
+    layers = random_feature_layers(model)
+    trained = [layer.projection.clone() for layer in layers]
+    variants = evaluation_variants(model, model_cfg)  # own, 3 fresh, swap: 5 on the test set, 3 on val
+    test = EvalSet("test", torch.randint(0, 256, (23, 1, 8, 8), dtype=torch.uint8), torch.randint(0, 10, (23,)),
+                   (OWN, FRESH, SWAP))
+    val = EvalSet("val", torch.randint(0, 256, (7, 1, 8, 8), dtype=torch.uint8), torch.randint(0, 10, (7,)), (FRESH,))
+    calls, progress = [], []
+
+    def forward(m, x):
+        calls.append((m is model, len(x), [layer.projection.clone() for layer in layers]))
+        return m(x)
+
+    prepare = lambda x: x.double() / 255  # noqa: E731
+    got = variant_logits([test, val], variants, prepare, forward, batch_size=20,
+                         progress=lambda done, total: progress.append((done, total)))
+    assert [n for _, n, _ in calls[:5]] == [4] * 5 and [n for _, n, _ in calls[-3:]] == [1] * 3  # 20 // 5, 20 // 3
+    assert [(own, n) for own, n, _ in calls[:5]] == [(True, 4)] * 4 + [(False, 4)]  # one batch through every variant
+    assert progress[-1] == (23 * 5 + 7 * 3, 23 * 5 + 7 * 3) and progress[0] == (20, 23 * 5 + 7 * 3)
+    assert all(torch.equal(layer.projection, p) for layer, p in zip(layers, trained))
+    same = functools.partial(torch.testing.assert_close, rtol=1e-13, atol=1e-13)  # a batch's rounding, float64
+    with torch.no_grad():
+        model.eval()
+        same(got["test"][OWN], model(prepare(test.images)))
+        for draw in (1, 2, 3):
+            with fresh_draw(model, draw):
+                same(got["test"][f"{FRESH} {draw}"], model(prepare(test.images)))
+                same(got["val"][f"{FRESH} {draw}"], model(prepare(val.images)))
+        same(got["test"][SWAP], variants[-1].model(prepare(test.images)))
+        assert not torch.allclose(got["test"][f"{FRESH} 1"], got["test"][f"{FRESH} 2"])  # the draws really differ
+    assert set(got["val"]) == {f"{FRESH} {d}" for d in (1, 2, 3)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [dict(attention="favor", pe="rope", eval_rotations="standard"),
+                                   dict(attention="relu", pe="ape+luo_rpe", eval_draws=2),
+                                   dict(attention="relu", pe="ape", relu_projection="identity"),
+                                   dict(attention="softmax", pe="rope", eval_rotations="standard"),
+                                   dict(attention="favor", pe="ape", eval_draws=1, val_fraction=0.0)])
+def test_batched_final_evaluation_equals_the_plain_passes(extra):
+    """Issue 43: the batched evaluation gives the summary row the old whole-set passes gave, with the
+    same seeds and draws: every accuracy exactly, in float64 (eval batches of 50 pairs: many uneven
+    batches), the log-likelihood to rounding."""
+    from tests.eval_reference import reference_metrics
+
+    from rpevit.data import load_splits
+    from rpevit.tasks.train import summarize
+
+    run_cfg = TrialConfig.from_dict({"dataset": "digits", "dim": 16, "heads": 2, "depth": 2, "num_features": 8,
+                                     "eval_draws": 3, "dtype": "float64", "eval_batch_size": 50, "device": "cpu",
+                                     **extra})
+    device = torch.device("cpu")
+    torch.set_default_dtype(torch.float64)
+    try:
+        data = load_splits("digits", val_fraction=run_cfg.val_fraction)
+        torch.manual_seed(0)
+        model = build_model(run_cfg, 1, 10).double()
+        with torch.no_grad():  # spread the logits: no near-ties for rounding to break
+            model.head.weight.mul_(30)
+        expected = reference_metrics(model, data, run_cfg, device)
+        lines = []
+        row = summarize(model, data, run_cfg, device, history=[], log=lines.append)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for key, value in expected.items():
+        if key == "log_likelihood":
+            assert row[key] == pytest.approx(value, rel=1e-12), key
+        else:
+            assert (math.isnan(row[key]) and math.isnan(value)) or row[key] == value, (key, row[key], value)
+    assert [line.split(":")[0].split(" (")[0] for line in lines if not line.endswith("...") and "%" not in line] == [
+        "eval 1/4 passes", "eval 2/4 fidelity on 128 test images", "eval 3/4 FLOPs", "eval 4/4 inference timing"]
 
 
 def small_run(**kw):
@@ -180,14 +264,14 @@ def test_train_rows_carry_draw_aware_keys_seeded():
     assert soft["attn_tv_to_softmax"] == 0.0
 
 
-# ---- issue 28, item 5: test-time rotations (rotation_accuracy, `eval_rotations: standard`)
+# ---- issue 28, item 5: test-time rotations (rotation_metrics, `eval_rotations: standard`)
 ROT_KEYS = ("test_acc_rot0", "test_acc_rot90", "test_acc_rot180", "test_acc_rot270", "test_acc_rot_random")
 
 
-def test_rotation_accuracy_by_hand_with_a_quadrant_reader():
+def test_rotation_metrics_by_hand_with_a_quadrant_reader():
     """A 'model' that names the quadrant of the one bright pixel (0 top-left, 1 top-right, 2 bottom-left,
     3 bottom-right): what a rot90 does to each image, and so each accuracy, is known by hand."""
-    from rpevit.evaluation import rotation_accuracy
+    from rpevit.evaluation import rotated_test_sets, rotation_metrics
 
     def marked(i: int, j: int) -> torch.Tensor:
         img = torch.zeros(1, 6, 6, dtype=torch.uint8)
@@ -197,7 +281,7 @@ def test_rotation_accuracy_by_hand_with_a_quadrant_reader():
     images = torch.stack([marked(0, 0), marked(0, 0), marked(0, 5), marked(5, 5), marked(1, 1)])
     labels = torch.tensor([0, 2, 0, 0, 3])
 
-    def predict(_model, x):
+    def predict(x):
         flat = x[:, 0].flatten(1).float().argmax(-1)
         row, col = flat // 6, flat % 6
         return torch.nn.functional.one_hot(2 * (row >= 3).long() + (col >= 3).long(), 4).float()
@@ -206,48 +290,28 @@ def test_rotation_accuracy_by_hand_with_a_quadrant_reader():
     # quadrants after k turns: image 0/1 (TL): 0, 2, 3, 1; image 2 (TR): 1, 0, 2, 3; image 3 (BR): 3, 1, 0, 2;
     # image 4 (TL): 0, 2, 3, 1. Correct: k=0 images 0 (0); k=1 image 1 (2), image 2 (0); k=2 image 3 (0),
     # image 4 (3); k=3 none.
-    got = rotation_accuracy(torch.nn.Identity(), predict, images, labels, draws=4)
+    sets = rotated_test_sets(images)
+    got = rotation_metrics({name: predict(x) for name, x in sets.items()}, {name: [] for name in sets}, labels)
     assert [got[k] for k in ROT_KEYS[:4]] == pytest.approx([1 / 5, 2 / 5, 2 / 5, 0.0])
     assert all(math.isnan(got[f"{k}_draw_mean"]) for k in ROT_KEYS)  # no random features
     assert 0.0 <= got["test_acc_rot_random"] <= 1.0
-    reused = rotation_accuracy(torch.nn.Identity(), predict, images, labels, draws=4, upright=(0.5, 0.25))
-    assert (reused["test_acc_rot0"], reused["test_acc_rot0_draw_mean"]) == (0.5, 0.25)  # taken, not measured
-    assert {k: v for k, v in reused.items() if "rot0" not in k and "draw_mean" not in k} == \
-        {k: v for k, v in got.items() if "rot0" not in k and "draw_mean" not in k}
-    off = rotation_accuracy(torch.nn.Identity(), predict, images, labels, draws=4, mode="none")
-    assert set(off) == set(got) and all(math.isnan(v) for v in off.values())
+    fresh = rotation_metrics({name: predict(x) for name, x in sets.items()},
+                             {name: [predict(x), predict(sets["90"])] for name, x in sets.items()}, labels)
+    assert fresh["test_acc_rot0_draw_mean"] == pytest.approx((1 / 5 + 2 / 5) / 2)
 
 
-@pytest.mark.slow
-def test_random_test_angles_are_fixed_and_the_draw_mean_is_over_fresh_draws():
+def test_random_test_angles_are_fixed():
     from rpevit.data import rotate_images
-    from rpevit.evaluation import random_test_angles, rotated_test_sets, rotation_accuracy
+    from rpevit.evaluation import random_test_angles, rotated_test_sets
 
     angles = random_test_angles(50)
     assert torch.equal(angles, random_test_angles(50)) and 0 <= angles.min() and angles.max() < 360
     assert torch.equal(random_test_angles(60)[:50], angles)  # image i's angle does not depend on the set size
     images = torch.randint(0, 256, (32, 1, 8, 8), dtype=torch.uint8)
-    labels = torch.randint(0, 10, (32,))
     sets = rotated_test_sets(images)
     assert list(sets) == ["0", "90", "180", "270", "random"]
     assert torch.equal(sets["90"], torch.rot90(images, 1, dims=(-2, -1)))
     assert torch.equal(sets["random"], rotate_images(images, random_test_angles(32)))
-
-    model = build_model(cfg(attention="favor"), 1, 10)
-
-    @torch.no_grad()
-    def predict(m, x):
-        m.eval()
-        return m((x.float() / 255 - 0.5) / 0.3)
-
-    got = rotation_accuracy(model, predict, images, labels, draws=3)
-    for name, key in zip(sets, ROT_KEYS):
-        own = (predict(model, sets[name]).argmax(-1) == labels).double().mean().item()
-        fresh = []
-        for draw in (1, 2, 3):
-            with fresh_draw(model, draw):
-                fresh.append((predict(model, sets[name]).argmax(-1) == labels).double().mean().item())
-        assert got[key] == pytest.approx(own) and got[f"{key}_draw_mean"] == pytest.approx(sum(fresh) / 3), key
 
 
 @pytest.mark.slow
@@ -264,7 +328,7 @@ def test_train_rows_carry_rotation_keys_only_when_asked():
 def test_validation_draw_mean_is_the_mean_validation_accuracy_over_fresh_draws():
     """What choices for random-feature models are made on (issue 28): by hand, draw by draw."""
     from rpevit.data import load_splits
-    from rpevit.tasks.train import predict, validation_draw_mean
+    from rpevit.tasks.train import predict, summarize
 
     cfg = TrialConfig.from_dict({"dataset": "digits", "attention": "favor", "pe": "rope", "dim": 16, "heads": 2,
                                  "depth": 1, "num_features": 8, "eval_draws": 3, "device": "cpu"})
@@ -276,7 +340,8 @@ def test_validation_draw_mean_is_the_mean_validation_accuracy_over_fresh_draws()
             logits = predict(model, data, data.x_val, cfg, torch.device("cpu"))
         by_hand.append((logits.argmax(-1) == data.y_val).double().mean().item())
         outputs.append(logits)
-    assert validation_draw_mean(model, data, cfg, torch.device("cpu")) == pytest.approx(sum(by_hand) / 3)
+    assert summarize(model, data, cfg, torch.device("cpu"), [])["val_acc_draw_mean"] == pytest.approx(sum(by_hand) / 3)
     assert not torch.allclose(outputs[0], outputs[1])  # the draws really differ
-    softmax = build_model(cfg.replace(attention="softmax"), 1, 10).eval()
-    assert math.isnan(validation_draw_mean(softmax, data, cfg.replace(attention="softmax"), torch.device("cpu")))
+    softmax_cfg = cfg.replace(attention="softmax")
+    softmax = build_model(softmax_cfg, 1, 10).eval()
+    assert math.isnan(summarize(softmax, data, softmax_cfg, torch.device("cpu"), [])["val_acc_draw_mean"])

@@ -330,3 +330,21 @@ def test_stacked_optimizer_state_round_trips():
     for index, values in original["state"].items():
         for key, value in values.items():
             assert torch.equal(value, stacked["state"][index][key]), (index, key)
+
+
+def test_a_stacked_forward_runs_every_attention_batched_with_no_per_member_fallback():
+    """Issue 43, item 9: SDPA's fused CPU kernel has no vmap batching rule, so vmap ran it member by member
+    and warned "performance drop"; the stacked forward takes SDPA's math kernel and equals the solo
+    forwards (float32, rounding)."""
+    import warnings
+
+    cfg = TrialConfig.from_dict({**TINY_MODEL, "attention": "softmax", "pe": "rope", "drop_path": 0.0})
+    models = [build_model(cfg.replace(seed=seed), 1, 10).eval() for seed in SEEDS]
+    stack = StackedModels(models)
+    images = torch.randn(len(SEEDS), 4, 1, 8, 8)
+    masks = torch.ones(len(SEEDS), 2 * cfg.depth, 4, 1, 1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*performance drop.*")
+        stacked = stack.vmapped(stack.member_forward())(stack.params, stack.buffers, images, masks)
+    for i, model in enumerate(models):
+        torch.testing.assert_close(stacked[i], model(images[i]), rtol=1e-5, atol=1e-6)

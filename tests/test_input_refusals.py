@@ -337,6 +337,8 @@ def test_a_dead_or_silent_cluster_address_ends_the_sweep_in_one_line_in_bounded_
 
 
 def test_the_dry_run_checks_the_data_file_as_a_trial_will(tmp_path, capsys, monkeypatch) -> None:
+    """What a trial would refuse: a warning line in the dry run (its table still shown), one refusal
+    line before Ray starts in a real run."""
     monkeypatch.setenv("RPEVIT_OFFLINE", "1")
     space = write_space(tmp_path, {"name": "m", "fixed": {**TINY, "dataset": "mnist"}})
     folder_npz = tmp_path / "as_folder"
@@ -348,9 +350,20 @@ def test_the_dry_run_checks_the_data_file_as_a_trial_will(tmp_path, capsys, monk
         ([str(space), "--data-dir", str(empty)], ["mnist.npz does not exist and downloads are off",
                                                   "RPEVIT_OFFLINE=1"]),
     ]
-    assert_refused_in_one_line(capsys, cases)
+    for argv, needles in cases:
+        assert sweep.main(["--space", *argv, "--dry-run"]) == 0
+        warnings = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("warning: data: ")]
+        assert len(warnings) == 1 and all(n in warnings[0] for n in needles), warnings
+        assert "the sweep would stop here" in warnings[0]
+    for argv, needles in cases:  # a real run: one line, before Ray starts, nothing written
+        results = tmp_path / "results"
+        assert sweep.main(["--space", *argv, "--results-dir", str(results)]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and all(n in err for n in needles), err
+        assert not results.exists()
     (empty / "mnist.npz").write_bytes(b"")  # there: the dry run passes (the trial reads and checks it)
     assert sweep.main(["--space", str(space), "--data-dir", str(empty), "--dry-run"]) == 0
-    monkeypatch.delenv("RPEVIT_OFFLINE")  # online, a missing file is downloaded by the trial: no refusal
+    assert "warning: data" not in capsys.readouterr().out
+    monkeypatch.delenv("RPEVIT_OFFLINE")  # online, a missing file is downloaded by the trial: a warning only
     assert sweep.main(["--space", str(space), "--data-dir", str(tmp_path / "fresh"), "--dry-run"]) == 0
     assert not (tmp_path / "fresh").exists()  # and the dry run downloads nothing

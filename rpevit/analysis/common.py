@@ -439,6 +439,7 @@ def save_figure(fig, path: Path) -> Path:
             fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight")
     finally:
         pyplot().close(fig)
+    print(f"wrote {path}")  # every figure is named where it lands, as write_markdown names the text
     return path
 
 

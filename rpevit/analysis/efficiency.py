@@ -27,6 +27,7 @@ import pandas as pd
 
 from rpevit.analysis.common import (VARIANT, column, cost_options, fmt, judged_accuracy, markdown_table, pyplot,
                                     read_trials, save_figure, script_main, with_variant)
+from rpevit.analysis.stats import mean_interval
 from rpevit.analysis.token_scaling import scaling_rows
 
 from rpevit import registry
@@ -37,6 +38,8 @@ from rpevit.sweep.results import is_missing, unix_seconds
 
 TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
 JUDGED_ACC = "judged_acc"  # common.judged_accuracy: the draw mean for random-feature models, else test_acc
+JUDGED_LO, JUDGED_HI = "judged_acc_lo", "judged_acc_hi"  # its 95% t interval over seeds (NaN with one seed)
+MIN_ACC_SPAN = 1.0  # accuracy points: the shortest accuracy axis, so one point (or a tight cluster) is not magnified
 COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc", "test_acc_draw_mean", JUDGED_ACC)
 PARETO_Y_SPAN = 5.0  # accuracy points shown below the best; variants further down sit at the edge as ▼
 LOG_AXIS_MIN_RATIO = 10.0  # a cost spanning less than this factor is drawn on a linear axis (readable ticks)
@@ -79,6 +82,8 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     groups = frame.groupby(list(VARIANT))
     table = groups[cols].mean()
     table["seeds"] = groups["seed"].nunique()  # a seed trained in two sweeps (MNIST rope) counts once
+    judged = groups[JUDGED_ACC].agg(lambda v: mean_interval(v.to_numpy(float)))  # the plot's whiskers
+    table[JUDGED_LO], table[JUDGED_HI] = judged.map(lambda iv: iv.lo), judged.map(lambda iv: iv.hi)
     if "n_train" in frame.columns:  # images per epoch: turns a bench step time into seconds per epoch
         table["n_train"] = groups["n_train"].mean()
     table["timing"] = groups["overlapped"].agg(lambda o: UNKNOWN_TIMES if o.isna().any() else
@@ -277,7 +282,10 @@ def build(results_dir: Path) -> str | None:
                       "Ringed, numbered and named above each panel: the Pareto front (no variant is both at least "
                       f"as accurate and at most as costly). Variants more than {fmt(PARETO_Y_SPAN)} points below "
                       "the best sit in the strip under each panel (a broken accuracy axis); markers that would "
-                      "cover each other are set side by side by a marker width, not moved in cost.", "",
+                      "cover each other are set side by side by a marker width, not moved in cost. Whiskers: the "
+                      "95% t interval of the accuracy over seeds. A time axis says where its times come from: bench "
+                      f"trials, each alone, or the sweep's own trials ({CONTENDED_MARK} beside a point whose time is "
+                      "the sweep's own among bench times).", "",
                       "![accuracy vs cost](efficiency_pareto.png)", ""]
     alone = bench_cost_table(bench) if not bench.empty else pd.DataFrame()
     if not alone.empty:
@@ -385,10 +393,11 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
     for d, dataset in enumerate(datasets):
         g = costs[costs["dataset"] == dataset].reset_index(drop=True)
         acc = 100 * g[JUDGED_ACC].to_numpy(float)
+        whiskers = 100 * g[[JUDGED_LO, JUDGED_HI]].to_numpy(float) if JUDGED_LO in g else np.full((len(g), 2), np.nan)
         top = np.nanmax(acc) if np.isfinite(acc).any() else math.nan
         floor = np.nanmin(acc[acc >= top - PARETO_Y_SPAN]) if math.isfinite(top) else math.nan  # lowest near the best
         low = acc < floor
-        pad = 0.08 * max(top - floor, 0.5)
+        y_range = accuracy_range(acc[~low], whiskers[~low])
         for m, (col, label) in enumerate(metrics):
             ax = fig.add_subplot(grid[2 * d, m])
             strip = fig.add_subplot(grid[2 * d + 1, m], sharex=ax)
@@ -408,43 +417,34 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
             else:
                 span = max(positive.max() - positive.min(), 0.05 * positive.max())
                 ax.set_xlim(positive.min() - 0.08 * span, positive.max() + 0.08 * span)
-            ax.set_ylim(floor - pad, top + pad)
+            ax.set_ylim(*y_range)
             ax.set_title(f"{dataset}: accuracy against {label}", fontsize=FONT["title"])
+            label, marked = axis_label(label, col, column(g, "timing", ""), shown)
             ax.tick_params(labelsize=FONT["tick"])
             strip.tick_params(labelsize=FONT["tick"])
             if m == 0:
                 ax.set_ylabel("test accuracy %\n(draw mean for random features)", fontsize=FONT["label"])
             if (low & shown).any():
-                lows = acc[low & shown]
-                lpad = max(2.0, 0.25 * (lows.max() - lows.min()))
-                strip.set_ylim(lows.min() - lpad, lows.max() + lpad)
+                strip.set_ylim(*accuracy_range(acc[low & shown], whiskers[low & shown], fraction=0.25, least=2.0))
                 ax.spines["bottom"].set_visible(False)
                 strip.spines["top"].set_visible(False)
                 ax.tick_params(axis="x", which="both", bottom=False, labelbottom=False)
                 for axis, y in ((ax, 0), (strip, 1)):  # the break marks of the broken accuracy axis
                     axis.plot([0, 1], [y, y], transform=axis.transAxes, ls=(0, (4, 3)), color="0.5", lw=0.8,
                               clip_on=False)
-                strip.set_xlabel(f"{label}{' (log)' if log else ''}", fontsize=FONT["label"])
+                strip.set_xlabel(textwrap.fill(f"{label}{' (log)' if log else ''}", 48), fontsize=FONT["label"])
                 if m == 0:
                     strip.set_ylabel(f"more than {fmt(PARETO_Y_SPAN)}\npoints below", fontsize=FONT["note"])
             else:
                 strip.set_visible(False)
-                ax.set_xlabel(f"{label}{' (log)' if log else ''}", fontsize=FONT["label"])
-            panels.append((ax, strip, g, cost, acc, shown, low))
-    handles = [Line2D([], [], ls="", marker="o", ms=8, color=c, label=a) for a, c in ATTENTION_COLOURS.items()
-               if a in set(costs["attention"])]
-    handles += [Line2D([], [], ls="", marker=markers[f], ms=8, color="0.35", label=f) for f in families]
-    handles += [Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.35", markeredgecolor="0.35",
-                       label="filled: qk_norm none"),
-                Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.88", markeredgecolor="0.35",
-                       label="light: qk_norm l2"),
-                Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.35", markeredgecolor="k", mew=2,
-                       label="black rim: features never redrawn"),
-                Line2D([], [], ls="--", marker="o", ms=11, markerfacecolor="none", markeredgecolor="k", color="k",
-                       lw=0.8, label="ringed, numbered: Pareto front (named above)")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=FONT["tick"], frameon=False)
+                ax.set_xlabel(textwrap.fill(f"{label}{' (log)' if log else ''}", 48), fontsize=FONT["label"])
+            panels.append((ax, strip, g, cost, acc, shown, low, marked))
+    whiskers = JUDGED_LO in costs and bool(np.isfinite(costs[JUDGED_LO].to_numpy(float)).any())
+    fig.legend(handles=pareto_legend(costs, markers, families, whiskers=whiskers,
+                                     marked=any(panel[-1].any() for panel in panels)),
+               loc="outside lower center", ncol=4, fontsize=FONT["tick"], frameon=False)
     fig.draw_without_rendering()  # the layout is final: page positions for the dodge
-    for ax, strip, g, cost, acc, shown, low in panels:
+    for ax, strip, g, cost, acc, shown, low, marked in panels:
         front = pareto_front(np.where(shown, cost, np.nan), acc)
         moved: dict[int, np.ndarray] = {}  # point -> its dodge offset (page points)
         for axis, rows in ((ax, shown & ~low), (strip, shown & low)):
@@ -466,6 +466,13 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
                 axis.scatter(cost[i], acc[i], s=MARKER_SIZE, marker=markers[pe_family(r["pe"])], transform=where,
                              facecolors=[face], edgecolors="k" if not_redrawn(r) else colour,
                              linewidths=1.8 if not_redrawn(r) else 1.0, zorder=3)
+                lo, hi = (100 * r.get(JUDGED_LO, math.nan), 100 * r.get(JUDGED_HI, math.nan))
+                if math.isfinite(lo) and math.isfinite(hi):  # the seeds' 95% t interval of the accuracy
+                    axis.errorbar(cost[i], acc[i], yerr=[[acc[i] - lo], [hi - acc[i]]], fmt="none", ecolor=colour,
+                                  elinewidth=0.9, capsize=2.5, transform=where, zorder=2)
+                if marked[i]:  # a contended time beside times measured alone
+                    axis.annotate(CONTENDED_MARK, (cost[i], acc[i]), xycoords=where, xytext=(5, -3),
+                                  textcoords="offset points", fontsize=FONT["note"], zorder=5)
         on_front = np.flatnonzero(front)
         on_front = on_front[np.argsort(cost[on_front])]
         for number, i in enumerate(on_front, 1):  # numbered rings; the names go under the panel's title
@@ -482,6 +489,71 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
         order = order[np.argsort(cost[order])]
         ax.plot(cost[order], acc[order], "k--", lw=0.8, zorder=2)
     return save_figure(fig, path)
+
+
+CONTENDED_MARK = "†"  # beside a point whose time is the sweep's own (contended) among bench times
+
+
+def accuracy_range(acc: np.ndarray, whiskers: np.ndarray, fraction: float = 0.08,
+                   least: float = 0.0) -> tuple[float, float]:
+    """An accuracy axis (points) holding every accuracy and its whiskers within 0-100 (a t interval of
+    two seeds can reach past them: its whisker runs off the axis), at least MIN_ACC_SPAN long, so a single
+    point or a tight cluster is not magnified into a difference; padded by `fraction` of its span, at
+    least `least` points, so no marker sits on an edge."""
+    values = np.concatenate([acc[np.isfinite(acc)], whiskers[np.isfinite(whiskers)]])
+    if not len(values):
+        return 0.0, 100.0
+    lo, hi = max(0.0, float(values.min())), min(100.0, float(values.max()))  # a whisker past 0 or 100 runs off
+    if hi - lo < MIN_ACC_SPAN:
+        middle = (lo + hi) / 2
+        lo, hi = middle - MIN_ACC_SPAN / 2, middle + MIN_ACC_SPAN / 2
+    margin = max(least, fraction * (hi - lo))
+    return lo - margin, hi + margin
+
+
+def axis_label(label: str, col: str, timing: pd.Series, shown: np.ndarray) -> tuple[str, np.ndarray]:
+    """(the cost axis' label, which points to mark CONTENDED_MARK): a time says where it was measured:
+    bench trials alone, or the sweep's own trials (contended when they ran side by side)."""
+    none = np.zeros(len(timing), dtype=bool)
+    kinds = set(timing[shown])
+    if col not in TIME_COLUMNS or not kinds:
+        return label, none
+    if kinds == {BENCH_TIMING}:
+        return f"{label} (bench trials, each alone)", none
+    own = {CONTENDED: "contended: trials ran side by side, not comparable", ONE_AT_A_TIME: "one trial at a time",
+           UNKNOWN_TIMES: "possibly contended"}
+    if BENCH_TIMING not in kinds:
+        return f"{label} (the sweep's own times, {'; '.join(own[k] for k in sorted(kinds))})", none
+    return (f"{label} (bench alone; {CONTENDED_MARK} the sweep's own times, contended)",
+            (timing != BENCH_TIMING).to_numpy(bool) & shown)
+
+
+def pareto_legend(costs: pd.DataFrame, markers: dict[str, str], families: list[str], *, whiskers: bool,
+                  marked: bool) -> list:
+    """Legend entries for what the figure shows, nothing else: the attentions and encodings present, qk_norm
+    faces where both kinds are, the black rim where a variant never redrew, whiskers and marks if drawn."""
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], ls="", marker="o", ms=8, color=c, label=a) for a, c in ATTENTION_COLOURS.items()
+               if a in set(costs["attention"])]
+    handles += [Line2D([], [], ls="", marker=markers[f], ms=8, color="0.35", label=f) for f in families]
+    if set(costs["qk_norm"]) - {"none"}:
+        handles += [Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.35", markeredgecolor="0.35",
+                           label="filled: qk_norm none")] * ("none" in set(costs["qk_norm"]))
+        handles += [Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.88", markeredgecolor="0.35",
+                           label="light: qk_norm l2")]
+    if any(not_redrawn(r) for _, r in costs.iterrows()):
+        handles.append(Line2D([], [], ls="", marker="o", ms=8, markerfacecolor="0.35", markeredgecolor="k", mew=2,
+                              label="black rim: features never redrawn"))
+    if whiskers:
+        handles.append(Line2D([], [], ls="-", marker="|", ms=6, color="0.35", lw=0.9,
+                              label="whiskers: 95% t interval over seeds"))
+    if marked:
+        handles.append(Line2D([], [], ls="", marker=f"${CONTENDED_MARK}$", ms=7, color="k",
+                              label="time measured beside other trials"))
+    handles.append(Line2D([], [], ls="--", marker="o", ms=11, markerfacecolor="none", markeredgecolor="k", color="k",
+                          lw=0.8, label="ringed, numbered: Pareto front (named above)"))
+    return handles
 
 
 def main() -> None:

@@ -309,7 +309,8 @@ def effect_list(assessment: Assessment, backend: str) -> str:
             "ahead": f"no gap to close: {backend}+ape is ahead of softmax+ape, {gap.text(backend)}",
             "not resolved": f"{gap.text(backend)}: {gap.why.split(':')[0]}, so G is not defined",
             "one seed": f"{gap.text(backend)}: one seed, no interval"}[gap.state]
-    head = f"Holm over k = {assessment.k}: {head}"
+    head = (f"Holm over k = {assessment.k}: {head}" if assessment.k else
+            f"no comparison has an interval (one seed), so nothing is Holm-corrected: {head}")
     groups: dict[str, list[str]] = {}
     for pe, c in sorted(assessment.closures.items(), key=lambda kv: EFFECT_ORDER.index(
             next(e for e in EFFECT_ORDER if kv[1].effect.startswith(e)))):
@@ -342,11 +343,13 @@ def disagreement(first: Assessment, second: Assessment, backend: str) -> str:
 
 
 def count_text(values: list, unit: str) -> str:
-    """'3 seeds', '2–3 seeds'; for the verdict header."""
+    """'3 seeds', '1 seed', '2–3 seeds' (unit given in the plural); for the verdict header."""
     if not values:
         return f"{unit} not recorded"
     lo, hi = min(values), max(values)
-    return f"{fmt(lo)} {unit}" if lo == hi else f"{fmt(lo)}–{fmt(hi)} {unit}"
+    if lo == hi:
+        return f"{fmt(lo)} {unit[:-1] if lo == 1 else unit}"
+    return f"{fmt(lo)}–{fmt(hi)} {unit}"
 
 
 def verdict(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame, assessed: dict[str, dict[Config, Assessment]]
@@ -479,9 +482,12 @@ FONT = {"tick": 9, "label": 10, "title": 11, "note": 8}  # points; the figure is
 
 
 def interval_caption(intervals: list[Interval]) -> str:
-    """What the whiskers are, with the seed counts n of the groups behind them; no whiskers with one seed."""
+    """What the whiskers are, with the seed counts n of the groups behind them; no whiskers with one seed;
+    no bars at all: why (the notes under the configurations say it for each)."""
     bounded = [iv for iv in intervals if iv.bounded]
     counts = sorted({k for iv in bounded for k in iv.n})
+    if not intervals:
+        return "no G bar: no configuration has a finite G on either accuracy (why: under each configuration)"
     if not bounded:
         return "no whiskers: fewer than 2 seeds in a group, so no interval"
     n = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}–{counts[-1]}"
@@ -496,18 +502,20 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
     n). A configuration whose gap gives no G on an accuracy gets one note saying why inside its slot
     instead of a bar per encoding; a single missing G is marked 'n/a', and a G whose interval is
     unbounded (the gap not resolved at 95%) 'unbounded', without a bar: no finite bar could stand for
-    it. The axis stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does not flatten every other
-    bar; an interval end beyond it is written at the edge. Everything is drawn inside the axes."""
+    it. The axis holds 0, 1 and every bar with its whiskers (g_axis_range), but stops at +-G_AXIS_LIMIT,
+    so one tiny gap's huge interval does not flatten every other bar; an interval end beyond it is
+    written at the edge. The legend names only what is drawn. Everything is drawn inside the axes."""
     plt = pyplot()
     datasets = sorted({c[0] for c in assessed[TRAIN_DRAW]})
     fig, axes = plt.subplots(len(datasets), 1, figsize=(13, 4.8 * len(datasets)), squeeze=False, layout="constrained")
     all_pes = sorted({pe for a in assessed[TRAIN_DRAW].values() for pe in a.closures})
     colours = {pe: f"C{j}" for j, pe in enumerate(all_pes)}
     drawn: list[Interval] = []
+    kinds: set[tuple[str, str]] = set()  # (metric, pe) of every bar drawn: the legend's entries
     for ax, dataset in zip(axes[:, 0], datasets):
         configs = [c for c in assessed[TRAIN_DRAW] if c[0] == dataset]
-        ax.set_ylim(-G_AXIS_LIMIT, G_AXIS_LIMIT)
         ax.set_xlim(-0.5, len(configs) - 0.5)
+        in_panel = len(drawn)
         pes = sorted({pe for c in configs for pe in assessed[TRAIN_DRAW][c].closures})
         width = 0.8 / max(1, 2 * len(pes))
         ticks = []
@@ -525,9 +533,11 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
                     xpos = i + (2 * j + k - (2 * len(pes) - 1) / 2) * width
                     if draw_bar(ax, xpos, width, closures[pe].G, colours[pe], hatch, None):
                         drawn.append(closures[pe].G)
+                        kinds.add((metric, pe))
             _, b, q, r = config
             ticks.append("\n".join([b, f"qk_norm {q}", f"redraw {r}".replace(" until", "\nuntil"),
                                     *(line for note in notes for line in textwrap.wrap(f"[{note}]", 24))]))
+        ax.set_ylim(*g_axis_range(drawn[in_panel:]))
         ax.axhline(0, color="k", lw=0.8)
         ax.axhline(1, color="k", lw=0.8, ls="--")
         ax.set_xticks(range(len(configs)), ticks, fontsize=FONT["tick"])
@@ -536,13 +546,27 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
         ax.set_title(f"{dataset}: G of each Performer configuration b and encoding pe", fontsize=FONT["title"])
     from matplotlib.patches import Patch
 
-    handles = [Patch(facecolor=colours[pe], label=pe) for pe in all_pes]
-    handles += [Patch(facecolor="white", edgecolor="k", label="solid: draw mean (judged)"),
-                Patch(facecolor="white", edgecolor="k", hatch="//", label="hatched: training draw")]
-    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=FONT["tick"],
-               frameon=False)
+    handles = [Patch(facecolor=colours[pe], label=pe) for pe in all_pes if any(k[1] == pe for k in kinds)]
+    handles += [Patch(facecolor="white", edgecolor="k", label="solid: draw mean (judged)")] * any(
+        k[0] == DRAW_MEAN for k in kinds)
+    handles += [Patch(facecolor="white", edgecolor="k", hatch="//", label="hatched: training draw")] * any(
+        k[0] == TRAIN_DRAW for k in kinds)
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=FONT["tick"],
+                   frameon=False)
     fig.suptitle(interval_caption(drawn), fontsize=FONT["label"])
     return save_figure(fig, path)
+
+
+def g_axis_range(bars: list[Interval]) -> tuple[float, float]:
+    """The G axis of a panel: 0 and 1 (the two reference lines) and each bar with its finite whisker ends,
+    within +-G_AXIS_LIMIT, padded by 10% where not cut there: a small G with a small interval is readable,
+    not a flat line."""
+    values = [0.0, 1.0] + [v for iv in bars for v in (iv.point, iv.lo, iv.hi) if math.isfinite(v)]
+    lo, hi = max(min(values), -G_AXIS_LIMIT), min(max(values), G_AXIS_LIMIT)
+    pad = 0.1 * (hi - lo)
+    # a side cut at the limit ends there, where draw_bar writes the whisker's true end
+    return lo - pad * (lo > -G_AXIS_LIMIT), hi + pad * (hi < G_AXIS_LIMIT)
 
 
 def no_G_reason(assessment: Assessment, backend: str) -> str:
@@ -561,8 +585,8 @@ def draw_bar(ax, xpos: float, width: float, G: Interval, color: str, hatch: str 
     """One G bar with its interval, or an 'n/a' / 'unbounded' label; True if a bar (and so its legend label)
     was drawn. Whiskers only for a bounded interval (every group with 2 or more seeds)."""
     if not math.isfinite(G.point) or G.unbounded:  # no G, or any G of either sign is compatible with the seeds
-        ax.text(xpos, 0.1, "unbounded" if G.unbounded else "n/a", ha="center", va="bottom",
-                fontsize=FONT["note"], rotation=90)
+        ax.annotate("unbounded" if G.unbounded else "n/a", (xpos, 0.0), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=FONT["note"], rotation=90)  # just above 0, at any scale
         return False
     err = [[G.point - G.lo], [G.hi - G.point]] if G.bounded else None
     ax.bar(xpos, G.point, width, yerr=err, capsize=2, color=color, hatch=hatch, alpha=0.6 if hatch else 1.0,

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def vmap_blockers(model: nn.Module) -> list[str]:
@@ -71,8 +72,17 @@ class StackedModels:
 
     def vmapped(self, member_fn: Callable[..., "tuple[Tensor, Tensor]"]) -> Callable[..., "tuple[Tensor, Tensor]"]:
         """member_fn(params, buffers, *batched inputs) mapped over the members (randomness is an
-        error: everything random is drawn outside, per member)."""
-        return vmap(member_fn, randomness="error")
+        error: everything random is drawn outside, per member). Exact attention runs SDPA's math
+        kernel inside: the fused kernels (flash, memory-efficient) have no vmap batching rule, so vmap
+        would run them member by member ("performance drop" warnings), while the math kernel is
+        matmuls and a softmax, batched over the members like every other op."""
+        mapped = vmap(member_fn, randomness="error")
+
+        def run(*args: Tensor) -> "tuple[Tensor, Tensor]":
+            with sdpa_kernel(SDPBackend.MATH):
+                return mapped(*args)
+
+        return run
 
     def member_optimizer_state(self, state: dict, i: int) -> dict:
         """Member i's slice of the stacked optimizer's state_dict, in the layout a solo run's optimizer

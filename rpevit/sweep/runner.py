@@ -86,6 +86,9 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
               f"results in {out_dir}")
         if deadline is not None:
             print(f"deadline {deadline.describe()}: only trials predicted to end before it start", flush=True)
+        if plan.pending:  # the driver prints counts only: where each trial's own lines are
+            print(f"each trial's lines (epochs, evaluation stages): {out_dir / 'trials'}/<trial_key>/log.txt, "
+                  f"and in the dashboard under its actor's STDOUT log (Logs, or Actors -> ImplicitFunc)", flush=True)
         if not plan.pending:
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info())
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)

@@ -43,7 +43,8 @@ from rpevit.sweep.space import SpaceError
 FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # "1": no native crash handler (read at `import ray`)
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (read at `import ray`)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x writes its dashboard token
+RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x keeps its dashboard token ($RAY_AUTH_TOKEN_PATH: there)
+WORKER_NICENESS_ENV = "RAY_worker_niceness"  # Ray's nice increment for its workers (default 15); 0: the node's
 
 
 def prefer_loopback(address: str | None) -> bool:
@@ -213,7 +214,8 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
     import ray
 
     env = {NOSET_ENV: "1"} if 0 < gpus < 1 else {}  # see rpevit.sweep.gpus
-    runtime_env = {"env_vars": env} if env else None
+    env[WORKER_NICENESS_ENV] = "0"  # trials at the niceness of their node's Ray (a local sweep: the driver's)
+    runtime_env = {"env_vars": env}
     if address:
         try:
             with bounded(JOIN_TIMEOUT_S, f"{where} has value {address!r}, but no Ray cluster answered there within "
@@ -224,6 +226,7 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
             raise SpaceError(f"{where} has value {address!r}, but Ray could not join a cluster there "
                              f"({' '.join(str(err).split())[:300]}); allowed: {ADDRESS_ALLOWED}") from err
     else:
+        create_private_token()  # before Ray would write one readable by every user
         with temporary_environ({LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}):
             ctx = ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", runtime_env=runtime_env,
                            log_to_driver=False, _temp_dir=str(private_temp_dir()))
@@ -235,12 +238,50 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
                              f"or join a cluster with --address")
     url = getattr(ctx, "dashboard_url", None)
     resources = ray.cluster_resources()
-    token_file = private_token_file()
-    auth = ("" if not url or os.environ.get("RAY_AUTH_MODE", "token") == "disabled" else
-            f"  (Ray token auth: open the URL and paste the token from $RAY_AUTH_TOKEN or {token_file} when asked)")
+    private_token_file(token_path())
     where = f"joined {address}" if address else "started locally on 127.0.0.1"
     print(f"ray {where}: {resources.get('CPU', 0):g} CPU, {resources.get('GPU', 0):g} GPU, "
-          f"{len(ray.nodes())} node(s); dashboard: {'http://' + url if url else 'off'}{auth}", flush=True)
+          f"{len(ray.nodes())} node(s); dashboard: {'http://' + url if url else 'off'}{dashboard_note(url)}",
+          flush=True)
+
+
+def dashboard_note(url: str | None) -> str:
+    """How to open the dashboard: paste the token (where it is), and an SSH tunnel from another machine."""
+    if not url or os.environ.get("RAY_AUTH_MODE", "token").lower() == "disabled":
+        return ""
+    where = ("$RAY_AUTH_TOKEN" if os.environ.get("RAY_AUTH_TOKEN") else
+             f"{token_path()} (`ray get-auth-token` prints it)")
+    port = url.rsplit(":", 1)[-1]
+    return (f"  (token auth: paste the token from {where} when the page asks; from another machine: "
+            f"ssh -L {port}:127.0.0.1:{port} <this host>, then open http://127.0.0.1:{port})")
+
+
+def token_path() -> Path:
+    """Where Ray reads its auth token: $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token."""
+    return Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or RAY_TOKEN_FILE).expanduser()
+
+
+def create_private_token(path: Path | None = None) -> None:
+    """Write the token Ray will use (64 hex digits, as Ray's own) readable by the owner alone (0600),
+    before an embedded Ray starts: Ray would create it readable by every user, and any user reading
+    it could use the dashboard and submit jobs until rpevit narrowed it. Nothing when the token is in
+    $RAY_AUTH_TOKEN, token auth is off, or the file exists (private_token_file narrows it); never
+    through a symbolic link (O_NOFOLLOW | O_EXCL)."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_MODE", "token").lower() == "disabled":
+        return
+    path = path or token_path()
+    if path.exists() or path.is_symlink():
+        return
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_hex(32))
+    except FileExistsError:  # another driver wrote it first: Ray reads that one
+        return
+    except OSError as err:
+        print(f"warning: could not create {path} privately ({err.strerror or err}); Ray writes it instead: "
+              f"chmod 600 it by hand", file=sys.stderr, flush=True)
 
 
 def private_temp_dir() -> Path:

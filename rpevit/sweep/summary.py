@@ -1,19 +1,30 @@
 """What a run of a sweep did, computed from the Parquet rows (`compute_summary`), apart from how it is
-printed (`print_summary`): the result table of the space's trials, this run's throughput (time
-spent outside the trials), the files, the exit code, and the command that continues the sweep.
+printed (`print_summary`): the result table of the space's variants (ranked by the judged accuracy,
+mean over seeds with its 95% t interval, rpevit.analysis.stats), this run's throughput (time spent
+outside the trials), the files, the exit code, the command that continues the sweep, and what to
+run next (TensorBoard, the analysis of this folder and where its figures land).
 """
 from __future__ import annotations
 
 import math
+import os
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
+from rpevit.analysis.common import has_random_features, judged_accuracy
+from rpevit.analysis.stats import Interval, mean_interval
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import EPOCHS_FILE, TRIALS_FILE, driver_trials, select_keys, trial_seconds, unix_seconds
+from rpevit.sweep.results import (EPOCHS_FILE, TENSORBOARD_DIR, TRIALS_FILE, driver_trials, select_keys,
+                                  trial_seconds, unix_seconds)
 from rpevit.sweep.space import Space
+
+REPORT_SCRIPT = Path(__file__).resolve().parents[2] / "analysis" / "report.py"  # the analysis of a sweep folder
 
 
 @dataclass
@@ -59,11 +70,29 @@ class ResumeInfo:
 
 
 @dataclass
+class VariantRow:
+    """One variant of the space (its trials differ only in seed): the judged accuracy over its ok seeds
+    and, for a random-feature variant, the accuracy of its training draw beside it."""
+    label: str
+    judged: Interval  # mean [95% t interval] (n) of the judged accuracy; NaN point without an ok seed
+    training_draw: Interval | None = None  # random-feature variants: test_acc, the one draw they trained with
+    ok: int = 0
+    failed: int = 0
+    not_run: int = 0
+
+    @property
+    def status(self) -> str:
+        counts = ((self.ok, OK), (self.failed, FAILED), (self.not_run, "not run"))
+        return ", ".join(f"{n} {what}" for n, what in counts if n)
+
+
+@dataclass
 class SweepSummary:
     """Everything the summary says, as data."""
     outcome: SweepOutcome
-    metric_title: str = ""  # the value column's heading ("" when there is no table)
-    table: list[tuple[str, str, str]] = field(default_factory=list)  # (trial label, status, value or error)
+    metric_title: str = ""  # the judged column's heading ("" when the task has no accuracy)
+    table: list[VariantRow] = field(default_factory=list)  # ranked, best first
+    trial_table: list[tuple[str, str]] = field(default_factory=list)  # (trial label, status): tasks without accuracy
     throughput: str = ""  # this run's wall time and time outside the trials, in words ("" if nothing ran)
     counts: tuple[int, int, int] = (0, 0, 0)  # ok, failed, not run
     files: list[str] = field(default_factory=list)
@@ -71,6 +100,7 @@ class SweepSummary:
     deadline_line: str = ""
     continue_command: str = ""  # "" when nothing is left to run
     continue_note: str = ""
+    next_steps: list[tuple[str, str]] = field(default_factory=list)  # (command, what it gives)
 
 
 def judged_value(row: dict, metric: str) -> Any:
@@ -97,26 +127,81 @@ def compute_summary(out_dir: Path, space: Space, wall_s: float, slots: int = 0, 
         _add_continue(summary, space, resume, deadline, missing)
         return summary
     labels = {k: space.label(i) for i, k in enumerate(space.keys)}
-    metric = next((m for m in ("test_acc", "final_val_acc") if m in table.columns), None)
-    judged = metric == "test_acc" and "test_acc_draw_mean" in table.columns
-    rows = []
-    for row in table.itertuples(index=False):
-        value = judged_value(row._asdict(), metric) if metric else ""
-        shown = f"{value:.4f}" if isinstance(value, float) and math.isfinite(value) else str(value)
-        rows.append((labels.get(row.trial_key, row.trial_key), row.status,
-                     shown if row.status == OK else str(row.error)[:100]))
     not_run = set(space.keys) - set(table["trial_key"])
     failed = table[table["status"] == FAILED]
     summary = SweepSummary(
         SweepOutcome(0 if (len(failed) == 0 and not_run <= left) else 1, wall_s, slots=slots),
-        metric_title="test acc (draw mean where random features: judged)" if judged else metric or "", table=rows,
         counts=(int((table["status"] == OK).sum()), len(failed), len(not_run)),
         files=[str(out_dir / name) for name in (TRIALS_FILE, EPOCHS_FILE) if (out_dir / name).exists()],
         failures=[(labels.get(r.trial_key, r.trial_key), str(r.error)) for r in failed.itertuples(index=False)])
+    if "test_acc" in table.columns or "final_val_acc" in table.columns:
+        summary.metric_title, summary.table = variant_table(table, space)
+    else:
+        summary.trial_table = [(labels.get(r.trial_key, r.trial_key), r.status) for r in table.itertuples(index=False)]
     summary.throughput = _throughput(summary.outcome, table, space, wall_s, slots, started_after)
     if not_run or deadline is not None:
         _add_continue(summary, space, resume, deadline, not_run)
+    summary.next_steps = next_steps(out_dir)
     return summary
+
+
+def variant_table(table: pd.DataFrame, space: Space) -> tuple[str, list[VariantRow]]:
+    """(heading, rows): one row per variant of the space (its trials differ only in seed), ranked by
+    the judged accuracy's mean over the ok seeds, best first (variants without one last, in space
+    order). Judged: test_acc_draw_mean for random-feature rows (one draw is a lottery), test_acc
+    otherwise (rpevit.analysis.common.judged_accuracy); final_val_acc for tasks with no test_acc."""
+    ok = table[table["status"] == OK]
+    if "test_acc" in table.columns:
+        judged, heading = judged_accuracy(ok), "judged test acc"
+    else:
+        judged, heading = pd.to_numeric(ok["final_val_acc"], errors="coerce"), "final_val_acc"
+    random_features = has_random_features(ok)
+    status = dict(zip(table["trial_key"], table["status"]))
+    groups: dict[str, list[int]] = {}
+    for i, trial in enumerate(space.trials):
+        groups.setdefault(_without_seed(space, i), []).append(i)
+    rows = []
+    for label, members in groups.items():
+        keys = [space.keys[i] for i in members]
+        mine = ok["trial_key"].isin(keys)
+        rf = bool(random_features[mine].any())
+        rows.append(VariantRow(
+            label, mean_interval(judged[mine]),
+            mean_interval(pd.to_numeric(ok.loc[mine, "test_acc"], errors="coerce")) if rf else None,
+            ok=int(mine.sum()), failed=sum(status.get(k) == FAILED for k in keys),
+            not_run=sum(k not in status for k in keys)))
+    rank = lambda r: -r.judged.point if math.isfinite(r.judged.point) else math.inf  # noqa: E731
+    return heading, sorted(rows, key=rank)
+
+
+def _without_seed(space: Space, index: int) -> str:
+    """The trial's label without its seed: the variant it is a seed of."""
+    trial = space.trials[index]
+    fields = [n for n in space.varying_fields() if n != "seed"]
+    return " ".join(f"{n}={trial[n]}" for n in fields) or space.name
+
+
+def next_steps(out_dir: Path) -> list[tuple[str, str]]:
+    """What to run next on this folder: TensorBoard where trials wrote epoch curves, and the analysis
+    report (tables with intervals, and the figures beside it)."""
+    folder = _shown_path(out_dir)
+    steps = []
+    if (out_dir / TENSORBOARD_DIR).is_dir():
+        steps.append((f"tensorboard --logdir {shlex.quote(str(Path(folder) / TENSORBOARD_DIR))}",
+                      "the epoch curves of every trial, at http://localhost:6006"))
+    steps.append((f"python {shlex.quote(_shown_path(REPORT_SCRIPT))} {shlex.quote(folder)}",
+                  f"tables with 95% intervals over seeds in {Path(folder) / 'report.md'}, its figures (*.png) "
+                  f"beside it"))
+    return steps
+
+
+def _shown_path(path: Path) -> str:
+    """The path relative to the working directory where it lies below it, else absolute."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return str(absolute.relative_to(Path.cwd()))
+    except ValueError:
+        return str(absolute)
 
 
 def _throughput(outcome: SweepOutcome, table: Any, space: Space, wall_s: float, slots: int,
@@ -163,13 +248,13 @@ def _add_continue(summary: SweepSummary, space: Space, resume: ResumeInfo, deadl
 
 def print_summary(summary: SweepSummary, deadline: bool = False) -> None:
     """The summary as the runner prints it (failures on stderr)."""
-    if not summary.table:
+    if not summary.table and not summary.trial_table:
         print("no trial finished" + ("; " if not deadline else ""), end="" if not deadline else "\n")
         _print_continue(summary)
         return
-    print(f"\n{'trial':<48} {'status':<7} {summary.metric_title}")
-    for label, status, shown in summary.table:
-        print(f"{label[:48]:<48} {status:<7} " + shown)
+    print()
+    print(format_variant_table(summary) if summary.table else
+          "\n".join(f"{label[:60]:<60} {status}" for label, status in [("trial", "status"), *summary.trial_table]))
     if summary.throughput:
         print(summary.throughput)
     ok, failed, missing = summary.counts
@@ -180,6 +265,30 @@ def print_summary(summary: SweepSummary, deadline: bool = False) -> None:
         print("failures:", file=sys.stderr)
         for label, error in summary.failures:
             print(f"  {label}: {error}", file=sys.stderr)
+    if summary.next_steps:
+        print("next:")
+        for command, what in summary.next_steps:
+            print(f"  {command}\n      {what}")
+
+
+def format_variant_table(summary: SweepSummary) -> str:
+    """The ranked variants: judged accuracy mean [95% t interval] (n) over seeds, the training draw of
+    random-feature variants beside it, and what ran of each."""
+    random_features = any(r.training_draw is not None for r in summary.table)
+    head = ["rank", "variant", f"{summary.metric_title}: mean [95% interval] (n seeds)"]
+    head += ["training draw"] if random_features else []
+    lines = [[*head, "trials"]]
+    for rank, row in enumerate(summary.table, 1):
+        cells = [str(rank) if math.isfinite(row.judged.point) else "-", row.label, row.judged.text(digits=4)]
+        cells += [row.training_draw.text(digits=4) if row.training_draw is not None else ""] if random_features else []
+        lines.append([*cells, row.status])
+    widths = [max(len(line[j]) for line in lines) for j in range(len(lines[0]))]
+    table = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    if random_features:
+        table.append("judged: a random-feature model by its mean accuracy over fresh draws (test_acc_draw_mean); its "
+                     "training draw (test_acc, the one draw it trained with) is beside it, not ranked: one draw is a "
+                     "lottery (docs/random_features.md)")
+    return "\n".join(table)
 
 
 def _print_continue(summary: SweepSummary) -> None:

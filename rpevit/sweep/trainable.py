@@ -58,7 +58,7 @@ from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in i
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import claim_least_loaded_gpu
 from rpevit.sweep.protocol import EPOCH, NOTE, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
-from rpevit.sweep.results import trial_folder
+from rpevit.sweep.results import TENSORBOARD_DIR, trial_folder
 from rpevit.tasks.bench import combine_repeats
 from rpevit.tasks.budget_ladder import Branch
 
@@ -252,7 +252,6 @@ def report_epoch(key: str, row: dict) -> None:
     tune.report(Report(EPOCH, key, dict(row)).to_tune())
 
 
-TENSORBOARD_DIR = "tensorboard"  # results/<sweep>/tensorboard/<trial_key>/: one event file per trial
 EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event files
 
 

@@ -252,6 +252,7 @@ class Progress(Callback):
         self.best: tuple[float, str] = (-math.inf, "")
         self.last = 0.0
         self.notes: set[str] = set()
+        self.shown = ""  # the last line printed, without its time
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         """Best = the highest judged test accuracy of the finished trials (summary rows): the mean over
@@ -283,18 +284,22 @@ class Progress(Callback):
         self.show(trials, force=True)
 
     def show(self, trials, force: bool = False) -> None:
+        """The line every every_s (a heartbeat), and at once when a trial ends or fails: there only if it
+        says something new (several trials ending together, then the experiment, print one line)."""
         if not force and time.monotonic() - self.last < self.every_s:
             return
-        self.last = time.monotonic()
         trials = [t for t in trials if members_of(t)]  # not the warm-up trials
         count = lambda *s: sum(t.status in s for t in trials)  # noqa: E731
         best = f"{self.best[0]:.4f} ({self.best[1]})" if self.best[1] else "-"
         groups = [_group_label(members_of(t)) for t in trials
                   if t.status == "RUNNING" and len(members_of(t)) > 1 and TrialSpec.from_tune_config(t.config).fused]
         running = f" | running groups: {'; '.join(groups)}" if groups else ""
-        print(f"[{time.strftime('%H:%M:%S')}] running {count('RUNNING')} | pending "
-              f"{count('PENDING', 'PAUSED')} | done {count('TERMINATED')} | failed "
-              f"{count('ERROR')} | of {self.total} | best judged test acc {best}{running}", flush=True)
+        line = (f"running {count('RUNNING')} | pending {count('PENDING', 'PAUSED')} | done {count('TERMINATED')} | "
+                f"failed {count('ERROR')} | of {self.total} | best judged test acc {best}{running}")
+        if force and line == self.shown:
+            return
+        self.last, self.shown = time.monotonic(), line
+        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
 def _group_label(members: tuple[Member, ...]) -> str:

@@ -19,8 +19,8 @@ from rpevit import checkpoint, metrics
 from rpevit.attention.kernelized import advance_random_features, set_training_length
 from rpevit.config import TrialConfig, field_error
 from rpevit.data import Splits, augment_images, batch_indices, load_splits
-from rpevit.evaluation import (FIDELITY_IMAGES, draw_aware_accuracy, fidelity_row, random_feature_layers,
-                               rotation_accuracy, rotation_keys, softmax_swap_accuracy)
+from rpevit.evaluation import (FIDELITY_IMAGES, EvalLog, fidelity_row, final_evaluation, random_feature_layers,
+                               rotation_keys)
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
@@ -205,7 +205,7 @@ def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = 
             if on_epoch is not None:
                 on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
 
-        return summarize(model, data, cfg, device, history, compile_fallback=forward_loss.fallback)
+        return summarize(model, data, cfg, device, history, log, compile_fallback=forward_loss.fallback)
 
 
 def solo_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, forward_loss: Callable,
@@ -262,41 +262,26 @@ def _validation(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.
             "val_acc": (logits.argmax(-1) == data.y_val).float().mean().item()}
 
 
-def validation_draw_mean(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device) -> float:
-    """Validation accuracy of a random-feature model averaged over fresh draws (the draws of the test
-    evaluation): what anything chosen for such a model (a scale, a schedule) is chosen on, so that
-    the test set is read once per trial, at the end. NaN without random features or a validation set."""
-    if len(data.x_val) == 0:
-        return math.nan
-    return draw_aware_accuracy(model, lambda m: predict(m, data, data.x_val, cfg, device), data.y_val,
-                               cfg.eval_draws)["test_acc_draw_mean"]
-
-
 def fidelity_batch(data: Splits) -> Tensor:
     """The fixed, normalised test images of the attention-fidelity metric (the same every epoch)."""
     return data.normalize(data.x_test[:FIDELITY_IMAGES])
 
 
 def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device,
-              history: list[dict], compile_fallback: str = "") -> dict:
+              history: list[dict], log: Callable[[str], None] | None = None, compile_fallback: str = "") -> dict:
     """Test metrics, draw-aware and softmax-swap accuracy, attention fidelity, information criteria,
-    FLOPs, timing, memory and environment in one flat row. `compile_fallback`: why a compiled run
-    went eager ("" when it did not: rpevit.training.GuardedCompile)."""
-    def predict_test(m: nn.Module) -> Tensor:
-        return predict(m, data, data.x_test, cfg, device)
-
-    logits = predict_test(model)
-    quality = metrics.classification_metrics(logits, data.y_test)
-    draw_aware = {**draw_aware_accuracy(model, predict_test, data.y_test, cfg.eval_draws),
-                  "test_acc_softmax_swap": softmax_swap_accuracy(model, cfg, predict_test, data.y_test),
-                  **fidelity_row(model, fidelity_batch(data))}
-    draw_aware["val_acc_draw_mean"] = validation_draw_mean(model, data, cfg, device)
-    draw_aware.update(rotation_accuracy(model, lambda m, x: predict(m, data, x, cfg, device), data.x_test, data.y_test,
-                                        cfg.eval_draws, cfg.eval_rotations,
-                                        upright=(quality["test_acc"], draw_aware["test_acc_draw_mean"])))
+    FLOPs, timing, memory and environment in one flat row; `log` gets a progress line per stage of
+    the evaluation (rpevit.evaluation.EvalLog) as the training gets one per epoch. `compile_fallback`:
+    why a compiled run went eager ("" when it did not: rpevit.training.GuardedCompile)."""
+    progress = EvalLog(log or (lambda _msg: None), stages=4)
+    draw_aware = final_evaluation(model, data, cfg, device, progress)
+    with progress.stage(f"fidelity on {FIDELITY_IMAGES} test images") as note:
+        draw_aware.update(fidelity_row(model, fidelity_batch(data)))
+        note["result"] = f"attn_tv_to_softmax {draw_aware['attn_tv_to_softmax']:.4f},"
     params = metrics.count_parameters(model)
-    example = data.normalize(data.x_test[:2])
-    flops, unsupported = count_flops(model, example)
+    with progress.stage("FLOPs") as note:
+        flops, unsupported = count_flops(model, data.normalize(data.x_test[:2]))
+        note["result"] = f"{flops:,} per image,"
     batch = data.normalize(data.x_test[: cfg.eval_batch_size])
 
     def infer() -> None:
@@ -304,15 +289,16 @@ def summarize(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.de
             model(batch)
 
     model.eval()
-    infer_s = metrics.median_time(infer, device, warmup=2, iters=5)
+    with progress.stage(f"inference timing (batch {len(batch)})") as note:
+        infer_s = metrics.median_time(infer, device, warmup=2, iters=5)
+        note["result"] = f"{1000.0 * infer_s / len(batch):.3f} ms per image,"
     epoch_times = [row["epoch_s"] for row in history]
     train_s_per_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else float("nan")
     peak_mb, peak_kind = metrics.peak_memory_mb(device)
     return {
         **cfg.resolved().to_dict(),
-        **quality,
         **draw_aware,
-        **metrics.information_criteria(quality["log_likelihood"], params, len(data.y_test)),
+        **metrics.information_criteria(draw_aware["log_likelihood"], params, len(data.y_test)),
         "params": params,
         "flops": flops,
         "flops_unsupported": ",".join(sorted(unsupported)),

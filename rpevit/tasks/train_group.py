@@ -185,6 +185,7 @@ def _train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict
             models[i].eval()
             try:
                 outcomes[i] = {**summarize(models[i], data, cfgs[i], device, history[i],
+                                           lambda msg, tag=tags[i]: log(f"{tag} {msg}"),
                                            compile_fallback=stepper.forward_loss.fallback), "fused_members": k}
             except Exception as err:  # noqa: BLE001 - one member's evaluation failing fails that member only
                 outcomes[i] = err

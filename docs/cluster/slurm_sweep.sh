@@ -1,0 +1,47 @@
+#!/bin/bash
+# An rpevit sweep on a SLURM allocation: Ray on every node through Ray's documented `ray symmetric-run`
+# (Ray >= 2.49: starts the head on the first node and a worker on each other node, runs the sweep driver
+# on the head only, stops Ray afterwards), with a --deadline inside the job's --time. From the checkout,
+# which must lie on storage every node sees (as RESULTS must):
+#   sbatch docs/cluster/slurm_sweep.sh
+#   SPACE=search_spaces/all12.yaml DATA=/shared/data RESULTS=/shared/results sbatch docs/cluster/slurm_sweep.sh
+# Submitting it again continues the sweep where the last job stopped (--resume); docs/cluster.md.
+#SBATCH --job-name=rpevit-sweep
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --exclusive
+#SBATCH --cpus-per-task=16
+#SBATCH --gpus-per-task=1
+#SBATCH --time=04:00:00
+#SBATCH --output=rpevit-sweep-%j.out
+set -euo pipefail
+
+SPACE=${SPACE:-search_spaces/all12.yaml}
+RESULTS=${RESULTS:-$PWD/results}   # shared storage: every node writes trial checkpoints and logs there
+DATA=${DATA:-}                     # folder of <dataset>.npz, the same path on every node ('' for digits)
+MARGIN_MIN=${MARGIN_MIN:-20}       # start no trial predicted to end later than this before the job's end
+PORT=${PORT:-6379}                 # the Ray head's GCS port on the first node
+PYTHON=${PYTHON:-python}           # the interpreter rpevit is installed in, on every node
+# Load the environment every node runs in here, e.g.: module load cuda; source "$PWD/.venv/bin/activate"
+
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+address="$head_node:$PORT"
+
+# The job's end (local time, e.g. 2026-11-23T18:00:00) minus the margin: the sweep starts only the
+# trials its estimates say end before it, lets them finish, and prints the command that continues.
+deadline=()
+end=$(squeue --noheader --jobs "$SLURM_JOB_ID" --format=%e)
+if [[ "$end" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+$ ]]; then
+  deadline=(--deadline "$(date --date "${end/T/ } $MARGIN_MIN minutes ago" +%Y-%m-%dT%H:%M)")
+fi
+data=()
+if [[ -n "$DATA" ]]; then
+  data=(--data-dir "$DATA")
+fi
+echo "ray head at $address on $SLURM_JOB_NUM_NODES node(s); job ends ${end:-?}; ${deadline[*]:-no deadline}"
+
+srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
+  ray symmetric-run --address "$address" --min-nodes "$SLURM_JOB_NUM_NODES" \
+    --num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus="${SLURM_GPUS_PER_TASK:-0}" \
+  -- "$PYTHON" -u sweep.py --space "$SPACE" --address "$address" --results-dir "$RESULTS" "${data[@]}" \
+    --resume "${deadline[@]}"

@@ -1,0 +1,172 @@
+"""What `sweep.py --dry-run` says beyond the trial table: what will run, on what, and how long.
+
+- the effective values: every field one value in all trials (after `--set`, which is marked), as
+  the trials will run them (resolved: the dataset recipe's batch size, lr, ...);
+- the data each dataset reads (`<data dir>/<dataset>.npz`), checked as a trial will check it: found,
+  missing (a trial would download it where it is online), or what a trial would refuse (a folder
+  where the .npz should be, a missing file with RPEVIT_OFFLINE=1): a warning here, and a real local
+  sweep stops on it before Ray starts (`check_data`);
+- a warning when the space is made for GPUs (gpus_per_trial > 0, compile on, bf16, device cuda) and
+  torch sees none on this machine, with the flags that run it on the CPU;
+- an estimate of the run's wall time from measured rows of this sweep's folder (the rows
+  `--deadline` plans from, rpevit.sweep.deadline), labelled with where it came from, or a line
+  saying that none is available.
+
+The same data check runs before a real local sweep (`check_data`): a file that cannot be had stops it
+before anything starts.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import fields
+from typing import Any
+
+from rpevit.config import ConfigError, TrialConfig
+from rpevit.data import FOLDERLESS_DATASETS, DataError, dataset_file
+from rpevit.sweep import deadline as deadlines
+from rpevit.sweep.lock import sweep_dir
+from rpevit.sweep.plan import prepare_trials
+from rpevit.sweep.protocol import FAILED, OK
+from rpevit.sweep.results import TRIALS_FILE, DamagedResults, read_rows, task_metrics
+from rpevit.sweep.space import Resources, Space
+
+GPU_FIELDS = {"compile": ("on", "cudagraphs"), "amp": ("bf16",), "device": ("cuda",)}  # values that ask for a GPU
+
+
+ALWAYS_SHOWN = ("task", "dataset", "attention", "pe", "epochs", "batch_size", "lr")  # what a reader looks for first
+
+
+def effective_values(space: Space, overrides: dict[str, Any]) -> str:
+    """'every trial: dataset=digits epochs=1 (--set) ...': the fields with one value in all trials that
+    are ALWAYS_SHOWN, differ from TrialConfig's defaults or were set on the command line, as the trials
+    run them (resolved)."""
+    defaults = {f.name: f.default for f in fields(TrialConfig)}
+    varying = set(space.varying_fields())
+    shown = [f"{name}={space.trials[0][name]}" + (" (--set)" if name in overrides else "")
+             for name in defaults if name not in varying and name != "data_dir"
+             and (name in ALWAYS_SHOWN or name in overrides or space.trials[0][name] != defaults[name])]
+    return "every trial: " + (" ".join(shown) or "the defaults (python sweep.py --fields)")
+
+
+def data_lines(space: Space, data_dir: str | None, *, refuse: bool = False) -> list[str]:
+    """Per dataset that reads a folder, where its file is looked for and whether it is there, checked as
+    a trial checks it (rpevit.data.dataset_file: the folder is a folder, the .npz a file, a missing one
+    downloadable). What a trial would refuse is an error with `refuse` (a real run), a warning otherwise."""
+    lines = []
+    for dataset, chosen in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
+        if dataset in FOLDERLESS_DATASETS:
+            lines.append(f"data: {dataset} is bundled with scikit-learn (no data folder)")
+            continue
+        try:
+            path = dataset_file(dataset, chosen or None)
+        except DataError as err:
+            message = f"{_source(data_dir, chosen)}: {err}"
+            if refuse:
+                raise ConfigError(message) from err
+            lines.append(f"warning: data: {message}; the sweep would stop here")
+            continue
+        if path.is_file():
+            lines.append(f"data: {path} found")
+        else:
+            folder = path.parent
+            missing = "" if folder.is_dir() else f" (the folder {folder} does not exist either)"
+            lines.append(f"warning: data: {path} is missing{missing}: each trial would download {dataset} there "
+                         f"from the internet, or fail where it is offline; give --data-dir DIR (a folder holding "
+                         f"{dataset}.npz) if it is elsewhere")
+    return lines
+
+
+def _source(data_dir: str | None, chosen: str) -> str:
+    if data_dir:
+        return f"--data-dir {data_dir!r}"
+    return "field 'data_dir'" if chosen else ("$RPEVIT_DATA" if os.environ.get("RPEVIT_DATA") else "./data")
+
+
+def check_data(space: Space, data_dir: str | None) -> None:
+    """Before a local sweep starts: refuse a dataset file that cannot be had (data_lines' errors)."""
+    data_lines(space, data_dir, refuse=True)
+
+
+def gpu_warning(space: Space, resources: Resources, local: bool) -> str | None:
+    """A space made for GPUs dry-run where torch sees no GPU, and how to run it on the CPU instead."""
+    asks = [f"gpus_per_trial {resources.gpus_per_trial:g}"] if resources.gpus_per_trial > 0 else []
+    for name, values in GPU_FIELDS.items():
+        found = sorted({t[name] for t in space.trials if t[name] in values})
+        asks += [f"{name} {'/'.join(found)}"] if found else []
+    if not asks or not local:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    fixes = (["--gpus-per-trial 0"] if resources.gpus_per_trial > 0 else []) + [
+        f"--set {name}={'off' if name == 'compile' else 'none' if name == 'amp' else 'cpu'}"
+        for name, values in GPU_FIELDS.items() if any(t[name] in values for t in space.trials)]
+    return (f"warning: this space is made for GPUs ({', '.join(asks)}) and torch sees no GPU on this machine: "
+            f"trials that need a GPU never start here, and compile / bf16 are slow on a CPU. On the CPU: "
+            f"{' '.join(fixes)}")
+
+
+def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir: str | None, resume: bool,
+                  local: bool) -> str:
+    """The run's wall time from measured rows of this sweep's folder (those --deadline plans from), or
+    why there is none. Reads the folder only (a dry run takes no lock and changes nothing)."""
+    out_dir = sweep_dir(results_dir, space.name)
+    try:
+        rows = read_rows(out_dir / TRIALS_FILE) if (out_dir / TRIALS_FILE).exists() else []
+    except DamagedResults as err:
+        return f"estimate: none ({err})"
+    done = {r.get("trial_key") for r in rows if r.get("status") in (OK, FAILED)} & set(space.current_keys)
+    if done and not resume:
+        return (f"warning: {out_dir} already holds results of sweep {space.name!r}: the run needs --resume (it "
+                f"continues), or another --name / --results-dir")
+    pending = [i for i, key in enumerate(space.keys) if key not in done]
+    if not pending:
+        return "estimate: nothing to run (every trial of the space has a row)"
+    configs = prepare_trials(space, data_dir)
+    interleaved = space.exclusive and space.timing.interleave
+    groups = [pending] if interleaved else space.groups(pending)
+    kind = "interleaved" if interleaved else "fused" if space.fuse else "single"
+    units = [deadlines.Unit(tuple((space.keys[i], configs[i]) for i in g), kind) for g in groups]
+    estimator = deadlines.Estimator(rows, space.task, has_epochs=bool(task_metrics(space.task).epoch))
+    if not estimator.measured:
+        return (f"estimate: none available (no finished trial of task {space.task!r} in {out_dir / TRIALS_FILE} "
+                f"to measure from); `--deadline` would run one trial first and plan the rest from it")
+    slots = local_slots(space, resources, len(units)) if local else resources.max_concurrent or len(units)
+    plan = deadlines.plan_units(units, estimator, slots=slots, now=0.0, deadline=deadlines.Deadline(math.inf),
+                                checkpoint_root=out_dir / "trials", probe=False)
+    unknown = sum(e is None for e in plan.estimates)
+    where = "on this machine" if local else "(--address: the cluster's slots are not known here)"
+    total = f"about {deadlines.span(plan.finish_at)}" if unknown < len(units) else "no matching row"
+    return (f"estimate (from measured rows of {out_dir / TRIALS_FILE}): {total} for {len(units) - unknown} of "
+            f"{len(units)} Tune trial(s), {slots} at a time {where}; {plan.estimate_text()}"
+            + (f"; {unknown} without a matching row not counted" if unknown else ""))
+
+
+def local_slots(space: Space, resources: Resources, units: int) -> int:
+    """Tune trials at once on this machine: its CPUs (and GPUs) over a trial's share, capped (session.slots'
+    rule for one node, without starting Ray)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if space.exclusive:
+        return 1
+    fit = int(cpus / resources.cpus_per_trial + 1e-9)
+    if resources.gpus_per_trial > 0:
+        import torch
+
+        fit = min(fit, int(torch.cuda.device_count() / resources.gpus_per_trial + 1e-9))
+    return max(1, min(fit, resources.max_concurrent or fit, units))
+
+
+def describe(space: Space, overrides: dict[str, Any], resources: Resources, *, results_dir: str,
+             data_dir: str | None, resume: bool, local: bool) -> list[str]:
+    """The dry run's lines after the trial table (module docstring)."""
+    lines = [effective_values(space, overrides),
+             f"resources: {resources.cpus_per_trial:g} CPU + {resources.gpus_per_trial:g} GPU per trial"
+             + (f", at most {resources.max_concurrent} at once" if resources.max_concurrent else "")]
+    lines += data_lines(space, data_dir) if local else [
+        "data: read on the cluster's nodes (--address / $RAY_ADDRESS): not checked here"]
+    warning = gpu_warning(space, resources, local)
+    lines += [warning] if warning else []
+    lines.append(estimate_line(space, resources, results_dir, data_dir, resume, local))
+    return lines

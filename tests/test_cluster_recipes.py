@@ -1,0 +1,120 @@
+"""The cluster recipes of docs/cluster.md, checked as far as this machine allows (no SLURM, no Kubernetes,
+no SSH hosts here; tests/test_sweep_multinode.py runs a real multi-node sweep instead):
+
+- slurm_sweep.sh: bash's syntax check, then run under stand-ins for srun, scontrol, squeue and ray that
+  record their arguments; the stand-in `ray symmetric-run` runs the sweep command it is given as a
+  `--dry-run`, so sweep.py's own parser and checks read the exact command the job would run, with a
+  --deadline inside the job's end;
+- rayjob_sweep.yaml: its entrypoint through sweep.py's parser and checks, the sweep's deadline inside
+  activeDeadlineSeconds, the cluster deleted after the job, Ray's version the tested one;
+- ray_up_cluster.yaml: Ray's own cluster-config JSON schema (shipped with Ray);
+- the Dockerfile: the tested Ray version.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = ROOT / "docs" / "cluster"
+TESTED_RAY = re.search(r"^ray==(\S+)$", (ROOT / "constraints" / "tested.txt").read_text(), re.M).group(1)
+
+
+def sweep_args(command: str) -> list[str]:
+    """The arguments after `sweep.py` of a shell command line."""
+    words = shlex.split(command)
+    return words[words.index("sweep.py") + 1:]
+
+
+def check_with_sweep_parser(args: list[str]) -> "tuple[object, object]":
+    """sweep.py's parser and its deadline and space checks on the arguments: (options, the deadline)."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import sweep
+    finally:
+        sys.path.remove(str(ROOT))
+    from rpevit.sweep.deadline import parse_deadline
+    from rpevit.sweep.space import load_space
+
+    options = sweep.build_parser().parse_args(args)
+    load_space(ROOT / options.space)
+    return options, parse_deadline(options.deadline) if options.deadline else None
+
+
+def test_the_rayjob_manifest_runs_a_resumable_sweep_inside_its_deadline():
+    job = yaml.safe_load((RECIPES / "rayjob_sweep.yaml").read_text())
+    assert job["apiVersion"] == "ray.io/v1" and job["kind"] == "RayJob"
+    spec = job["spec"]
+    options, deadline = check_with_sweep_parser(sweep_args(spec["entrypoint"].split("&&", 1)[1]))
+    assert options.address == "auto" and options.resume and deadline is not None
+    assert deadline.at - dt.datetime.now().timestamp() < spec["activeDeadlineSeconds"] - 10 * 60  # margin
+    assert spec["shutdownAfterJobFinishes"] is True and spec["rayClusterSpec"]["rayVersion"] == TESTED_RAY
+    mounts = [c["volumeMounts"] for group in [spec["rayClusterSpec"]["headGroupSpec"],
+                                              *spec["rayClusterSpec"]["workerGroupSpecs"]]
+              for c in group["template"]["spec"]["containers"]]
+    assert all(any(m["mountPath"] == options.results_dir for m in ms) for ms in mounts)  # one shared results
+
+
+def test_the_cluster_launcher_config_passes_rays_schema():
+    import jsonschema
+    import ray
+
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    config = yaml.safe_load((RECIPES / "ray_up_cluster.yaml").read_text())
+    errors = [f"{list(e.path)}: {e.message}" for e in jsonschema.Draft7Validator(schema).iter_errors(config)]
+    assert not errors
+    assert config["provider"]["type"] == "local" and config["file_mounts"]
+
+
+def test_the_image_is_rays_tested_version():
+    assert f"FROM rayproject/ray:{TESTED_RAY}-" in (RECIPES / "Dockerfile").read_text()
+
+
+STAND_INS = {
+    "scontrol": 'echo "$@" >> "$LOG/scontrol"; [ "$1 $2" = "show hostnames" ] && printf "gpu07\\ngpu08\\n"',
+    "squeue": 'echo "$@" >> "$LOG/squeue"; echo "$FAKE_END"',
+    "srun": 'printf "%s\\n" "$*" >> "$LOG/srun"; while [[ "$1" == --* ]]; do shift; done; exec "$@"',
+    # Ray's symmetric-run on one node: record, then run the entrypoint (after --) as a dry run
+    "ray": 'printf "%s\\n" "$*" >> "$LOG/ray"; while [ "$1" != "--" ]; do shift; done; shift; exec "$@" --dry-run',
+}
+
+
+@pytest.mark.slow
+def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_time(tmp_path):
+    script = RECIPES / "slurm_sweep.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    for name, body in STAND_INS.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/bash\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    end = (dt.datetime.now() + dt.timedelta(hours=4)).replace(second=0, microsecond=0)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log),
+           "FAKE_END": end.strftime("%Y-%m-%dT%H:%M:%S"), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "16", "SLURM_GPUS_PER_TASK": "1",
+           "SPACE": "search_spaces/smoke.yaml", "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
+           "PYTHONPATH": str(ROOT)}
+    env.pop("RAY_ADDRESS", None)
+    out = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert (log / "srun").read_text().split() == ["--nodes=2", "--ntasks=2", "ray", "symmetric-run", "--address",
+                                                  "gpu07:6379", "--min-nodes", "2", "--num-cpus=16", "--num-gpus=1",
+                                                  "--", sys.executable, "-u", "sweep.py", "--space",
+                                                  "search_spaces/smoke.yaml", "--address", "gpu07:6379",
+                                                  "--results-dir", str(tmp_path / "results"), "--resume",
+                                                  "--deadline", (end - dt.timedelta(minutes=20)).strftime(
+                                                      "%Y-%m-%dT%H:%M")]
+    assert "4 trials in sweep 'smoke'" in out.stdout  # sweep.py read the command and its space
+    assert "data: read on the cluster's nodes" in out.stdout  # --address: the nodes' data, not this machine's
