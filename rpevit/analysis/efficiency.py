@@ -187,7 +187,7 @@ def overlapped(frame: pd.DataFrame) -> pd.Series:
     out = pd.Series(np.nan, index=frame.index, dtype=object)
     if "started_at" not in frame.columns or "finished_at" not in frame.columns:
         return out
-    host = column(frame, "hostname", "").fillna("")
+    host = column(frame, "hostname", "").astype(object).fillna("")  # a column of NaNs only is float64
     for _, g in frame[frame["started_at"].notna() & frame["finished_at"].notna()].groupby(host):
         start, end = unix_seconds(g["started_at"]).to_numpy(), unix_seconds(g["finished_at"]).to_numpy()
         both = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
