@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One 30-minute GPU lease (the device tool: each call <= 10 min, the next within 30 s of the last, or the
+# One GPU lease of LEASE_BUDGET_S seconds (default 1800; below; the device tool: each call <= 10 min, the next within 30 s of the last, or the
 # machine and everything on it is gone), in three calls that return a measured answer:
 #
 # Here, once (needs PyPI and DATA_DIR/mnist.npz):   benchmarks/gpu_lease.sh prepare DATA_DIR
@@ -31,8 +31,21 @@ OUT=${OUT:-$L/out}
 REHEARSAL=${LEASE_REHEARSAL:-0}
 SPACE=search_spaces/all12.yaml
 DEFAULT_FLAGS=(--only dataset=mnist)   # the budget (epochs) is the plan's
-STUDY_END_S=$((25 * 60))   # from t0: the sweep's --deadline (the last call needs ~1.5 min to collect)
-FINISH_END_S=$((26 * 60 + 30))
+# LEASE_BUDGET_S: seconds from the first call's start (t0) until the machine goes back. The lease was
+# planned for 30 minutes (1800, the default); the device tool now lends 15 minutes per session, its start
+# included: read budget_left_s from the tool's status before the first call and pass that minus the start
+# (~3 min), e.g. LEASE_BUDGET_S=700. Every step below scales with it (`gpu_lease.sh budget` prints them).
+# Under 25 minutes there is no room for a study beside the tests and the benchmark (a group compiles for
+# ~90 s and the plan needs whole groups): the tests and the benchmark get the time, and the study call
+# runs the benchmark and stops (exit 4, saying so); give the machine back after it.
+BUDGET_S=${LEASE_BUDGET_S:-1800}
+if (( BUDGET_S >= 1500 )); then
+  TESTS_S=420 BENCH_S=270                 # GPU tests <= 7 min, the benchmark <= 4.5 min
+  STUDY_END_S=$(( BUDGET_S - 300 ))       # from t0: the sweep's --deadline (the last call collects ~1.5 min)
+else
+  TESTS_S=$(( BUDGET_S * 40 / 100 )) BENCH_S=$(( BUDGET_S * 20 / 100 )) STUDY_END_S=0
+fi
+FINISH_END_S=$(( BUDGET_S - 210 ))
 CALL_S=575                 # a call's own budget (the tool's limit is 600 s)
 
 prepare() {
@@ -56,6 +69,11 @@ prepare() {
 }
 
 [[ "${1:-}" == prepare ]] && { prepare "${2:-}"; exit $?; }
+(( BUDGET_S >= 540 )) || { echo "error: LEASE_BUDGET_S=$BUDGET_S leaves no time for the GPU tests and a collection; allowed: >= 540" >&2; exit 2; }
+if [[ "${1:-}" == budget ]]; then   # the lease's time plan for LEASE_BUDGET_S, without running anything
+  echo "budget_s=$BUDGET_S tests_s=$TESTS_S bench_s=$BENCH_S study_end_s=$STUDY_END_S finish_end_s=$FINISH_END_S"
+  exit 0
+fi
 
 mkdir -p "$L/site" "$L/results" "$L/data" "$OUT"
 export PYTHONPATH=$L/site:$PWD PYTHONUNBUFFERED=1 RPEVIT_DATA=$L/data
@@ -91,7 +109,7 @@ first)
     "$PY" -m tests.all12_cells --device cpu --backend "${REHEARSAL_BACKEND:-inductor}" \
         --json "$OUT/cells.json" 2>&1 | tee "$OUT/cells.log"
   else
-    timeout 420 "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
+    timeout "$TESTS_S" "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
         --junitxml "$OUT/pytest_gpu.xml" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
   fi
   echo "first call done at t0 + $(since_t0) s"
@@ -104,15 +122,19 @@ study)
   else
     bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3)
   fi
-  timeout 270 "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
+  timeout "$BENCH_S" "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
       | grep -v Warning | tee "$OUT/throughput.log"
   cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
+  if (( STUDY_END_S == 0 )); then
+    echo "no study in a lease of $BUDGET_S s (under 1500): the GPU tests and the benchmark are its answer; give the machine back"
+    exit 4
+  fi
   left=$(( STUDY_END_S - $(since_t0) ))
   [[ $REHEARSAL == 1 ]] && left=$(( STUDY_END_S - 720 ))   # the lease's: its plan is made ~12 min in
   "$PY" benchmarks/lease/plan.py --deadline-s "$left" --throughput "$L/throughput.json" "${flags[@]}" \
       > "$L/plan.txt" 2>&1; rc=$?
   cp "$L/plan.txt" "$OUT/lease_plan.txt"; cat "$L/plan.txt"
-  (( rc == 0 )) || exit 4
+  (( rc == 0 )) || { echo "no group fits the lease's time left: the GPU tests and the benchmark are its answer"; exit 4; }
   read -r epochs est < <(tail -1 "$L/plan.txt")
   flags+=(--set "epochs=$epochs")
   if [[ $REHEARSAL == 1 ]]; then   # the plan above is the lease's; the sweep that runs is CPU-sized

@@ -80,3 +80,22 @@ def test_the_fallback_rate_says_why_a_benchmark_figure_was_not_used(tmp_path):
     (tmp_path / "ok.json").write_text(json.dumps({"models": {"gpu": {"rows": [
         {"mode": lease_plan.PACKED_ROW, "images_per_s": 8000.0}]}}}))
     assert lease_plan.measured_rate(tmp_path / "ok.json")[0] == 2000.0
+
+
+@pytest.mark.parametrize("budget", [1800, 1500, 900, 700, 540])
+def test_the_lease_time_plan_fits_its_budget(budget):
+    """The device tool's lend shrank from 30 to 15 minutes (start included): every step of the lease scales
+    with LEASE_BUDGET_S; a study is planned only where whole groups can fit beside the tests and benchmark."""
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), "budget"], capture_output=True,
+                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "LEASE_BUDGET_S": str(budget)})
+    assert done.returncode == 0, done.stderr
+    plan = dict(item.split("=") for item in done.stdout.split())
+    tests, bench, study_end, finish_end = (int(plan[k]) for k in ("tests_s", "bench_s", "study_end_s", "finish_end_s"))
+    assert tests + bench < finish_end < budget and tests <= 575  # one call each; collected before the end
+    assert (study_end > tests + bench) if budget >= 1500 else study_end == 0
+
+
+def test_a_lease_budget_too_short_is_refused_in_one_line():
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_lease.sh"), "budget"], capture_output=True,
+                          text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "LEASE_BUDGET_S": "300"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "LEASE_BUDGET_S=300" in done.stderr
