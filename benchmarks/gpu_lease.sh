@@ -109,7 +109,8 @@ first)
     "$PY" -m tests.all12_cells --device cpu --backend "${REHEARSAL_BACKEND:-inductor}" \
         --json "$OUT/cells.json" 2>&1 | tee "$OUT/cells.log"
   else
-    timeout "$TESTS_S" "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
+    # SIGINT at the limit: pytest stops, prints what ran and writes its XML (SIGTERM would lose both)
+    timeout -s INT -k 30 "$TESTS_S" "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
         --junitxml "$OUT/pytest_gpu.xml" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
   fi
   echo "first call done at t0 + $(since_t0) s"
