@@ -12,7 +12,8 @@ from typing import Any
 
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import EPOCHS_FILE, TRIALS_FILE, driver_trials, select_keys, trial_seconds, unix_seconds
+from rpevit.sweep.results import EPOCHS_FILE, TRIALS_FILE, select_keys, trial_seconds, unix_seconds
+from rpevit.sweep.store import driver_trials
 from rpevit.sweep.space import Space
 
 
