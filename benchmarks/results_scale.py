@@ -13,8 +13,8 @@ the sizes asked (epoch rows; a tenth as many trials). For each size, in a fresh 
    (rows -> Arrow parts; a few large flushes, to reach the size in seconds);
 2. `--trials-timed` more trial ends at that size, each exactly as Tune drives the callback: 10
    on_trial_result epoch reports and the summary report that flushes (parts written, tiered merges).
-   Printed: the mean and the worst wall time of one trial end (all 11 callbacks), and the driver's
-   resident memory growth per trial over them;
+   Printed: the mean and the worst wall time of one trial end (all 11 callbacks); then as many
+   trial ends again under tracemalloc: the memory the driver keeps per finished trial;
 3. the end of the Tuner run (writer.finish: the store compacted into trials.parquet / epochs.parquet);
 4. `python analysis/report.py` over a parent folder holding the study (a subprocess: imports and
    figures included, as a user runs it).
@@ -25,6 +25,7 @@ sizes. Wall-clock times: say whether the machine was otherwise idle.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -83,15 +85,18 @@ def replicated(trials: list[dict], epochs: dict[str, list[dict]], count: int
     return out[:count]
 
 
-def rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+def end_trial(writer: ParquetResults, key: str, epoch_reports: list[dict], summary_report: dict) -> None:
+    """One trial's reports, as Tune hands them to the driver's callback: its epochs, then its summary."""
+    trial = SimpleNamespace(trial_id=f"t-{key}")
+    for result in epoch_reports:
+        writer.on_trial_result(0, [], trial, result)
+    writer.on_trial_result(0, [], trial, summary_report)
 
 
 def one_size(parent: Path, epoch_rows: int, timed: int, trials: list[dict], epochs: dict[str, list[dict]]
              ) -> dict[str, float]:
-    prefill = max(epoch_rows // 10 - timed, 1)
-    chosen = replicated(trials, epochs, prefill + timed)
+    prefill = max(epoch_rows // 10 - 2 * timed, 1)  # then `timed` trial ends timed, `timed` more traced
+    chosen = replicated(trials, epochs, prefill + 2 * timed)
     folder = parent / STUDY.name
     keys = [c[0] for c in chosen]
     (folder).mkdir(parents=True)
@@ -114,21 +119,24 @@ def one_size(parent: Path, epoch_rows: int, timed: int, trials: list[dict], epoc
     reports = [(key, [Report(EPOCH, key, row).to_tune() for row in history], Report(SUMMARY, key, summary).to_tune())
                for key, _, summary, history in chosen[prefill:]]
     costs = []
-    rss0 = rss_mb()
-    for key, epoch_reports, summary_report in reports:  # trial ends at this size, as Tune calls the callback
-        trial = SimpleNamespace(trial_id=f"t-{key}")
+    for key, epoch_reports, summary_report in reports[:timed]:  # trial ends at this size, as Tune calls the callback
         t = time.perf_counter()
-        for result in epoch_reports:
-            writer.on_trial_result(0, [], trial, result)
-        writer.on_trial_result(0, [], trial, summary_report)
+        end_trial(writer, key, epoch_reports, summary_report)
         costs.append(time.perf_counter() - t)
-    rss_per_trial = (rss_mb() - rss0) / len(reports)
+    gc.collect()
+    tracemalloc.start()  # what the driver keeps per finished trial (not timed: tracing slows Python down)
+    before = tracemalloc.get_traced_memory()[0]
+    for key, epoch_reports, summary_report in reports[timed:]:
+        end_trial(writer, key, epoch_reports, summary_report)
+    gc.collect()
+    kept_per_trial = (tracemalloc.get_traced_memory()[0] - before) / (len(reports) - timed) / 2**20
+    tracemalloc.stop()
 
     t = time.perf_counter()
     writer.on_experiment_end([])  # the Tuner run ends: the store compacted
     finish_s = time.perf_counter() - t
     stored = pq.read_metadata(folder / EPOCHS_FILE).num_rows, pq.read_metadata(folder / TRIALS_FILE).num_rows
-    assert stored == (10 * (prefill + timed), prefill + timed), stored  # every row once
+    assert stored == (10 * len(chosen), len(chosen)), stored  # every row once
 
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     t = time.perf_counter()
@@ -137,7 +145,7 @@ def one_size(parent: Path, epoch_rows: int, timed: int, trials: list[dict], epoc
     report_s = time.perf_counter() - t
     return {"epoch_rows": stored[0], "trials": stored[1], "prefill_s": prefill_s,
             "trial_end_ms": 1000 * float(np.mean(costs)), "worst_ms": 1000 * float(np.max(costs)),
-            "mb_per_trial": rss_per_trial, "finish_s": finish_s, "report_s": report_s}
+            "mb_per_trial": kept_per_trial, "finish_s": finish_s, "report_s": report_s}
 
 
 def exponent(sizes: list[float], times: list[float]) -> float:
@@ -170,7 +178,7 @@ def main() -> None:
     sizes = [r["epoch_rows"] for r in rows]
     print(f"growth exponent (log time / log epoch rows): driver per trial end "
           f"{exponent(sizes, [r['trial_end_ms'] for r in rows]):.2f}, report.py "
-          f"{exponent(sizes, [r['report_s'] for r in rows]):.2f}; peak driver RSS "
+          f"{exponent(sizes, [r['report_s'] for r in rows]):.2f}; peak RSS of this process (generated rows included) "
           f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB", flush=True)
 
 
