@@ -197,11 +197,10 @@ def test_one_file_adds_a_task_whose_metrics_reach_the_cli_and_the_parquet_schema
                                                                                   tmp_path):
     import json
 
-    import pandas as pd
-
     from rpevit.cli import main
     from rpevit.sweep.protocol import SUMMARY, Report
-    from rpevit.sweep.results import TRIALS_FILE, trials_schema
+    from rpevit.sweep.results import trials_schema
+    from rpevit.sweep.store import read_frame
     from rpevit.sweep.writer import ParquetResults
     from rpevit.sweep.space import expand_space
 
@@ -215,7 +214,7 @@ def test_one_file_adds_a_task_whose_metrics_reach_the_cli_and_the_parquet_schema
                             task="throwaway_size")
     writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"),
                            Report(SUMMARY, space.keys[0], {**row, "trial_key": space.keys[0]}).to_tune())
-    table = pd.read_parquet(tmp_path / TRIALS_FILE)
+    table = read_frame(tmp_path)  # during the sweep: the documented reader of its parts
     assert table["weights"].dtype == "int64" and int(table["weights"].iloc[0]) == row["weights"]
 
 

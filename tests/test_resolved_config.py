@@ -146,7 +146,8 @@ def test_options_of_an_encoding_the_trial_does_not_use_do_not_make_another_trial
 # ---------------------------------------------------------------- issue 39: keys from files, ok rows first
 def rewrite_rows(path, change) -> None:
     """Rewrite a results file's rows through `change(rows) -> rows` (a crafted or damaged file)."""
-    from rpevit.sweep.results import read_rows, to_table, trials_schema, epochs_schema, write_table_atomic
+    from rpevit.sweep.results import to_table, trials_schema, epochs_schema, write_table_atomic
+    from rpevit.sweep.store import read_rows
 
     schema = trials_schema("train") if path.name == TRIALS_FILE else epochs_schema("train")
     write_table_atomic(to_table(change(read_rows(path)), schema), path)

@@ -15,7 +15,7 @@ import torch
 
 from rpevit import registry
 from rpevit.config import TrialConfig
-from rpevit.sweep import session, writer
+from rpevit.sweep import session, store
 from rpevit.sweep.protocol import EPOCH, SPEC_KEY, SUMMARY, Member, Report, TrialSpec
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, current_rows,
@@ -86,6 +86,13 @@ def test_every_sweep_of_a_task_writes_the_same_typed_schema(tmp_path, train_rows
     failed, writer = sweep_of(tmp_path, "all_failed", ["ape", "rope", "none"])
     for key in failed.keys:
         fail(writer, key, tmp_path)
+    # during the sweep: parts of the task's schema (all_failed has no epoch rows, so no epoch part)
+    for name, kind, schema in (("mixed", TRIALS_FILE, trials_schema("train")), ("all_failed", TRIALS_FILE,
+                               trials_schema("train")), ("mixed", EPOCHS_FILE, epochs_schema("train"))):
+        parts = store.listed_parts(tmp_path / name, kind)
+        assert parts and all(pq.read_schema(p.path).remove_metadata().equals(schema) for p in parts), (name, kind)
+    for name in ("mixed", "all_failed"):
+        ParquetResults(tmp_path / name, name, {}, {}, task="train")  # a resumed driver compacts what a run left
 
     schemas = [pq.read_schema(tmp_path / name / TRIALS_FILE).remove_metadata() for name in ("mixed", "all_failed")]
     assert schemas[0].equals(schemas[1]) and schemas[0].equals(trials_schema("train")), \
@@ -251,6 +258,7 @@ def finished_sweep(tmp: Path, name: str, row: dict, epochs: list[dict], pes=("ap
             writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"), Report(EPOCH, key, epoch).to_tune())
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
                                Report(SUMMARY, key, {**row, **space.trials[i], **PLACEMENT, "trial_key": key}).to_tune())
+    writer.on_experiment_end([])  # the run's end: its parts compacted into trials.parquet / epochs.parquet
     (tmp / name / "space.json").write_text(json.dumps({"trial_keys": space.keys}))
     return space
 
@@ -319,7 +327,7 @@ def test_resume_sets_a_damaged_trials_file_aside_and_reruns_its_trials(tmp_path,
     assert {p.name for p in folder.iterdir()} - before - {aside[0].name} <= {".sweep.lock"}
     writer = ParquetResults(folder, "s", dict(zip(space.keys, space.trials)), {k: i for i, k in enumerate(space.keys)},
                             task="train")  # what the run starts with: no trial rows, the epoch rows kept
-    assert writer.trial_rows == {} and len(writer.epoch_rows) == 2 * len(epochs)
+    assert writer.standing == {} and [writer.epochs_done(k) for k in space.keys] == [len(epochs)] * 2
 
 
 @pytest.mark.slow
@@ -339,6 +347,7 @@ def test_a_damaged_epochs_file_is_set_aside_and_rebuilt_from_the_checkpoints(tmp
             writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"), Report(EPOCH, key, epoch).to_tune())
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
                                Report(SUMMARY, key, {**row, **PLACEMENT, "trial_key": key}).to_tune())
+    writer.on_experiment_end([])  # compacted: the run's epochs.parquet
     expected = pd.read_parquet(folder / EPOCHS_FILE)
     damage(folder / EPOCHS_FILE, "random")
     capsys.readouterr()
@@ -363,7 +372,6 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
     repo = Path(__file__).resolve().parent.parent
     sys.path.insert(0, str(repo))
     import sweep as sweep_cli
-    from rpevit.sweep import results
 
     ray.shutdown()
     yaml = tmp_path / "full.yaml"
@@ -371,7 +379,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
                     "epochs: 2, batch_size: 50, eval_draws: 0}\ngrid: {pe: [ape, rope, none]}\n"
                     "resources: {cpus_per_trial: 1, gpus_per_trial: 0, max_concurrent: 1}\n")
     argv = ["--space", str(yaml), "--results-dir", str(tmp_path / "res"), "--no-dashboard"]
-    real, writes = results.write_table_atomic, []
+    real, writes = store.write_table_atomic, []
 
     def disk_full_after_two(table, path):  # the first trial's epoch rows land, its row does not: the disk is full
         writes.append(path)
@@ -379,7 +387,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         real(table, path)
 
-    monkeypatch.setattr(writer, "write_table_atomic", disk_full_after_two)  # the sweep's writer (a Tune callback)
+    monkeypatch.setattr(store, "write_table_atomic", disk_full_after_two)  # the sweep's writer's parts (a Tune callback)
     assert sweep_cli.main(argv) == 2
     out, err = capsys.readouterr()
     errors = [ln for ln in err.splitlines() if ln.startswith("error:")]
@@ -389,9 +397,9 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
     assert errors[0].endswith(f"continue with python sweep.py --space {yaml} --name full --results-dir "
                               f"{tmp_path / 'res'} --resume"), errors[0]
     assert len(list((folder / "trials").iterdir())) == 1  # no further trial started
-    assert not list(folder.glob(".*.tmp"))  # no torn temp file left behind
+    assert not list(folder.glob(".*.tmp")) + list(folder.glob("parts/.*.tmp"))  # no torn temp file left behind
 
-    monkeypatch.setattr(writer, "write_table_atomic", real)
+    monkeypatch.setattr(store, "write_table_atomic", real)
     assert sweep_cli.main([*argv, "--resume"]) == 0
     trials = pd.read_parquet(folder / TRIALS_FILE)
     epochs = pd.read_parquet(folder / EPOCHS_FILE)

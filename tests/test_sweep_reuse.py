@@ -161,6 +161,7 @@ def test_interleaved_group_runs_rounds_and_records_a_raising_variant_alone(tmp_p
                             {k: i for i, k in enumerate(space.keys)}, task="bench")
     for result in reports:
         writer.on_trial_result(0, [], SimpleNamespace(trial_id="t0"), result)
+    writer.on_experiment_end([])
     table = pd.read_parquet(tmp_path / TRIALS_FILE).set_index("pe")
     assert table.loc["rope", "status"] == "failed" and "MemoryError: N too large" in table.loc["rope", "error"]
     assert table.loc["ape", "train_step_ms"] == 3.5 and table.loc["none", "train_step_ms"] == 5.5  # runs 2,5 / 4,7

@@ -40,7 +40,7 @@ import pandas as pd
 from rpevit.analysis import confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
 from rpevit.analysis import validation_choice
 from rpevit.analysis.common import (TrialRows, column, current_rows, fmt, has_random_features, markdown_table,
-                                    read_sweep, read_trials, with_variant)
+                                    one_read_per_folder, read_sweep, read_trials, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -888,7 +888,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args.results_dir.is_dir():
         parser.error(f"RESULTS_DIR {args.results_dir} is not a folder")
     try:
-        expected = expected_texts(args.results_dir)
+        with one_read_per_folder():  # each folder's rows read once for every block
+            expected = expected_texts(args.results_dir)
     except (AnswersError, GeneratedTextError) as err:
         raise SystemExit(f"error: {err}") from None
     root = args.results_dir.resolve().parent

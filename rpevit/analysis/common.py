@@ -27,14 +27,13 @@ import dataclasses
 import functools
 import json
 import math
-import os
 import re
 import sys
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -42,9 +41,9 @@ import pandas as pd
 from rpevit import config, registry
 from rpevit.attention.base import RandomFeatureBackend
 from rpevit.sweep.protocol import OK
-from rpevit.sweep import migrate, results
+from rpevit.sweep import migrate, results, store
 from rpevit.sweep.results import (SPACE_FILE, STR, TRIALS_FILE, DamagedResults, LinkRefused, atomic_file,
-                                  read_results_table, trials_schema)
+                                  trials_schema)
 
 
 ENVIRONMENT_COLUMNS = tuple(name for name, _ in results.ENVIRONMENT_COLUMNS)  # where a row was produced
@@ -60,7 +59,7 @@ def cost_options() -> tuple[str, ...]:
     from rpevit.config import TrialConfig, field_types
     from rpevit.models.factory import CONTEXT, init_parameters
 
-    registry.load_all()
+    config.load_registry()
     free = {f.name for f in dataclasses.fields(TrialConfig) if f.metadata.get("cost_free")}
     names = set(field_types()) - set(CONTEXT) - free
     classes = [*registry.ATTENTIONS.values(), *registry.POSITION_ENCODINGS.values()]
@@ -69,7 +68,7 @@ def cost_options() -> tuple[str, ...]:
 
 def attention_class(name: Any) -> type | None:
     """The registered backend class of an `attention` value (None for a name no longer registered)."""
-    registry.load_all()
+    config.load_registry()  # once per process (the registry's modules are imported once)
     return registry.ATTENTIONS.get(str(name))
 
 
@@ -111,7 +110,7 @@ def code_span(value: Any) -> str:
 @functools.cache
 def _text_columns() -> frozenset[str]:
     """The columns every registered task's trials.parquet declares as text (names, versions, errors)."""
-    registry.load_all()
+    config.load_registry()
     return frozenset(f.name for task in registry.TASKS for f in trials_schema(task) if f.type == STR)
 
 
@@ -125,7 +124,9 @@ def untrusted_names(frame: pd.DataFrame) -> pd.DataFrame:
         return md_text(short(value))
 
     out = frame
-    for name in _text_columns().intersection(frame.columns):
+    for name in _text_columns().intersection(frame.columns):  # each distinct value looked at once
+        if not any(clean(value) is not value for value in pd.unique(frame[name])):
+            continue
         cleaned = frame[name].map(clean)
         if not cleaned.equals(frame[name]):
             out = out.copy() if out is frame else out
@@ -135,13 +136,23 @@ def untrusted_names(frame: pd.DataFrame) -> pd.DataFrame:
 
 def trial_files(results_dir: Path) -> list[Path]:
     """trials.parquet of one sweep folder, or of every sweep folder directly under a parent (only
-    those its STUDIES file lists, where it has one)."""
+    those its STUDIES file lists, where it has one). A folder of a running sweep may hold its rows in
+    parts only (rpevit.sweep.store): its trials.parquet path is listed all the same (read_sweep reads
+    the union)."""
     results_dir = Path(results_dir)
-    if os.path.lexists(results_dir / TRIALS_FILE):
+    if store.holds_rows(results_dir):
         return [results_dir / TRIALS_FILE]
-    found = sorted(results_dir.glob(f"*/{TRIALS_FILE}"))
+    found = sweep_folders(results_dir)
     listed = listed_studies(results_dir)
     return found if listed is None else [p for p in found if p.parent.name in listed]
+
+
+def sweep_folders(results_dir: Path) -> list[Path]:
+    """`<folder>/trials.parquet` of each folder directly under results_dir that holds trial rows (the
+    file, or parts of a running sweep), sorted."""
+    folders = {p.parent for p in Path(results_dir).glob(f"*/{TRIALS_FILE}")}
+    folders |= {p.parent.parent for p in Path(results_dir).glob(f"*/{store.PARTS_DIR}/trials-*.parquet")}
+    return sorted(folder / TRIALS_FILE for folder in folders if store.holds_rows(folder))
 
 
 def listed_studies(results_dir: Path) -> list[str] | None:
@@ -172,9 +183,9 @@ def unlisted_folders(results_dir: Path) -> tuple[list[str], list[str]]:
     lists that hold none); both empty without a STUDIES file."""
     results_dir = Path(results_dir)
     listed = listed_studies(results_dir)
-    if listed is None or os.path.lexists(results_dir / TRIALS_FILE):
+    if listed is None or store.holds_rows(results_dir):
         return [], []
-    present = {p.parent.name for p in results_dir.glob(f"*/{TRIALS_FILE}")}
+    present = {p.parent.name for p in sweep_folders(results_dir)}
     return sorted(present - set(listed)), [name for name in listed if name not in present]
 
 
@@ -200,47 +211,98 @@ def damaged_text(err: DamagedResults) -> str:
             f"checkpoints), or restore the file from git or a backup")
 
 
-def read_sweep(path: Path, results_dir: Path) -> pd.DataFrame | None:
-    """One sweep folder's trials.parquet as a frame. A damaged one: SystemExit (one line) when it is
-    the one folder asked for; under a parent None, after one line on stderr (once per file)."""
+_READS: dict[tuple[str, Path], Any] | None = None  # what one_read_per_folder has read
+
+
+@contextmanager
+def one_read_per_folder() -> Iterator[None]:
+    """Inside, each sweep folder's rows (read_sweep) and space.json (space_keys) are read, resolved and
+    checked once, however many sections ask for them (report.py runs eight; answers.py more): one
+    report, one read per folder, and every section sees the same rows even while a sweep writes them."""
+    global _READS
+    outer = _READS
+    _READS = {} if outer is None else outer
     try:
-        table = read_results_table(path)
-    except DamagedResults as err:
+        yield
+    finally:
+        _READS = outer
+
+
+def _once(what: str, path: Path, read: Callable[[Path], Any]) -> Any:
+    """read(path), kept for the rest of the one_read_per_folder around this call (if any)."""
+    if _READS is None:
+        return read(path)
+    if (what, Path(path)) not in _READS:
+        _READS[(what, Path(path))] = read(path)
+    return _READS[(what, Path(path))]
+
+
+def read_sweep(path: Path, results_dir: Path) -> pd.DataFrame | None:
+    """One sweep folder's trial rows as a frame: its trials.parquet and the parts a running sweep has
+    written since (rpevit.sweep.store.read_table, every row once), configs resolved (rpevit.sweep.
+    migrate.resolved_frame), names made inert (untrusted_names). A damaged file: SystemExit (one line)
+    when its folder is the one asked for; under a parent None, after one line on stderr (once per file)."""
+    found = _once("rows", path, _read_rows)
+    if isinstance(found, DamagedResults):
+        err = found
         if path.parent == Path(results_dir):
             raise SystemExit(f"error: {err}; allowed: the file sweep.py writes. Run that sweep again with --resume "
-                             f"(it sets the file aside as {path.name}.damaged-<time> and reruns the trials it held "
-                             f"from their checkpoints), or restore the file from git or a backup") from None
-        if path not in _WARNED:
-            _WARNED.add(path)
+                             f"(it sets the file aside as {err.path.name}.damaged-<time> and reruns the trials it "
+                             f"held from their checkpoints), or restore the file from git or a backup") from None
+        if err.path not in _WARNED:
+            _WARNED.add(err.path)
             print(f"warning: {damaged_text(err)}", file=sys.stderr, flush=True)
         return None
+    return found.copy(deep=False)  # copy-on-write: a section's edits never reach another's rows
+
+
+def _read_rows(path: Path) -> pd.DataFrame | DamagedResults:
+    try:
+        table = store.read_table(path)
+    except DamagedResults as err:
+        return err
     return untrusted_names(migrate.resolved_frame(table.to_pandas())) if table is not None else pd.DataFrame()
 
 
 def space_keys(folder: Path) -> set[str] | None:
     """trial_keys of the space.json the sweep runner wrote into folder; None when there is none.
     A space.json that is not what the runner writes stops the script with one line (SystemExit)."""
-    path = Path(folder) / SPACE_FILE
+    return _space_file(folder)[0]
+
+
+def _space_file(folder: Path) -> tuple[set[str] | None, str | None]:
+    """(trial_keys, key_scheme) of the folder's space.json ((None, None) without one), read once per
+    one_read_per_folder; SystemExit (one line) for one that is not what the runner writes."""
+    found = _once("space", Path(folder) / SPACE_FILE, _parse_space_file)
+    if isinstance(found, SystemExit):
+        raise found
+    return found
+
+
+def _parse_space_file(path: Path) -> tuple[set[str] | None, str | None] | SystemExit:
     if not path.exists():
-        return None
+        return None, None
     try:
-        keys = json.loads(path.read_text(encoding="utf-8"))["trial_keys"]
+        space = json.loads(path.read_text(encoding="utf-8"))
+        keys = space["trial_keys"]
         if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
             raise TypeError(f"'trial_keys' is {type(keys).__name__}, not a list of strings")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:  # ValueError: JSON, UTF-8
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
-        raise SystemExit(f"error: {path} is not a sweep's {SPACE_FILE} ({reason}); allowed: the JSON object "
-                         f"sweep.py writes, with a 'trial_keys' list (rerun the sweep with --resume to rewrite it, "
-                         f"or delete the file to keep every row of that folder)") from err
-    return set(keys)
+        return SystemExit(f"error: {path} is not a sweep's {SPACE_FILE} ({reason}); allowed: the JSON object "
+                          f"sweep.py writes, with a 'trial_keys' list (rerun the sweep with --resume to rewrite it, "
+                          f"or delete the file to keep every row of that folder)")
+    scheme = space.get("key_scheme")
+    return set(keys), scheme if isinstance(scheme, str) else None
 
 
 def current_rows(frame: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, int]:
     """Rows whose trial_key the folder's space.json lists, and how many were set aside. A space
     that was edited after a sweep ran leaves rows of trials it no longer contains in trials.parquet;
-    mixing them in would average configurations the space no longer describes."""
-    space_keys(folder)  # a space.json that is not the runner's stops the script with one line
-    return results.current_rows(frame, Path(folder))
+    mixing them in would average configurations the space no longer describes. (A space.json that is
+    not the runner's stops the script with one line.)"""
+    keys, scheme = _space_file(folder)
+    return results.rows_of_space(frame, keys, scheme)
 
 
 @dataclass
@@ -336,14 +398,57 @@ def column(frame: pd.DataFrame, name: str, default: Any = math.nan) -> pd.Series
 def has_random_features(frame: pd.DataFrame) -> pd.Series:
     """Rows whose attention draws random features, as its backend class declares for the row's config
     (AttentionBackend.draws_random_features: FAVOR+; Performer-ReLU with a random projection; any
-    RandomFeatureBackend registered later)."""
-    if frame.empty:
-        return pd.Series(dtype=bool, index=frame.index)
-    draws = []
-    for row in frame.to_dict("records"):
-        cls = attention_class(row.get("attention"))
-        draws.append(bool(cls is not None and cls.draws_random_features(row)))
-    return pd.Series(draws, index=frame.index, dtype=bool)
+    RandomFeatureBackend registered later). Asked once per attention and distinct values of that
+    backend's own options (backend_options), not per row."""
+    draws = pd.Series(False, index=frame.index, dtype=bool)
+    if frame.empty or "attention" not in frame.columns:
+        return draws
+    for name, rows in frame.groupby("attention", dropna=False, sort=False).indices.items():
+        cls = attention_class(frame["attention"].iloc[rows[0]])
+        if cls is None:
+            continue
+        options = [o for o in backend_options(cls) if o in frame.columns]
+        same = frame.iloc[rows].groupby(options, dropna=False, sort=False).ngroup().to_numpy() if options else \
+            np.zeros(len(rows), dtype=np.int64)
+        firsts = pd.Series(np.arange(len(rows))).groupby(same).first().to_numpy()
+        firsts = frame.iloc[rows[firsts]][options].to_dict("records") if options else [{}] * len(firsts)
+        decided = np.array([bool(cls.draws_random_features(BackendOptions(values, cls))) for values in firsts],
+                           dtype=bool)
+        draws.iloc[rows] = decided[same]
+    return draws
+
+
+def backend_options(cls: type) -> tuple[str, ...]:
+    """The config fields a backend class takes as its options (its `__init__` keywords, less the layer
+    context): all its draws_random_features may read of a row."""
+    from rpevit.models.factory import CONTEXT, init_parameters
+
+    fields = config.field_types()
+    return tuple(p for p in init_parameters(cls) if p in fields and p not in CONTEXT)
+
+
+class BackendOptions(Mapping):
+    """The values of a backend's options in one row, for its draws_random_features. A field that is not
+    one of its options raises (the analysis decides per distinct value of the options alone, so a
+    backend reading another field would be decided wrongly): declare it as an `__init__` option."""
+
+    def __init__(self, values: dict[str, Any], cls: type) -> None:
+        self.values, self.cls = values, cls
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.values:
+            return self.values[key]
+        if key in backend_options(self.cls):
+            raise KeyError(key)  # an option the rows lack (older results): absent, as in the row
+        raise TypeError(f"{self.cls.__qualname__}.draws_random_features reads {key!r}, which is not one of its "
+                        f"options ({', '.join(backend_options(self.cls)) or 'none'}); allowed: its own options "
+                        f"(take it in __init__)")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
 
 
 def judged_accuracy(frame: pd.DataFrame) -> pd.Series:
@@ -372,9 +477,35 @@ def pe_labels(frame: pd.DataFrame) -> pd.Series:
         rows = frame["pe"] == pe
         varying = [o for o in options if o in frame.columns and frame.loc[rows, o].nunique(dropna=False) > 1]
         if rows.any() and varying:
-            labels[rows] = [f"{pe} ({', '.join(f'{o}={fmt(v)}' for o, v in zip(varying, values))})"
-                            for values in frame.loc[rows, varying].itertuples(index=False)]
+            labels[rows] = per_distinct([frame.loc[rows, o] for o in varying], lambda *values, pe=pe, varying=varying:
+                                        f"{pe} ({', '.join(f'{o}={fmt(v)}' for o, v in zip(varying, values))})")
     return labels
+
+
+def per_distinct(columns: Sequence[pd.Series], fn: Callable[..., Any]) -> list[Any]:
+    """[fn(*values) for values in zip(*columns)], with fn called once per distinct tuple of values (a
+    label of 10^5 rows costs what the labels of their few distinct configurations cost). Values are
+    distinct by value and, in object columns, by type (None and NaN apart, as fn may tell them apart)."""
+    if not columns or len(columns[0]) == 0:
+        return []
+    keys = {}
+    for i, values in enumerate(columns):
+        values = pd.Series(values).reset_index(drop=True)
+        keys[f"v{i}"] = values
+        if values.dtype == object:
+            keys[f"t{i}"] = values.map(type)
+    codes = pd.DataFrame(keys).groupby(list(keys), dropna=False, sort=False).ngroup().to_numpy()
+    _, firsts = np.unique(codes, return_index=True)  # the first row of each distinct tuple, by its number
+    firsts_values = [pd.Series(values).iloc[firsts].tolist() for values in columns]
+    results = [fn(*values) for values in zip(*firsts_values)]
+    return [results[code] for code in codes]
+
+
+def redraw_labels(frame: pd.DataFrame, random: pd.Series) -> list[str]:
+    """redraw_label of each row (its random-features flag, redraw_interval and redraw_until)."""
+    interval = pd.to_numeric(column(frame, "redraw_interval", 0), errors="coerce")
+    until = pd.to_numeric(column(frame, "redraw_until"), errors="coerce")
+    return per_distinct([random, interval, until], redraw_label)
 
 
 def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
@@ -385,11 +516,10 @@ def with_variant(frame: pd.DataFrame) -> pd.DataFrame:
     out["pe"] = pe_labels(out)
     random = has_random_features(out)
     out["qk_norm"] = column(out, "qk_norm", "none").fillna("none").astype(str)
-    interval = pd.to_numeric(column(out, "redraw_interval", 0), errors="coerce")
-    until = pd.to_numeric(column(out, "redraw_until"), errors="coerce")
-    out["redraw"] = [redraw_label(r, i, u) for r, i, u in zip(random, interval, until)]
-    drawing_kind = out["attention"].map(lambda name: isinstance(attention_class(name), type) and issubclass(
-        attention_class(name), RandomFeatureBackend))
+    out["redraw"] = redraw_labels(out, random)
+    kinds = {name: isinstance(attention_class(name), type) and issubclass(attention_class(name), RandomFeatureBackend)
+             for name in pd.unique(out["attention"])}  # per distinct name
+    drawing_kind = out["attention"].map(lambda name: kinds.get(name, False))  # NaN: no backend
     identity = drawing_kind.astype(bool) & ~random  # a random-feature backend configured not to draw
     out["attention"] = out["attention"].where(~identity, out["attention"].astype(str) + "-identity")
     return out

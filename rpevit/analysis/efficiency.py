@@ -190,9 +190,22 @@ def overlapped(frame: pd.DataFrame) -> pd.Series:
     host = column(frame, "hostname", "").astype(object).fillna("")  # a column of NaNs only is float64
     for _, g in frame[frame["started_at"].notna() & frame["finished_at"].notna()].groupby(host):
         start, end = unix_seconds(g["started_at"]).to_numpy(), unix_seconds(g["finished_at"]).to_numpy()
-        both = (start[:, None] < end[None, :]) & (start[None, :] < end[:, None])
-        out[g.index] = (both.sum(axis=1) > 1).tolist()  # each row overlaps itself
+        out[g.index] = (overlaps(start, end) > 1).tolist()  # each row overlaps itself
     return out
+
+
+def overlaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per interval i, how many j (itself included) have start_j < end_i and start_i < end_j. Where every
+    interval has start < end, that is #(start_j < end_i) - #(end_j <= start_i) (two binary searches,
+    O(n log n) for 10^5 trials); otherwise pair by pair, in blocks."""
+    if np.all(start < end):
+        starts, ends = np.sort(start), np.sort(end)
+        return np.searchsorted(starts, end, side="left") - np.searchsorted(ends, start, side="right")
+    counts = np.empty(len(start), dtype=np.int64)
+    for lo in range(0, len(start), 1024):
+        s, e = start[lo:lo + 1024, None], end[lo:lo + 1024, None]
+        counts[lo:lo + 1024] = ((s < end[None, :]) & (start[None, :] < e)).sum(axis=1)
+    return counts
 
 
 def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:

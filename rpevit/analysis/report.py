@@ -25,8 +25,8 @@ import pandas as pd
 from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study, token_scaling
 from rpevit.analysis.confirmatory import exploratory_note
 from rpevit.analysis.common import (SPACE_FILE, cli, code_span, column, current_rows, environment_table, fmt,
-                                    markdown_table, md_text, read_sweep, read_trials, space_keys, studies_note,
-                                    trial_files, write_markdown)
+                                    markdown_table, md_text, one_read_per_folder, read_sweep, read_trials, space_keys,
+                                    studies_note, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 
@@ -93,6 +93,12 @@ def inert_markdown(text: str) -> str:
 
 
 def build_report(results_dir: Path) -> str:
+    """report.md's text: each folder's rows read once (one_read_per_folder), every section from them."""
+    with one_read_per_folder():
+        return _report(results_dir)
+
+
+def _report(results_dir: Path) -> str:
     sections = [gap_closure.build(results_dir), string_study.build(results_dir), efficiency.build(results_dir),
                 token_scaling.build(results_dir), kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis.common import (TrialRows, column, fmt, has_random_features, markdown_table, pe_labels,
-                                    ran_test_rotations, read_trials, redraw_label, require_trials, results_parser,
+                                    ran_test_rotations, read_trials, redraw_labels, require_trials, results_parser,
                                     write_study, write_text_file)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
                                         model_fields, overlapped, with_resolved_shape)
@@ -96,9 +96,7 @@ def rotation_rows(frame: pd.DataFrame) -> pd.DataFrame:
     rows["pe"] = rotation_pe_labels(rows)
     rows["qk_norm"] = column(rows, "qk_norm", "none").fillna("none").astype(str)
     random = has_random_features(rows)
-    interval = pd.to_numeric(column(rows, "redraw_interval", 0), errors="coerce")
-    until = pd.to_numeric(column(rows, "redraw_until"), errors="coerce")
-    rows["redraw"] = [redraw_label(r, i, u) for r, i, u in zip(random, interval, until)]
+    rows["redraw"] = redraw_labels(rows, random)
     rows["augment"] = resolved_augment(rows)
     rows["random_features"] = random
     return rows

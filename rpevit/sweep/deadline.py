@@ -60,7 +60,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rpevit.config import ConfigError, TrialConfig, section_fields
-from rpevit.sweep.results import TRIALS_FILE, read_rows, task_metrics, trial_folder
+from rpevit.sweep.results import TRIALS_FILE, task_metrics, trial_folder
+from rpevit.sweep.store import read_rows
 
 STARTUP_S = 60.0  # from the plan to the first trials running: Tune, workers importing torch, warm-up trials
 PER_TRIAL_S = 5.0  # before each trial on a slot (measured: 0.3 s with reused workers, 5 s without)

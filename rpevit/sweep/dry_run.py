@@ -28,7 +28,8 @@ from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.lock import sweep_dir
 from rpevit.sweep.plan import prepare_trials
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import TRIALS_FILE, DamagedResults, read_rows, task_metrics
+from rpevit.sweep.results import TRIALS_FILE, DamagedResults, task_metrics
+from rpevit.sweep.store import holds_rows, read_rows
 from rpevit.sweep.space import Resources, Space
 
 GPU_FIELDS = {"compile": ("on", "cudagraphs"), "amp": ("bf16",), "device": ("cuda",)}  # values that ask for a GPU
@@ -114,7 +115,7 @@ def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir
     why there is none. Reads the folder only (a dry run takes no lock and changes nothing)."""
     out_dir = sweep_dir(results_dir, space.name)
     try:
-        rows = read_rows(out_dir / TRIALS_FILE) if (out_dir / TRIALS_FILE).exists() else []
+        rows = read_rows(out_dir / TRIALS_FILE) if holds_rows(out_dir) else []  # the compacted file and parts
     except DamagedResults as err:
         return f"estimate: none ({err})"
     done = {r.get("trial_key") for r in rows if r.get("status") in (OK, FAILED)} & set(space.current_keys)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from rpevit.sweep.space import SpaceError
+from rpevit.sweep.store import PARTS_DIR
 
 LOCK_FILE = ".sweep.lock"
 
@@ -84,7 +85,7 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
 
 def refuse_links(out_dir: Path, shown: int = 3) -> None:
     """SpaceError if the sweep folder holds symbolic links where rpevit writes: its own entries,
-    `trials/` and each `trials/<key>/` (log.txt, checkpoints). Writing through a planted link would
+    `trials/` and each `trials/<key>/` (log.txt, checkpoints), `parts/` (the results store). Writing through a planted link would
     truncate or append to whatever it points at. One lstat per entry; Tune's `ray/` tree is not
     entered (a link at `ray` itself is refused)."""
     links = [e for e in _entries(out_dir) if e.is_symlink()]
@@ -95,6 +96,9 @@ def refuse_links(out_dir: Path, shown: int = 3) -> None:
                 links.append(entry)
             elif entry.is_dir(follow_symlinks=False):
                 links.extend(e for e in _entries(Path(entry.path)) if e.is_symlink())
+    parts = out_dir / PARTS_DIR
+    if not parts.is_symlink():
+        links.extend(e for e in _entries(parts) if e.is_symlink())
     if links:
         listed = ", ".join(f"{Path(e.path).relative_to(out_dir)} -> {os.readlink(e.path)}" for e in links[:shown])
         more = f" and {len(links) - shown} more" if len(links) > shown else ""

@@ -28,14 +28,16 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
 
-from rpevit.config import field_types, resolve_values
+from rpevit.config import TrialConfig, field_types, resolve_values
 from rpevit.sweep.protocol import OK
+from rpevit.sweep import store
 from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, SPACE_FILE, STORED_KEY, TRIALS_FILE, DamagedResults,
-                                  atomic_file, check_key_column, epochs_schema, is_missing, read_rows, space_key_scheme, to_table,
+                                  atomic_file, check_key_column, epochs_schema, is_missing, space_key_scheme, to_table,
                                   trial_folder, trials_schema, write_table_atomic, write_text_atomic)
-from rpevit.sweep.space import Space, trial_key
+from rpevit.sweep.space import Space, seeded_keys, trial_key
 
 BACKUP_SUFFIX = ".before-resolved-keys"
 __all__ = ["KEY_SCHEME", "STORED_KEY", "migrate_folder", "resolved_frame", "resolved_row", "space_key_scheme"]
@@ -63,20 +65,57 @@ def resolved_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolved_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Analysis-side, in memory: every row's config resolved and trial_key recomputed; the key it was
-    stored under in STORED_KEY (a space.json of the older scheme lists those). Rows that resolve to
-    the key of an earlier row are dropped (with one line on stderr), as migrate_folder drops them."""
+    """Analysis-side, in memory: every row's config resolved and trial_key recomputed (resolved_row's
+    values); the key it was stored under in STORED_KEY (a space.json of the older scheme lists those).
+    Rows that resolve to the key of an earlier row are dropped (with one line on stderr), as
+    migrate_folder drops them.
+
+    By configuration, not by row: rows that differ only in `seed` (or not at all) resolve alike, so one
+    resolve_values per configuration, checked on its first and last row (a configuration whose two
+    resolve apart, or change the seed, is resolved row by row), and the keys of its seeds from one
+    encoding of its other fields (rpevit.sweep.space.seeded_keys). 10^5 rows of a sweep take seconds."""
     if frame.empty or "trial_key" not in frame.columns or "dataset" not in frame.columns:
         return frame.assign(**{STORED_KEY: frame.get("trial_key", pd.Series(dtype=object))})
-    resolved = [resolved_row(r) for r in frame.to_dict("records")]
+    names = [n for n in field_types() if n in frame.columns]
+    others = [n for n in names if n != "seed"]
+    alike = frame[others].groupby(others, dropna=False, sort=False).ngroup().to_numpy() if others else \
+        np.zeros(len(frame), dtype=np.int64)
+    groups = list(pd.Series(np.arange(len(frame))).groupby(alike).indices.values())
+    ends = frame.iloc[[g[0] for g in groups] + [g[-1] for g in groups]][[*names, "trial_key"]].to_dict("records")
+    seeds = frame["seed"].astype(object).where(frame["seed"].notna(), None).tolist() if "seed" in names else \
+        [None] * len(frame)
+    resolved_keys = frame["trial_key"].to_numpy(dtype=object, copy=True)
+    values: dict[str, np.ndarray] = {}  # the columns resolving changed (Python values, as resolved_row sees them)
+
+    def writable(name: str) -> np.ndarray:
+        if name not in values:
+            values[name] = frame[name].to_numpy(dtype=object, copy=True)
+        return values[name]
+
+    for rows, first, last in zip(groups, ends[:len(groups)], ends[len(groups):]):
+        found = _resolve_alike(first, last, [seeds[i] for i in rows])
+        if found is None:  # resolution depends on the seed here: row by row, as resolved_row does
+            for i, row in zip(rows, frame.iloc[rows][[*names, "trial_key"]].to_dict("records")):
+                row = resolved_row(row)
+                for name in names:
+                    writable(name)[i] = row[name]
+                resolved_keys[i] = row["trial_key"]
+            continue
+        changed, keys = found
+        for name, value in changed.items():
+            if type(first[name]) is not type(value) or first[name] != value:  # alike rows hold one value here
+                writable(name)[rows] = value
+        resolved_keys[rows] = keys
     out = frame.copy()
-    for name in ("trial_key", *(n for n in field_types() if n in frame.columns)):  # config columns only
-        values = pd.Series([r.get(name) for r in resolved], index=frame.index)
+    for name in ("trial_key", *(n for n in names if n in values)):  # config columns only
+        column = pd.Series(resolved_keys if name == "trial_key" else values[name], index=frame.index)
         try:
-            out[name] = values.astype(frame[name].dtype)
+            out[name] = column.astype(frame[name].dtype)
         except (TypeError, ValueError):
-            out[name] = values
+            out[name] = column
     out[STORED_KEY] = frame["trial_key"].to_numpy()
+    if out["trial_key"].is_unique:
+        return out
     statuses = frame["status"].tolist() if "status" in frame.columns else [None] * len(frame)
     kept = set(preferred_rows(out["trial_key"].tolist(), statuses).values())
     twice = pd.Series([i not in kept for i in range(len(out))], index=out.index)  # one computation: counted once
@@ -86,6 +125,23 @@ def resolved_frame(frame: pd.DataFrame) -> pd.DataFrame:
               file=sys.stderr, flush=True)
         out = out[~twice]
     return out
+
+
+def _resolve_alike(first: dict[str, Any], last: dict[str, Any], seeds: list[Any]
+                   ) -> tuple[dict[str, Any], list[str]] | None:
+    """For rows that differ only in seed (first and last of them given, their seeds in order): (the
+    config columns resolution sets, as resolved_row sets them on each, the rows' keys), from one
+    resolution. None where each row must be resolved on its own: they have no dataset, or first and
+    last resolve apart, or resolution changes a seed."""
+    config, other = resolved_config(first), resolved_config(last)
+    if config is None or other is None:
+        return None
+    if {k: v for k, v in config.items() if k != "seed"} != {k: v for k, v in other.items() if k != "seed"}:
+        return None
+    if any(not is_missing(r.get("seed")) and r.get("seed") != c["seed"] for r, c in ((first, config), (last, other))):
+        return None
+    present = {k: config[k] for k in config if k in first and not is_missing(first[k]) and k != "seed"}
+    return present, seeded_keys(config, [TrialConfig.seed if is_missing(s) else s for s in seeds])
 
 
 def preferred_rows(keys: Sequence[str], statuses: Sequence[Any]) -> dict[str, int]:
@@ -108,8 +164,9 @@ def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
         return None
     trials_path, epochs_path = out_dir / TRIALS_FILE, out_dir / EPOCHS_FILE
     try:
-        trial_rows = read_rows(trials_path) if trials_path.is_file() else []
-        epoch_rows = read_rows(epochs_path) if epochs_path.is_file() else []
+        store.compact(out_dir)  # parts a writer left (no space.json yet): the rows below are then all in the files
+        trial_rows = store.read_rows(trials_path) if trials_path.is_file() else []
+        epoch_rows = store.read_rows(epochs_path) if epochs_path.is_file() else []
     except DamagedResults:
         return None  # the driver sets a damaged file aside and rebuilds (rpevit.sweep.results); nothing to migrate
     for path, rows in ((trials_path, trial_rows), (epochs_path, epoch_rows)):  # before anything moves
@@ -199,24 +256,10 @@ def _rewrite_space_keys(out_dir: Path, space: dict[str, Any] | None, changed: di
 def main(argv: list[str] | None = None) -> int:
     """`python -m rpevit.sweep.migrate FOLDER...`: migrate sweep folders now, without running a sweep
     (`sweep.py --resume` does the same on its own folder). Each folder is locked as a driver locks it."""
-    import argparse
+    from rpevit.sweep.compact import run_on_folders
 
-    from rpevit.config import ConfigError
-    from rpevit.sweep.lock import sweep_lock
-
-    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (each holding trials.parquet)")
-    args = parser.parse_args(argv)
-    for folder in args.folders:
-        if not (folder / TRIALS_FILE).is_file():
-            parser.error(f"{folder} holds no {TRIALS_FILE}; allowed: a sweep folder")
-        try:
-            with sweep_lock(folder):
-                print(migrate_folder(folder) or f"{folder}: already in the resolved key scheme, nothing to do")
-        except ConfigError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 2
-    return 0
+    return run_on_folders(argv, main.__doc__.splitlines()[0], lambda folder: migrate_folder(folder) or
+                          f"{folder}: already in the resolved key scheme, nothing to do")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ from rpevit.checkpoint import CHECKPOINT_NAME
 from rpevit.data import FOLDERLESS_DATASETS, resolve_data_dir
 from rpevit.sweep import migrate
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, driver_trials, select_keys, write_text_atomic
+from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, select_keys, write_text_atomic
+from rpevit.sweep.store import driver_trials
 from rpevit.sweep.space import Resources, Space, SpaceError
 
 

@@ -1,10 +1,12 @@
 """Driver-side results: trials.parquet (one row per trial) and epochs.parquet (per trial-epoch).
 
-The files' schemas, atomic writes, reading back and the current rows; no Ray here (the analysis
-reads through this module too). The Tune callback that writes them during a sweep is writer.py's
-`ParquetResults`: it rewrites the two files
-atomically (temporary file + os.replace), so a kill never leaves a torn file. Rows are keyed by
-trial_key (and epoch) and the files are read back on `--resume`, so nothing is duplicated.
+The files' schemas, rows -> Arrow tables (`to_table`), atomic writes, reading one file back and the
+current rows; no Ray here (the analysis reads through this module too). How the files grow during a
+sweep (append-only parts, compaction) and how they are read whole (`read_table`, `read_frame`:
+compacted file plus parts, deduplicated by key) is rpevit.sweep.store; the Tune callback that
+writes them is writer.py's `ParquetResults`. Every file is written through `atomic_file` (temporary
+file + os.replace, never through a link), so a kill never leaves a torn file. Rows are keyed by
+trial_key (and epoch) and read back on `--resume`, so nothing is duplicated.
 
 The files have a fixed, typed schema per task (`trials_schema(task)`, `epochs_schema(task)`, from
 the metrics each task declares with `register_task`): every
@@ -17,9 +19,9 @@ column no schema knows is kept, appended after the fixed ones (tests keep that l
 Rows of trials that are not in the sweep's current space (its YAML was edited since they ran)
 stay in the files; `current_rows()` filters them by the trial keys of `space.json`.
 
-Damaged files (issue 31, items 12 and 13). A trials.parquet / epochs.parquet that cannot be read
-(truncated, random bytes, empty, a folder, another table) raises `DamagedResults`, one line naming
-the file and why. The driver (under the sweep lock) sets such a file aside as
+Damaged files (issue 31, items 12 and 13). A trials.parquet / epochs.parquet (or a part of one) that
+cannot be read (truncated, random bytes, empty, a folder, another table) raises `DamagedResults`,
+one line naming the file and why. The driver (under the sweep lock) sets such a file aside as
 `<name>.damaged-<time>` (kept, never read again) and goes on with what is left: the trials it held
 have no row, so `--resume` reruns them from their checkpoints (a finished one is only evaluated
 again); a damaged epochs.parquet is rebuilt from the epoch histories in the trial checkpoints.
@@ -32,12 +34,12 @@ lost: each trial's epochs are in its checkpoint, and `--resume` reports them aga
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import math
 import numbers
 import os
 import re
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,10 +48,11 @@ from typing import Any, BinaryIO, Iterator
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rpevit import registry
-from rpevit.config import ConfigError, field_types
+from rpevit.config import ConfigError, field_types, load_registry
 from rpevit.registry import TaskMetrics
 
 TRIALS_FILE = "trials.parquet"
@@ -83,7 +86,7 @@ def config_columns() -> list[tuple[str, pa.DataType]]:
 
 def task_metrics(task: str) -> TaskMetrics:
     """The metrics `task` declares at registration (rpevit.registry.register_task); none if unknown."""
-    registry.load_all()
+    load_registry()
     return registry.METRICS.get(task, TaskMetrics())
 
 
@@ -110,8 +113,10 @@ def epochs_schema(task: str) -> pa.Schema:
 
 
 def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
-    """Rows -> a table of exactly `schema` (missing values null), plus any unknown columns after it."""
-    columns = {f.name: pa.array([_coerce(r.get(f.name), f.type) for r in rows], type=f.type) for f in schema}
+    """Rows -> a table of exactly `schema` (missing values null), plus any unknown columns after it
+    (sorted by name). Column by column, Arrow-native (`arrow_column`): the values a trial sends are
+    converted by Arrow in one call per column, exactly as `coerce_value` would convert each."""
+    columns = {f.name: arrow_column([r.get(f.name) for r in rows], f.type) for f in schema}
     extra = sorted({k for r in rows for k in r} - set(schema.names))
     fields = list(schema)
     for name in extra:
@@ -125,11 +130,78 @@ def to_table(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(list(columns.values()), schema=pa.schema(fields))
 
 
+_NONE = type(None)
+_NUMPY_INTS = (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32)
+_NUMPY_FLOATS = (np.float32, np.float64)
+_F64_VALUES = frozenset({float, int, _NONE, *_NUMPY_FLOATS, *_NUMPY_INTS})
+_FAST_TYPES = {  # Python types whose values Arrow converts to the column's type as coerce_value does
+    F64: _F64_VALUES,
+    I64: frozenset({int, _NONE, *_NUMPY_INTS}),
+    STR: frozenset({str, _NONE}),
+    BOOL: frozenset({bool, _NONE, np.bool_}),
+    TIMESTAMP: frozenset({float, int, _NONE}),  # Unix seconds (time.time()), as trials send them
+}
+_LIST_VALUES = frozenset({list, tuple, _NONE, np.ndarray})
+_UNIX_RANGE = (-62_135_596_800.0 + 86_400, 253_402_300_799.0 - 86_400)  # datetime's years 1..9999, a day inside
+
+
+def arrow_column(values: list[Any], kind: pa.DataType) -> pa.Array:
+    """`values` as an Arrow array of `kind`, equal to `pa.array([coerce_value(v, kind) for v in values])`
+    (tests/test_results_store.py checks that on odd values). Arrow converts the column in one call
+    where every value's Python type is one it converts as coerce_value does (`_FAST_TYPES`: no bool in
+    a float column, no text in a number column, Unix seconds into a timestamp); a column holding any
+    other value is converted value by value (rare: a failed trial's odd value)."""
+    try:
+        fast = _fast_column(values, kind)
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        fast = None  # e.g. an int beyond int64: coerce_value decides (and raises where it always did)
+    if fast is not None:
+        return fast
+    return pa.array([coerce_value(v, kind) for v in values], type=kind)
+
+
+def _fast_column(values: list[Any], kind: pa.DataType) -> pa.Array | None:
+    types = set(map(type, values))
+    if kind == F64_LIST:
+        if not types <= _LIST_VALUES:
+            return None
+        arrays = [v for v in values if type(v) is np.ndarray]
+        if any(a.dtype.kind not in "fiu" or a.ndim != 1 for a in arrays):
+            return None
+        items = itertools.chain.from_iterable(v for v in values if type(v) in (list, tuple))
+        if not set(map(type, items)) <= _F64_VALUES:
+            return None
+        return pa.array(values, type=kind)
+    if not types <= _FAST_TYPES.get(kind, frozenset()):
+        return None
+    if kind == TIMESTAMP:
+        return _unix_seconds_column(values)
+    return pa.array(values, type=kind)  # F64 keeps NaN (not null): from_pandas stays off
+
+
+def _unix_seconds_column(values: list[Any]) -> pa.Array | None:
+    """Unix seconds -> UTC microseconds as datetime.fromtimestamp(s, utc) rounds them (CPython's
+    _PyTime_DoubleToDenominator: the fraction of the second, scaled, rounded half to even); NaN and
+    None null. None (convert value by value) where a value is infinite or outside datetime's years."""
+    seconds = pa.array(values, type=F64).to_numpy(zero_copy_only=False)
+    missing = np.isnan(seconds)
+    finite = seconds[~missing]
+    if finite.size and not (np.isfinite(finite).all() and _UNIX_RANGE[0] < finite.min()
+                            and finite.max() < _UNIX_RANGE[1]):
+        return None
+    fraction, whole = np.modf(np.where(missing, 0.0, seconds))
+    micros = np.rint(fraction * 1e6)
+    whole = whole + (micros >= 1e6) - (micros < 0)
+    micros = micros - 1e6 * (micros >= 1e6) + 1e6 * (micros < 0)
+    stamps = whole.astype(np.int64) * 1_000_000 + micros.astype(np.int64)
+    return pa.array(stamps, type=I64, mask=missing).cast(TIMESTAMP)
+
+
 def is_missing(value: Any) -> bool:
     return value is None or value is pd.NaT or (isinstance(value, float) and math.isnan(value))
 
 
-def _coerce(value: Any, kind: pa.DataType) -> Any:
+def coerce_value(value: Any, kind: pa.DataType) -> Any:
     """One value -> the Python value Arrow stores in a column of `kind`; None where it does not fit
     (a results file must always be writable: one odd value must not stop the driver's bookkeeping)."""
     if isinstance(value, np.generic):
@@ -161,7 +233,7 @@ def _coerce(value: Any, kind: pa.DataType) -> Any:
             value = value.tolist()
         if not isinstance(value, (list, tuple)):
             return None
-        return [_coerce(v, F64) for v in value]
+        return [coerce_value(v, F64) for v in value]
     if kind == BOOL:
         return bool(value) if isinstance(value, (bool, numbers.Integral)) else None
     return value
@@ -191,7 +263,12 @@ def check_trial_key(key: Any, where: str) -> str:
 
 def check_key_column(keys: Any, path: Path) -> None:
     """Every trial_key of a results file's rows (in file order), checked: BadTrialKey names the file,
-    the first bad row (counting from 1) and its key."""
+    the first bad row (counting from 1) and its key. An Arrow column is checked in one pass."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        good = pc.fill_null(pc.match_substring_regex(keys, f"^{TRIAL_KEY.pattern}$"), False)
+        if pc.all(good).as_py() is not False:
+            return
+        keys = keys.to_pylist()
     for number, key in enumerate(keys, 1):
         if not (isinstance(key, str) and TRIAL_KEY.fullmatch(key)):
             check_trial_key(key, f"{path}, row {number}")
@@ -249,17 +326,23 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         handle.write(text.encode("utf-8"))
 
 
-_TEMP = re.compile(rf"\.({'|'.join(re.escape(n) for n in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE))})\.(\d+)\.tmp")
+def temp_pattern(names: str) -> re.Pattern[str]:
+    """The temp-file names atomic_file gives files whose names match the regex `names`: `.<name>.<pid>.tmp`."""
+    return re.compile(rf"\.({names})\.(\d+)\.tmp")
 
 
-def remove_stale_temps(out_dir: Path) -> list[Path]:
+_TEMP = temp_pattern("|".join(re.escape(n) for n in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE)))
+
+
+def remove_stale_temps(out_dir: Path, temps: re.Pattern[str] = _TEMP) -> list[Path]:
     """Delete the temp files a killed driver left in a sweep folder (`.trials.parquet.<pid>.tmp`, the
-    same for epochs.parquet and space.json) when no live process has that pid; returns them. Only
-    those names: nothing else in the folder is touched. Called when a sweep (or resume) starts."""
+    same for epochs.parquet and space.json; `temps`: other names, e.g. of the store's parts) when no
+    live process has that pid; returns them. Only those names: nothing else in the folder is touched.
+    Called when a sweep (or resume) starts."""
     if not Path(out_dir).is_dir():
         return []
     with os.scandir(out_dir) as entries:
-        stale = [Path(e.path) for e in entries if (found := _TEMP.fullmatch(e.name))
+        stale = [Path(e.path) for e in entries if (found := temps.fullmatch(e.name))
                  and not e.is_dir(follow_symlinks=False) and not _alive(int(found.group(2)))]
     for path in stale:
         path.unlink(missing_ok=True)
@@ -313,23 +396,30 @@ def one_line(err: BaseException, limit: int = 200) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())[:limit]
 
 
-def read_results_table(path: Path) -> pa.Table | None:
-    """The table of a trials.parquet / epochs.parquet, None where there is no such file; DamagedResults
-    where there is one that cannot be read as one (truncated, random bytes, empty, a folder, a table
-    without the columns every such file has)."""
+def read_results_table(path: Path, kind: str | None = None, columns: list[str] | None = None) -> pa.Table | None:
+    """The table of a trials.parquet / epochs.parquet (or of a part of one: `kind` names which,
+    rpevit.sweep.store), None where there is no such file; DamagedResults where there is one that
+    cannot be read as one (truncated, random bytes, empty, a folder, a table without the columns every
+    such file has). `columns`: only those of them the file has."""
     path = Path(path)
+    kind = kind or path.name
     if not os.path.lexists(path):
         return None
     if path.is_dir():
         raise DamagedResults(path, "it is a folder, not a Parquet file")
     try:
-        table = pq.read_table(path, use_pandas_metadata=True)
+        if columns is None:
+            table = pq.read_table(path, use_pandas_metadata=True)
+        else:
+            with pq.ParquetFile(path) as file:
+                names = file.schema_arrow.names
+                table = file.read(columns=[c for c in columns if c in names])
     except (pa.ArrowException, OSError, ValueError, EOFError) as err:  # ArrowInvalid, thrift errors, ...
         raise DamagedResults(path, one_line(err)) from err
-    missing = [c for c in REQUIRED_COLUMNS.get(path.name, ()) if c not in table.column_names]
+    missing = [c for c in REQUIRED_COLUMNS.get(kind, ()) if c not in table.column_names]
     if missing:
         raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
-    if path.name == TRIALS_FILE:
+    if kind == TRIALS_FILE:
         check_number_columns(table, path)
     return table
 
@@ -371,19 +461,6 @@ def set_aside(path: Path, reason: str) -> Path:
     return target
 
 
-def read_table_or_set_aside(path: Path, consequence: str) -> tuple[pa.Table | None, Path | None]:
-    """(the table, None), or for a damaged file (None, where it was set aside) after one line on stderr
-    naming it, why, where it went and `consequence` (what the sweep does about it). Driver only, under
-    the sweep's lock: nothing else may be writing the folder."""
-    try:
-        return read_results_table(path), None
-    except DamagedResults as err:
-        moved = set_aside(err.path, err.reason)
-        print(f"warning: {err}; set aside as {moved.name} (kept, not read again); {consequence}", file=sys.stderr,
-              flush=True)
-        return None, moved
-
-
 TRIALS_LOST = ("the trials it held have no row now, so this run (with --resume) runs them again from their "
                "checkpoints: a finished one is only evaluated again")
 
@@ -391,26 +468,6 @@ TRIALS_LOST = ("the trials it held have no row now, so this run (with --resume) 
 def write_table_atomic(table: pa.Table, path: Path) -> None:
     with atomic_file(path) as handle:
         pq.write_table(table, handle)
-
-
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """Rows as Arrow stores them (ints stay ints, timestamps datetimes), not via pandas floats;
-    DamagedResults for a file that cannot be read."""
-    table = read_results_table(path)
-    return table.to_pylist() if table is not None else []
-
-
-def driver_trials(out_dir: Path) -> pd.DataFrame:
-    """The sweep's trials.parquet as a frame (empty without one), every row of it. Driver only: a
-    damaged file is set aside (read_table_or_set_aside) and its trials count as not run; a row whose
-    trial_key is not one sweep.py makes stops the driver (BadTrialKey) before anything runs. (The
-    analysis reads rows with rpevit.analysis.common.load_trials: the current, successful ones.)"""
-    path = Path(out_dir) / TRIALS_FILE
-    table, _ = read_table_or_set_aside(path, TRIALS_LOST)
-    if table is None:
-        return pd.DataFrame()
-    check_key_column(table.column("trial_key").to_pylist(), path)  # keys name folders: refused before any is used
-    return table.to_pandas()
 
 
 def unix_seconds(times: pd.Series) -> pd.Series:
@@ -463,7 +520,7 @@ def select_keys(frame: pd.DataFrame, keys: list[str] | set[str] | None,
     """(rows whose `column` (trial_key) is in keys, how many were set aside); everything if keys is None."""
     if keys is None or frame.empty or column not in frame.columns:
         return frame, 0
-    mask = frame[column].isin(set(keys))
+    mask = frame[column].astype(object).isin(set(keys))  # a hash table of Python str: 10^5 keys in milliseconds
     return frame[mask], int((~mask).sum())
 
 
@@ -477,6 +534,11 @@ def current_rows(frame: pd.DataFrame, results_dir: str | os.PathLike) -> tuple[p
     kept frame keeps the original index. A space.json of the older key scheme lists the keys rows were
     stored under (STORED_KEY, kept by rpevit.sweep.migrate.resolved_frame).
     """
-    keys = current_keys(results_dir)
-    older = space_key_scheme(results_dir) != KEY_SCHEME and STORED_KEY in frame.columns
-    return select_keys(frame, keys, STORED_KEY if older else "trial_key")  # older space.json: stored keys
+    return rows_of_space(frame, current_keys(results_dir), space_key_scheme(results_dir))
+
+
+def rows_of_space(frame: pd.DataFrame, keys: list[str] | set[str] | None, scheme: str | None) -> tuple[pd.DataFrame, int]:
+    """current_rows, given the keys and key scheme its space.json holds: a space.json of the older scheme
+    lists the keys rows were stored under (STORED_KEY)."""
+    older = scheme != KEY_SCHEME and STORED_KEY in frame.columns
+    return select_keys(frame, keys, STORED_KEY if older else "trial_key")

@@ -16,7 +16,6 @@ on 127.0.0.1 only and its processes end with the driver (session.py, reaper.py).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import declaration, migrate, session
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.plan import plan_sweep, write_space_file
-from rpevit.sweep.results import TRIALS_FILE
+from rpevit.sweep.results import TRIALS_FILE, DamagedResults
+from rpevit.sweep.store import compact, holds_rows
 from rpevit.sweep.space import Space, check_name
 from rpevit.sweep.summary import ResumeInfo, SweepOutcome, summarize
 
@@ -60,6 +60,18 @@ def run_sweep(space: Space, opts: SweepOptions) -> int:
     return execute_sweep(space, opts).exit_code
 
 
+def compact_left_over(out_dir: Path, space: Space) -> None:
+    """Compact the parts a killed (or stopped) driver left (rpevit.sweep.store), before anything else
+    reads the folder: afterwards trials.parquet / epochs.parquet hold every row, in this space's order.
+    Called under the lock after plan_sweep, which has set a damaged trials.parquet aside; a damaged
+    epochs.parquet is left for the writer, which sets it aside and rebuilds its rows from the trials'
+    checkpoints (until then the parts keep their rows and every reader sees them)."""
+    try:
+        compact(out_dir, {k: i for i, k in enumerate(space.keys)}, space.task)
+    except DamagedResults:
+        pass
+
+
 def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
     """run_sweep, returning the throughput figures too (benchmarks/sweep_overhead.py). The steps,
     top-down: lock, plan, record the space, start or join Ray, check the trial fits, run the Tuner
@@ -76,9 +88,10 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
             print(migrated, flush=True)
         plan = plan_sweep(space, out_dir, resume=opts.resume, retry_failed=opts.retry_failed,
                           data_dir=opts.data_dir, resources=res)
+        compact_left_over(out_dir, space)
         write_space_file(out_dir, space)
         declared = declaration.record(out_dir, space.declaration, redeclare=opts.redeclare,
-                                      rows_exist=os.path.lexists(out_dir / TRIALS_FILE))
+                                      rows_exist=holds_rows(out_dir, TRIALS_FILE))
         if declared:
             print(declared, flush=True)
         print(f"sweep {space.name!r}: {len(space.trials)} trials, {len(space.trials) - len(plan.pending)} already "

@@ -262,13 +262,33 @@ def trial_key(config: dict[str, Any]) -> str:
 
     Hashing only what differs from the defaults keeps keys (and so `--resume`) stable when new
     fields with defaults are added to TrialConfig. Spaces hash the resolved config
-    (rpevit.config.resolve_values): `batch_size: 0` and the recipe's 128 are one trial.
+    (rpevit.config.resolve_values): `batch_size: 0` and the recipe's 128 are one trial. The hashed
+    text is `json.dumps` of those values with sorted keys, built from `key_fragments`.
     """
-    unused = unused_encoding_options(config.get("pe", TrialConfig.pe))  # options that do not apply (their value
-    # follows the current default, which may have moved since a key was made: luo_scale 10 -> 1000)
-    explicit = {k: v for k, v in sorted(config.items())
-                if k not in KEY_EXCLUDED_FIELDS and k not in unused and v != KEY_BASELINE.get(k)}
-    return hashlib.sha1(json.dumps(explicit, sort_keys=True).encode()).hexdigest()[:KEY_LENGTH]
+    return _hashed([text for _, text in key_fragments(config)])
+
+
+def key_fragments(config: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field, '"field": <JSON value>') for each value the key hashes, by field name: not the data
+    location, not an option of an encoding the trial does not use (its value follows the current
+    default, which may have moved since a key was made: luo_scale 10 -> 1000), not a baseline value."""
+    unused = unused_encoding_options(config.get("pe", TrialConfig.pe))
+    return [(k, f"{json.dumps(k)}: {json.dumps(v)}") for k, v in sorted(config.items())
+            if k not in KEY_EXCLUDED_FIELDS and k not in unused and v != KEY_BASELINE.get(k)]
+
+
+def seeded_keys(config: dict[str, Any], seeds: list[Any]) -> list[str]:
+    """[trial_key({**config, "seed": s}) for s in seeds], the other fields encoded once: the keys of one
+    configuration's seeds (the analysis recomputes 10^5 keys so, rpevit.sweep.migrate.resolved_frame)."""
+    fragments = key_fragments({k: v for k, v in config.items() if k != "seed"})
+    before, after = [t for k, t in fragments if k < "seed"], [t for k, t in fragments if k > "seed"]
+    baseline, name = KEY_BASELINE.get("seed"), json.dumps("seed")
+    return [_hashed(before + after if seed == baseline else [*before, f"{name}: {json.dumps(seed)}", *after])
+            for seed in seeds]
+
+
+def _hashed(fragments: list[str]) -> str:
+    return hashlib.sha1(("{" + ", ".join(fragments) + "}").encode()).hexdigest()[:KEY_LENGTH]
 
 
 def parse_value(text: str) -> Any:

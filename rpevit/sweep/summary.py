@@ -20,8 +20,8 @@ from rpevit.analysis.common import has_random_features, judged_accuracy
 from rpevit.analysis.stats import Interval, mean_interval
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import (EPOCHS_FILE, TENSORBOARD_DIR, TRIALS_FILE, driver_trials, select_keys,
-                                  trial_seconds, unix_seconds)
+from rpevit.sweep.results import EPOCHS_FILE, TENSORBOARD_DIR, TRIALS_FILE, select_keys, trial_seconds, unix_seconds
+from rpevit.sweep.store import driver_trials
 from rpevit.sweep.space import Space
 
 REPORT_SCRIPT = Path(__file__).resolve().parents[2] / "analysis" / "report.py"  # the analysis of a sweep folder

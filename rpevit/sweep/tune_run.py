@@ -26,7 +26,8 @@ from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import session
 from rpevit.sweep.plan import SweepPlan
 from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
-from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError, read_rows
+from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError
+from rpevit.sweep.store import read_rows
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import Resources, Space
 from rpevit.sweep.summary import DeadlineReport, judged_value
@@ -92,7 +93,7 @@ def run_tuner(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) 
     finally:
         if barrier is not None:
             ray.kill(barrier)
-    writer.flush()
+    writer.finish()  # rows after Tune's experiment end, if any; the store compacted (rpevit.sweep.store)
     return slots, fit_started
 
 

@@ -1,24 +1,33 @@
 """`ParquetResults`: the Tune callback in the driver that turns the rows trials report (protocol.Report)
-and the failures Tune sees into trials.parquet and epochs.parquet, rewritten atomically through
-results.py (schemas, atomic writes, reading back, damaged files: see its docstring)."""
+and the failures Tune sees into trials.parquet and epochs.parquet. Each flush appends only its new
+rows, as parts of the append-only store (rpevit.sweep.store: parts, merges, compaction, reading), so
+a trial's end costs the same at the thousandth trial and at the hundred-thousandth; the store is
+compacted into the two files when a Tuner run ends (and when a driver starts on a folder a killed one
+left). Schemas, atomic writes, damaged files: rpevit.sweep.results.
+
+The callback keeps no rows: only what its bookkeeping needs per trial of this run (the status and
+Tune trial of the row that stands for it, the epochs it reported, as bits), a few hundred bytes a
+trial, and the rows of the flush being written."""
 from __future__ import annotations
 
-import math
 import re
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from ray.tune import Callback
 
 from rpevit.config import TrialConfig, field_types
+from rpevit.sweep import store
 from rpevit.sweep.protocol import EPOCH, FAILED, OK, SUMMARY, VARIANT_FAILED, Report, members_of
-from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, TRIALS_LOST, DamagedResults, ResultsWriteError, is_missing,
-                                  epochs_schema, read_rows, read_table_or_set_aside, remove_stale_temps, set_aside,
-                                  to_table, trial_folder, trials_schema, write_table_atomic)
+from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, TRIALS_LOST, ResultsWriteError, epochs_schema,
+                                  is_missing, remove_stale_temps, to_table, trial_folder, trials_schema)
 
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
+EPOCH_BITS = 1 << 16  # epochs 0 .. 65535 are counted in one int's bits per trial; others in a set
 
 
 class ParquetResults(Callback):
@@ -28,39 +37,76 @@ class ParquetResults(Callback):
                  order: dict[str, int], task: str | None = None) -> None:
         self.out_dir = Path(out_dir)
         self.sweep = sweep
-        self.trials = trials  # trial_key -> config dict
+        self.trials = trials  # trial_key -> config dict (the trials this run may run)
         self.order = order  # trial_key -> index in the space
         self.write_error: ResultsWriteError | None = None  # set when a flush failed: the sweep is stopping
+        self.pending: dict[str, list[dict[str, Any]]] = {kind: [] for kind in store.KINDS}  # the next flush's rows
+        self.standing: dict[str, tuple[Any, Any]] = {}  # key -> (status, tune_trial_id) of the row that counts
+        self.epoch_bits: dict[str, int] = {}  # key -> bit e set for each epoch e it has a row of
+        self.odd_epochs: dict[str, set[int]] = {}  # epochs outside 0 .. EPOCH_BITS - 1
         remove_stale_temps(self.out_dir)  # a sweep starts or resumes here, under its lock
-        table, _ = read_table_or_set_aside(self.out_dir / TRIALS_FILE, TRIALS_LOST)
-        self.trial_rows = {r["trial_key"]: r for r in (table.to_pylist() if table is not None else [])}
-        try:
-            self.epoch_rows = {(r["trial_key"], int(r["epoch"])): r for r in read_rows(self.out_dir / EPOCHS_FILE)}
-            rebuilt = None
-        except DamagedResults as err:
-            moved = set_aside(err.path, err.reason)
-            self.epoch_rows = {}
-            rebuilt = self.rebuild_epochs()
-            print(f"warning: {err}; set aside as {moved.name} (kept, not read again); rebuilt "
-                  f"{len(self.epoch_rows)} epoch row(s) of {rebuilt} trial(s) from their checkpoints (trials without "
-                  f"one report theirs again when they run)", file=sys.stderr, flush=True)
-        known = [c.get("task") for c in trials.values()] + [r.get("task") for r in self.trial_rows.values()]
+        remove_stale_temps(self.out_dir / store.PARTS_DIR, store.PART_TEMPS)
+        stored, _ = store.driver_table(self.out_dir / TRIALS_FILE, TRIALS_LOST, columns=["task", "tune_trial_id"])
+        self._know_stored(stored)
+        known = [c.get("task") for c in trials.values()]
+        if stored is not None and "task" in stored.column_names:
+            known += pc.unique(pc.drop_null(stored.column("task"))).to_pylist()
         self.task = task or next((t for t in known if t), TrialConfig.task)
-        self._dirty_epochs = False
+        self.schemas = {EPOCHS_FILE: epochs_schema(self.task), TRIALS_FILE: trials_schema(self.task)}
+        epochs, damaged = store.driver_table(self.out_dir / EPOCHS_FILE, None, columns=[])
+        self._know_epochs(epochs)
+        if damaged:
+            rows, found = self.rebuild_epochs()
+            for err, moved in damaged:
+                print(f"warning: {err}; set aside as {moved.name} (kept, not read again); rebuilt {rows} epoch "
+                      f"row(s) of {found} trial(s) from their checkpoints (trials without one report theirs again "
+                      f"when they run)", file=sys.stderr, flush=True)
+        self.parts = store.PartLog(self.out_dir)
         self._last_flush = 0.0
-        if rebuilt is not None:
-            self.flush()
+        if damaged or any(self.parts.parts.values()):  # rebuilt rows, or parts a killed driver left
+            self.finish()
 
-    def rebuild_epochs(self) -> int:
+    def _know_stored(self, table) -> None:
+        """The standing row (status, Tune trial) of each trial of this run that has one already."""
+        if table is None:
+            return
+        mine = table.filter(pc.is_in(table.column("trial_key"), value_set=_keys(self.trials)))
+        trial_ids = mine.column("tune_trial_id").to_pylist() if "tune_trial_id" in mine.column_names \
+            else [None] * mine.num_rows
+        for key, status, trial_id in zip(mine.column("trial_key").to_pylist(), mine.column("status").to_pylist(),
+                                         trial_ids):
+            self.standing[key] = (status, trial_id)
+
+    def _know_epochs(self, table) -> None:
+        """The epochs already stored of each trial of this run (epochs_done counts them, as before)."""
+        if table is None:
+            return
+        mine = table.filter(pc.is_in(table.column("trial_key"), value_set=_keys(self.trials)))
+        for key, epoch in zip(mine.column("trial_key").to_pylist(), mine.column("epoch").to_pylist()):
+            if epoch is not None:
+                self._see_epoch(key, int(epoch))
+
+    def _see_epoch(self, key: str, epoch: int) -> None:
+        if 0 <= epoch < EPOCH_BITS:
+            self.epoch_bits[key] = self.epoch_bits.get(key, 0) | (1 << epoch)
+        else:
+            self.odd_epochs.setdefault(key, set()).add(epoch)
+
+    def epochs_done(self, key: str) -> int:
+        """How many distinct epochs `key` has rows of (stored before this run, or reported in it)."""
+        return self.epoch_bits.get(key, 0).bit_count() + len(self.odd_epochs.get(key, ()))
+
+    def rebuild_epochs(self) -> tuple[int, int]:
         """Epoch rows from the history in each trial's checkpoint (`trials/<key>/checkpoint.pt`), for the
         trials this writer knows a config of (the space's pending ones, and every one with a row); loaded
-        safely and only where the checkpoint matches that config (rpevit.checkpoint). Returns how many
-        trials gave rows."""
+        safely and only where the checkpoint matches that config (rpevit.checkpoint). Queued for the next
+        flush; returns (rows, trials that gave rows)."""
         from rpevit import checkpoint
 
         names = set(field_types())
-        configs = {**self.trial_rows, **self.trials}
-        found = 0
+        stored = store.read_table(self.out_dir / TRIALS_FILE)
+        configs = {**{r["trial_key"]: r for r in (stored.to_pylist() if stored is not None else [])}, **self.trials}
+        rows = found = 0
         for key, values in configs.items():
             path = trial_folder(self.out_dir / "trials", key) / checkpoint.CHECKPOINT_NAME
             if not path.is_file() or path.is_symlink():
@@ -73,9 +119,14 @@ class ParquetResults(Callback):
             except Exception:  # noqa: BLE001 - a checkpoint that cannot give rows gives none; its trial reruns
                 continue
             for row in history:  # the key is this trial's, whatever a checkpoint's row says
-                self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, **row, "trial_key": key}
+                self._add_epoch(key, row)
+            rows += len(history)
             found += bool(history)
-        return found
+        return rows, found
+
+    def _add_epoch(self, key: str, row: dict[str, Any]) -> None:
+        self.pending[EPOCHS_FILE].append({"sweep": self.sweep, **row, "trial_key": key})
+        self._see_epoch(key, int(row["epoch"]))
 
     # ---- Tune hooks (driver thread) ----
     def on_trial_result(self, iteration, trials, trial, result, **info) -> None:
@@ -84,13 +135,12 @@ class ParquetResults(Callback):
             return
         key, row = report.trial_key, report.row
         if report.kind == EPOCH:
-            self.epoch_rows[(key, int(row["epoch"]))] = {"sweep": self.sweep, **row, "trial_key": key}
-            self._dirty_epochs = True
+            self._add_epoch(key, row)
             if time.monotonic() - self._last_flush > EPOCH_FLUSH_S:
                 self.flush()
         elif report.kind == SUMMARY:
-            self.trial_rows[key] = {"sweep": self.sweep, **row, "trial_key": key, "status": OK,
-                                    "error": "", "error_traceback": "", "tune_trial_id": trial.trial_id}
+            self._add_trial({"sweep": self.sweep, **row, "trial_key": key, "status": OK, "error": "",
+                             "error_traceback": "", "tune_trial_id": trial.trial_id})
             self.flush()
         elif report.kind == VARIANT_FAILED:  # one variant of a multi-variant (interleaved timing) trial
             self.record_failure(key, report.error, report.traceback, trial.trial_id, 1)
@@ -102,51 +152,76 @@ class ParquetResults(Callback):
         lines = [ln for ln in traceback.strip().splitlines() if ln.strip()]
         for member in members_of(trial):
             key = member.trial_key
-            if key not in self.trial_rows or self.trial_rows[key].get("tune_trial_id") != trial.trial_id:
+            if key not in self.standing or self.standing[key][1] != trial.trial_id:
                 self.record_failure(key, lines[-1] if lines else "unknown error (no error file)", traceback,
                                     trial.trial_id, max(1, traceback.count("Failure # ")))  # one entry per try
         self.flush()
 
     def record_failure(self, key: str, error: str, traceback: str, tune_trial_id: str, attempts: int) -> None:
-        self.trial_rows[key] = {
+        self._add_trial({
             "sweep": self.sweep, **self.trials[key], "trial_key": key, "status": FAILED, "error": error,
             "error_traceback": traceback[-10000:], "tune_trial_id": tune_trial_id, "attempts": attempts,
-            "epochs_done": sum(1 for k, _ in self.epoch_rows if k == key),
-        }
+            "epochs_done": self.epochs_done(key),
+        })
+
+    def _add_trial(self, row: dict[str, Any]) -> None:
+        """Queue a trial row (its trial_index: the key's place in the space, for keys in it) and keep
+        which row stands for the key, by the store's rule: an ok row is never replaced by a failed one."""
+        key = row["trial_key"]
+        if key in self.order:
+            row["trial_index"] = self.order[key]
+        self.pending[TRIALS_FILE].append(row)
+        if row["status"] == OK or self.standing.get(key, (None,))[0] != OK:
+            self.standing[key] = (row["status"], row.get("tune_trial_id"))
 
     def on_experiment_end(self, trials, **info) -> None:
         if self.write_error is None:
-            self.flush()
+            self.finish()
         # else: Tune is cleaning up after the failed write, whose error is on its way to the runner
 
     # ---- writing ----
     def flush(self) -> None:
-        """Rewrite both files; ResultsWriteError (one line: the folder, the OS error) when the folder
-        cannot take them. The rows stay in memory either way."""
+        """Append the rows reported since the last flush as parts (epochs before trials: a trial's row is
+        on disk only once its epoch rows are, so a write that fails between the two leaves the trial
+        without a row, and --resume reruns it from its checkpoint, reporting every epoch again).
+        ResultsWriteError (one line: the folder, the OS error) when the folder cannot take them; rows
+        not written stay queued."""
+        self._writing(self._append)
+        self._last_flush = time.monotonic()
+
+    def finish(self) -> None:
+        """flush(), then compact the store into trials.parquet and epochs.parquet (rows in the space's
+        order, trial_index from it; a train sweep always has an epochs.parquet)."""
+        self.flush()
+        self._writing(self._compact)
+
+    def _writing(self, step) -> None:
         try:
-            self._write()
+            step()
         except OSError as err:  # disk full, read-only folder, quota, ...
             self.write_error = ResultsWriteError(self.out_dir, err)
             raise self.write_error from None
         self.write_error = None
-        self._dirty_epochs = False
-        self._last_flush = time.monotonic()
 
-    def _write(self) -> None:
-        """epochs.parquet first, then trials.parquet: a trial's row is on disk only once its epoch rows
-        are, so a write that fails between the two (disk full) leaves the trial without a row, and
-        --resume reruns it from its checkpoint, reporting every epoch again."""
+    def _append(self) -> None:
+        if not any(self.pending.values()):
+            return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        if self.epoch_rows or self.task == "train":  # train sweeps always have an epochs file
-            rows = sorted(self.epoch_rows.values(),
-                          key=lambda r: (self.order.get(r["trial_key"], math.inf), int(r["epoch"])))
-            write_table_atomic(to_table(rows, epochs_schema(self.task)), self.out_dir / EPOCHS_FILE)
-        if self.trial_rows:
-            rows = sorted(self.trial_rows.values(), key=lambda r: self.order.get(r["trial_key"], math.inf))
-            for r in rows:  # rows of keys outside the current space keep their old index
-                if r["trial_key"] in self.order:
-                    r["trial_index"] = self.order[r["trial_key"]]
-            write_table_atomic(to_table(rows, trials_schema(self.task)), self.out_dir / TRIALS_FILE)
+        sequence = self.parts.next_sequence()
+        for kind in store.KINDS:
+            if self.pending[kind]:
+                self.parts.append(kind, to_table(self.pending[kind], self.schemas[kind]), sequence)
+                self.pending[kind] = []
+                self.parts.merge_tail(kind)
+
+    def _compact(self) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        store.compact(self.out_dir, self.order, self.task, keep_empty=(EPOCHS_FILE,) if self.task == "train" else ())
+        self.parts = store.PartLog(self.out_dir)
+
+
+def _keys(keys: Any) -> pa.Array:
+    return pa.array(list(keys), type=pa.string())
 
 
 def _error_text(trial) -> str:
