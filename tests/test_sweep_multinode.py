@@ -29,13 +29,16 @@ import pandas as pd
 import pytest
 import yaml
 
+from rpevit.sweep.results import DamagedResults
+from rpevit.sweep.store import read_frame
+
 pytestmark = pytest.mark.slow  # starts Ray nodes and two sweep drivers: minutes
 
 ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 TAG = "RPEVIT_TEST_NODE"
 SPACE = {"name": "multinode", "task": "train",
-         "fixed": {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 300, "epochs": 3,
+         "fixed": {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 1200, "epochs": 3,
                    "batch_size": 50, "eval_draws": 2, "drop_path": 0.0},
          "grid": {"attention": ["softmax", "favor"], "pe": ["ape", "rope", "luo_rpe"]},
          "seeds": [0], "resources": {"cpus_per_trial": 1, "gpus_per_trial": 0}}
@@ -122,10 +125,10 @@ class Cluster:
 
 
 def rows(results: Path) -> pd.DataFrame:
-    path = results / SPACE["name"] / "trials.parquet"
+    """Every trial row so far: during a sweep the rows are parts of the store (rpevit.sweep.store)."""
     try:
-        return pd.read_parquet(path) if path.exists() else pd.DataFrame()
-    except Exception:  # noqa: BLE001 - read while the driver replaces it: try again
+        return read_frame(results / SPACE["name"])
+    except DamagedResults:  # its parts kept changing while read: try again
         return pd.DataFrame()
 
 
@@ -141,6 +144,26 @@ def wait_rows(results: Path, at_least: int, proc: subprocess.Popen, timeout: flo
     pytest.fail(f"no {at_least} row(s) within {timeout} s")
 
 
+def started_on(results: Path, node_id: str) -> set[str]:
+    """Trial keys whose log says they started on the node (the trainable's first line names it)."""
+    trials = results / SPACE["name"] / "trials"
+    return {log.parent.name for log in trials.glob("*/log.txt") if f"(node {node_id[:8]}," in log.read_text()}
+
+
+def wait_running_on(results: Path, node_id: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Until a trial has started on the node and has no row yet: killing the node then loses a running
+    trial (killing it between two trials would test nothing; that race made this test flaky)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        done = set(rows(results).get("trial_key", pd.Series(dtype=str)))
+        if started_on(results, node_id) - done:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"the driver ended (rc {proc.returncode}) before a trial ran on node {node_id[:8]}")
+        time.sleep(0.05)
+    pytest.fail(f"no trial running on node {node_id[:8]} within {timeout} s")
+
+
 def test_a_sweep_survives_a_lost_node_and_a_killed_driver_on_a_multi_node_cluster(tmp_path):
     space = tmp_path / "multinode.yaml"
     space.write_text(yaml.safe_dump(SPACE))
@@ -153,7 +176,8 @@ def test_a_sweep_survives_a_lost_node_and_a_killed_driver_on_a_multi_node_cluste
 
         first = cluster.sweep(space, results)
         wait_rows(results, 1, first, timeout=900)
-        cluster.kill("a")  # a trial was running there: two slots, one per node, five trials left
+        wait_running_on(results, node_a, first, timeout=900)
+        cluster.kill("a")  # a trial is running there (started, no row yet): it must finish on another node
         before = wait_rows(results, 3, first, timeout=900)
         os.killpg(first.pid, signal.SIGKILL)  # the driver dies mid-sweep too
         first.wait(timeout=60)
@@ -174,7 +198,5 @@ def test_a_sweep_survives_a_lost_node_and_a_killed_driver_on_a_multi_node_cluste
     assert len(epochs) == TRIALS * EPOCHS and not epochs.duplicated(["trial_key", "epoch"]).any()
     kept = table.set_index("trial_key").loc[before["trial_key"], ["started_at", "finished_at"]]
     assert kept.equals(before.set_index("trial_key")[["started_at", "finished_at"]])  # not run again
-    lost = [key for key in table["trial_key"]
-            if f"(node {node_a[:8]}," in (results / SPACE["name"] / "trials" / key / "log.txt").read_text()
-            and table.set_index("trial_key").loc[key, "node_id"] != node_a]
+    lost = [key for key in started_on(results, node_a) if table.set_index("trial_key").loc[key, "node_id"] != node_a]
     assert lost, "no trial that started on the killed node finished on another"
