@@ -181,3 +181,14 @@ def test_a_typed_count_that_disagrees_with_the_parquet_is_named(tmp_path):
     readme.write_text("| folder | what |\n|---|---|\n| `s/` | 3 ok, 0 failed |\n")
     (message,) = answers.provenance_mismatches(results)
     assert "`s/` says '3 ok', but its Parquet holds 2 ok" in message
+
+
+def test_studies_still_running_stay_out_of_the_provenance_table(tmp_path):
+    """results/in_progress/<study>/ holds rows committed at each stop of a study still running: they change at
+    every stop and are not published, so the generated provenance table (results/README.md) leaves them out
+    while a published folder one level down (results/pilots/<sweep>/) stays in."""
+    results = tmp_path / "results"
+    row = config_row(dataset="digits", seed=0) | {"test_acc": 0.5}
+    write_sweep(results / "in_progress" / "running", "running", [row])
+    write_sweep(results / "pilots" / "done", "done", [row])
+    assert [r["folder"] for r in answers.folder_rows(results)] == ["pilots/done"]

@@ -655,11 +655,17 @@ def answers_file(sources: Sources) -> str:
 
 
 # ---------------------------------------------------------------- provenance and tables for results/README.md
+IN_PROGRESS = "in_progress"  # results/in_progress/<study>/: rows of studies still running, not yet published
+
+
 def folder_rows(results_dir: Path) -> list[dict]:
     """Per sweep folder under results_dir (and one level below): its current rows' ok / failed counts, rows set
-    aside, seeds, thread-hours in the trials and the commits the rows record."""
+    aside, seeds, thread-hours in the trials and the commits the rows record. Studies still running
+    (results/in_progress/) are left out: their rows change at every stop and are not published."""
     out = []
     for path in sorted(results_dir.glob(f"*/{TRIALS_FILE}")) + sorted(results_dir.glob(f"*/*/{TRIALS_FILE}")):
+        if path.relative_to(results_dir).parts[0] == IN_PROGRESS:
+            continue
         frame = read_sweep(path, path.parent)
         if frame is None or frame.empty:
             continue
