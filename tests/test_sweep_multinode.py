@@ -66,13 +66,15 @@ def tagged(tag: str) -> list[int]:
 
 
 def kill_node(tag: str) -> None:
-    for pid in tagged(tag):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    """SIGKILL every process of the node until none is left: a raylet killed after its agents may have
+    started new ones in between (one kill pass left a DashboardAgent and a RuntimeEnvAgent running)."""
     deadline = time.time() + 30
-    while tagged(tag) and time.time() < deadline:
+    while (pids := tagged(tag)) and time.time() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         time.sleep(0.2)
 
 
