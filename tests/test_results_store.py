@@ -400,3 +400,20 @@ def _same_with_nan(got: pa.Array, expected: pa.Array) -> bool:
                 [("nan",) if isinstance(x, float) and math.isnan(x) else x for x in v] if isinstance(v, list) else v
                 for v in values]
     return got.type == expected.type and norm(got.to_pylist()) == norm(expected.to_pylist())
+
+
+def test_rows_an_older_writer_typed_otherwise_meet_new_rows_in_the_new_types():
+    """A compacted file from before timestamps were typed (started_at as float seconds) and a new part
+    (timestamp) cannot be concatenated as they are: the older table is brought to the newest table's types
+    value by value (results.to_table), and its times keep their instants."""
+    from rpevit.sweep.results import trials_schema
+
+    stamp = trials_schema("train").field("started_at").type
+    old = pa.table({"trial_key": ["a"], "status": ["ok"], "started_at": pa.array([1767225600.0])})
+    new = pa.table({"trial_key": ["b"], "status": ["ok"],
+                    "started_at": pa.array([dt.datetime(2026, 1, 1, 0, 0, 1, tzinfo=dt.timezone.utc)], stamp)})
+    with pytest.raises((pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)):
+        pa.concat_tables([old, new], promote_options="permissive")  # what the fallback is for
+    both = store.union([old, new], "trials.parquet")
+    assert both.schema.field("started_at").type == stamp and both.column("trial_key").to_pylist() == ["a", "b"]
+    assert [t.timestamp() for t in both.column("started_at").to_pylist()] == [1767225600.0, 1767225601.0]
