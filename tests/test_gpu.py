@@ -256,6 +256,8 @@ FUSED_RUN = {"dataset": "digits", "train_subset": 256, "batch_size": 64, "epochs
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attention,pe,compile_mode", [("softmax", "ape", "off"), ("favor", "luo_rpe", "off"),
+                                                        ("softmax", "rotinv", "off"),
+                                                        ("softmax", "luo_rpe", "off"),
                                                         ("softmax", "ape", "on"), ("favor", "rope", "on"),
                                                         ("relu", "cayley_string", "cudagraphs")])
 def test_fused_group_and_compiled_step_train_on_cuda(attention: str, pe: str, compile_mode: str) -> None:

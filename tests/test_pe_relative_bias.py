@@ -114,6 +114,24 @@ def test_explicit_biased_softmax_equals_the_definition_and_runs_float32_under_bf
     torch.testing.assert_close(half.double(), reference, rtol=0.05, atol=0.05)
 
 
+def test_written_out_softmax_equals_sdpa_and_sdpa_stays_off_cuda():
+    """The fused eager CUDA step's written-out attention (exact_softmax_attention) equals SDPA and the
+    definition in float64; everywhere but CUDA, vmapped or not, the call is SDPA itself, bit for bit."""
+    import torch.nn.functional as F
+
+    from rpevit.attention.base import exact_softmax_attention, written_out_softmax_attention
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(3, 3, 2, 2, 16, 8, generator=g, dtype=torch.float64).unbind(0)
+    reference = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8), dim=-1) @ v
+    torch.testing.assert_close(written_out_softmax_attention(q, k, v), reference, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v), reference, rtol=1e-12, atol=1e-12)
+    q32, k32, v32 = q.float(), k.float(), v.float()
+    sdpa = torch.func.vmap(F.scaled_dot_product_attention)(q32, k32, v32)
+    assert torch.equal(torch.func.vmap(exact_softmax_attention)(q32, k32, v32), sdpa)
+    assert torch.equal(exact_softmax_attention(q32[0], k32[0], v32[0]), sdpa[0])
+
+
 def test_one_table_per_layer_in_the_model():
     model = build_model(cfg(depth=3), in_chans=1, num_classes=10)
     tables = [p for n, p in model.named_parameters() if n.endswith(".raw_table")]

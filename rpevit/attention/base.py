@@ -102,7 +102,7 @@ class LowRankModulation(Modulation):
         f, g = (x if x.dim() == 4 else x.unsqueeze(0) for x in (self.f, self.g))
         v_one = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # b h n (d+1)
         values = einsum(g.to(v.dtype), v_one, "b h n l, b h n e -> b h n l e")
-        attended = F.scaled_dot_product_attention(q, k, rearrange(values, "b h n l e -> b h n (l e)"))
+        attended = exact_softmax_attention(q, k, rearrange(values, "b h n l e -> b h n (l e)"))
         attended = rearrange(attended, "b h n (l e) -> b h n l e", e=v_one.shape[-1])
         out = einsum(f.to(v.dtype), attended, "b h n l, b h n l e -> b h n e")
         return out[..., :-1] / out[..., -1:]
@@ -113,6 +113,41 @@ class LowRankModulation(Modulation):
         if self.path == "dense":
             return dense_linear_attention(phi_q, phi_k, v, self.dense())
         return linear_attention(low_rank_features(phi_q, self.f), low_rank_features(phi_k, self.g), v)
+
+
+def under_vmap(x: Tensor) -> bool:
+    """Whether x is a member's slice inside torch.func.vmap (a fused seed group's forward). Dynamo
+    traces this check, so the compiled, vmapped step takes the same branch as the eager one."""
+    return torch._C._functorch.is_batchedtensor(x)
+
+
+def written_out_softmax_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(d) [+ bias]) v written out: two matmuls and a softmax, never SDPA.
+
+    For the fused groups, where SDPA under vmap goes wrong on CUDA (see `exact_softmax_attention` and
+    `RelativeBias.softmax_attention`). Their N is small (49-64 tokens), where the (N, N) scores cost
+    little; the logits and the softmax run in float32 at least (SDPA's kernels accumulate there too).
+    Equal to SDPA in float64 (tests/test_pe_relative_bias.py, tests/test_attention.py).
+    """
+    work = torch.promote_types(q.dtype, torch.float32)
+    scores = (q @ k.transpose(-1, -2)).to(work) * q.shape[-1] ** -0.5
+    if bias is not None:
+        scores = scores + bias.to(work)
+    return scores.softmax(dim=-1).to(v.dtype) @ v
+
+
+def exact_softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d)) v: SDPA, except in a fused group's eager step on CUDA.
+
+    Why: SDPA has no batching rule for its fused CUDA kernels, so under vmap it runs its math kernel,
+    whose backward under bf16 autocast fails ("expected input and grad types to match", an NVIDIA H200
+    with torch 2.11, tests/test_gpu.py::test_fused_group_and_compiled_step_train_on_cuda). That step is
+    written out instead. The compiled fused step keeps SDPA (inductor lowers it; it passed on that
+    GPU), and so does every other run, so no CPU result changes.
+    """
+    if q.is_cuda and under_vmap(q) and not torch.compiler.is_compiling():
+        return written_out_softmax_attention(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v)
 
 
 def normalize_rows(weights: Tensor) -> Tensor:

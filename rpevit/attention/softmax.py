@@ -1,10 +1,10 @@
-"""Exact softmax attention through `scaled_dot_product_attention` (flash / memory-efficient on GPU)."""
+"""Exact softmax attention through `scaled_dot_product_attention` (flash / memory-efficient on GPU; see
+`exact_softmax_attention` for the one step written out)."""
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor
 
-from rpevit.attention.base import AttentionBackend, Modulation, softmax_attention_matrix
+from rpevit.attention.base import AttentionBackend, Modulation, exact_softmax_attention, softmax_attention_matrix
 from rpevit.registry import register_attention
 
 
@@ -14,7 +14,7 @@ class SoftmaxAttention(AttentionBackend):
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, modulation: Modulation | None = None) -> Tensor:
         if modulation is None:
-            return F.scaled_dot_product_attention(q, k, v)
+            return exact_softmax_attention(q, k, v)
         return modulation.softmax_attention(q, k, v)
 
     def attention_matrix(self, q: Tensor, k: Tensor, modulation: Modulation | None = None) -> Tensor:

@@ -27,7 +27,8 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from rpevit.attention.base import Modulation, dense_linear_attention, relative_offsets
+from rpevit.attention.base import (Modulation, dense_linear_attention, relative_offsets, under_vmap,
+                                   written_out_softmax_attention)
 from rpevit.attention.toeplitz import fast_fft_size, toeplitz_dense_matrix, toeplitz_fft_matvec
 from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
@@ -111,24 +112,14 @@ class RelativeBias(Modulation):
         return fft_linear_attention(phi_q, phi_k, v, weights, self.grid)
 
 
-def under_vmap(x: Tensor) -> bool:
-    """Whether x is a member's slice inside torch.func.vmap (a fused seed group's forward). Dynamo
-    traces this check, so the compiled, vmapped step takes the same branch as the eager one."""
-    return torch._C._functorch.is_batchedtensor(x)
-
-
 def biased_softmax_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
-    """softmax(q k^T / sqrt(d) + bias) v written out: two matmuls and a softmax, never SDPA.
+    """softmax(q k^T / sqrt(d) + bias) v written out (never SDPA).
 
     Why: under vmap a per-member float attn_mask goes through SDPA's batching rule, which mishandles
-    the bias on CUDA's memory-efficient kernel (pytorch/pytorch#161310, fixed after torch 2.11). The
-    fused groups' N is small (49-64 tokens), where the (N, N) scores cost little; the logits and the
-    softmax run in float32 at least (SDPA's kernels accumulate there too). Equal to SDPA's path in
-    float64 (tests/test_pe_relative_bias.py); its cost against SDPA: benchmarks/luo_softmax_path.py.
+    the bias on CUDA's memory-efficient kernel (pytorch/pytorch#161310, fixed after torch 2.11). Its
+    cost against SDPA: benchmarks/luo_softmax_path.py.
     """
-    work = torch.promote_types(q.dtype, torch.float32)
-    scores = (q @ k.transpose(-1, -2)).to(work) * q.shape[-1] ** -0.5 + bias.to(work)
-    return scores.softmax(dim=-1).to(v.dtype) @ v
+    return written_out_softmax_attention(q, k, v, bias)
 
 
 LUO_FFT_CHUNK_BYTES = 256 * 2**20  # working set of one chunk of the FFT path (see fft_linear_attention)

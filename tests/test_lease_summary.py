@@ -1,0 +1,72 @@
+"""benchmarks/lease/summary.py: a lease's returned files as one page, every figure from the files."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "lease" / "summary.py"
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="4" time="12.5">
+<testcase classname="tests.test_gpu" name="test_a" time="1"/>
+<testcase classname="tests.test_gpu" name="test_b[softmax-ape-off]" time="1"><failure message="x">boom</failure></testcase>
+<testcase classname="tests.test_gpu" name="test_c" time="1"><skipped message="no cuda"/></testcase>
+<testcase classname="tests.test_gpu" name="test_d" time="1"><error message="y">setup</error></testcase>
+</testsuite></testsuites>"""
+
+
+def bench(solo_compiled: float, packed: float, hours: float) -> dict:
+    def row(mode: str, ips: float) -> dict:
+        return {"mode": mode, "images_per_s": ips, "images_per_s_samples": [ips * 0.9, ips, ips * 1.2],
+                "step_ms": 10.0, "tflops": 1.0, "utilisation": 0.01, "compile_fallback": ""}
+    return {"device": "Test GPU <b>|x", "models": {"gpu": {
+        "rows": [row("solo eager", 1000.0), row("solo compiled (on)", solo_compiled),
+                 row("4 packed processes, fused k=5 + compiled", packed)],
+        "projected_all12_cifar10_hours": hours}}}
+
+
+def run(folder: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), str(folder)], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_counts_rows_and_goals_come_from_the_files(tmp_path):
+    (tmp_path / "1_pytest_gpu.xml").write_text(JUNIT)
+    (tmp_path / "2_throughput.json").write_text(json.dumps(bench(7000.0, 50000.0, 2.5)))
+    (tmp_path / "3_throughput.json").write_text(json.dumps(bench(21000.0, 60000.0, 0.8)))
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert "| 1_pytest_gpu.xml | 4 | 1 | 1 | 1 | 1 | 12 |" in page
+    assert "test\\_b\\[softmax-ape-off\\]" in page or "test_b\\[softmax-ape-off\\]" in page
+    assert "7,000 (6,300-8,400, n=3)" in page and "7.00x" in page
+    # the best of the two files against each goal: 21,000 >= 20,000 met, 60,000 < 100,000 not, 0.8 h <= 1 met
+    assert "| >= 20,000 | 21,000 | yes |" in page
+    assert "| >= 100,000 | 60,000 | no |" in page
+    assert "| <= 1 | 0.80 | yes |" in page
+    assert "<b>" not in page  # a device name from the file is inert Markdown
+
+
+def test_an_empty_folder_and_a_linked_file_are_refused(tmp_path):
+    done = run(tmp_path)
+    assert done.returncode == 1 and "holds no *pytest*.xml or *throughput*.json" in done.stderr
+    target = tmp_path / "elsewhere.xml"
+    target.write_text(JUNIT)
+    os.symlink(target, tmp_path / "1_pytest_gpu.xml")
+    done = run(tmp_path)
+    assert done.returncode == 1 and "is a link" in done.stderr and not (tmp_path / "SUMMARY.md").exists()
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "gpu_h200" / "lease_2026-11-26").is_dir(), reason="lease folder absent")
+def test_the_committed_summary_is_what_the_files_give(tmp_path):
+    import shutil
+
+    lease = ROOT / "results" / "gpu_h200" / "lease_2026-11-26"
+    copy = tmp_path / lease.name
+    shutil.copytree(lease, copy)
+    assert run(copy).returncode == 0
+    assert (copy / "SUMMARY.md").read_text() == (lease / "SUMMARY.md").read_text()
