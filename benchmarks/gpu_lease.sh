@@ -36,17 +36,25 @@ DEFAULT_FLAGS=(--only dataset=mnist)   # the budget (epochs) is the plan's
 # included: read budget_left_s from the tool's status before the first call and pass that minus the start
 # (~3 min), e.g. LEASE_BUDGET_S=700. Every step below scales with it (`gpu_lease.sh budget` prints them).
 # Under 25 minutes there is no room for a study beside the tests and the benchmark (a group compiles for
-# ~90 s and the plan needs whole groups): the tests and the benchmark get the time, and the study call
-# runs the benchmark and stops (exit 4, saying so); give the machine back after it.
+# ~90 s and the plan needs whole groups): the tests and the benchmark get the time (40% each), and the
+# study call runs the benchmark (profiled: where a step's time goes, benchmarks/step_profile.py), then
+# the compiled modes again with CUDA graphs (`--compile cudagraphs`, in the last third of its time), and
+# stops (exit 4, saying so); give the machine back after it.
 BUDGET_S=${LEASE_BUDGET_S:-1800}
+CALL_S=575                 # a call's own budget (the tool's limit is 600 s)
 if (( BUDGET_S >= 1500 )); then
   TESTS_S=420 BENCH_S=270                 # GPU tests <= 7 min, the benchmark <= 4.5 min
   STUDY_END_S=$(( BUDGET_S - 300 ))       # from t0: the sweep's --deadline (the last call collects ~1.5 min)
 else
-  TESTS_S=$(( BUDGET_S * 40 / 100 )) BENCH_S=$(( BUDGET_S * 20 / 100 )) STUDY_END_S=0
+  # tests and benchmark 40% each, each one call (<= 575 s), and 150 s kept for the unpacking and the
+  # calls' starts and returns (all inside the lend)
+  TESTS_S=$(( BUDGET_S * 40 / 100 )) STUDY_END_S=0
+  (( TESTS_S > 420 )) && TESTS_S=420
+  BENCH_S=$(( BUDGET_S - TESTS_S - 150 ))
+  (( BENCH_S > BUDGET_S * 40 / 100 )) && BENCH_S=$(( BUDGET_S * 40 / 100 ))
+  (( BENCH_S > CALL_S )) && BENCH_S=$CALL_S
 fi
 FINISH_END_S=$(( BUDGET_S - 210 ))
-CALL_S=575                 # a call's own budget (the tool's limit is 600 s)
 
 prepare() {
   local data=${1:?prepare needs the folder holding mnist.npz}
@@ -119,14 +127,21 @@ study)
   call_start=$(date +%s)
   shift; flags=("$@"); (( ${#flags[@]} )) || flags=("${DEFAULT_FLAGS[@]}")
   if [[ $REHEARSAL == 1 ]]; then
-    bench=(--models tiny --fused 3 --packed 2 --samples 3 --steps 1 --warmup 1 --backend aot_eager)  # the script
+    bench=(--models tiny --fused 3 --packed 2 --samples 3 --steps 1 --warmup 1 --backend aot_eager --profile-steps 1)
   else
-    bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3)
+    bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3 --profile-steps 5)
   fi
-  timeout "$BENCH_S" "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
+  main_s=$BENCH_S
+  (( STUDY_END_S == 0 )) && main_s=$(( BENCH_S * 2 / 3 ))
+  timeout "$main_s" "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
       | grep -v Warning | tee "$OUT/throughput.log"
   cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
   if (( STUDY_END_S == 0 )); then
+    # a short lease: the same model with CUDA graphs (launch overhead gone), in what is left of BENCH_S
+    cg=("${bench[@]}" --compile cudagraphs --packed 0)
+    [[ $REHEARSAL == 1 ]] && cg=("${bench[@]}" --packed 0)   # no CUDA: the script's path, not CUDA graphs
+    timeout "$(( BENCH_S - main_s ))" "$PY" benchmarks/throughput.py "${cg[@]}" \
+        --json "$OUT/throughput_cudagraphs.json" 2>&1 | grep -v Warning | tee "$OUT/throughput_cudagraphs.log"
     echo "no study in a lease of $BUDGET_S s (under 1500): the GPU tests and the benchmark are its answer; give the machine back"
     exit 4
   fi

@@ -4,6 +4,7 @@ groups (what `python sweep.py --space search_spaces/all12.yaml` runs: 4 groups p
 
     python benchmarks/throughput.py --models gpu                    # the lease's run (benchmarks/gpu_lease.sh)
     python benchmarks/throughput.py --models tiny --fused 3 --packed 2 --steps 2 --json out.json  # a CPU check
+    python benchmarks/throughput.py --models gpu --fused 5 --packed 0 --profile-steps 5   # where the time goes
 
 Every mode runs the real training step of the train task (tasks/train.py's solo_step, or train_group's
 StackedStep) on synthetic data kept on the device, with the recipe's augmentation, drop path and
@@ -40,9 +41,11 @@ import time
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rpevit import registry  # noqa: E402
 from rpevit.config import TrialConfig  # noqa: E402
@@ -54,6 +57,7 @@ from rpevit.tasks.train import make_optimizer, solo_step, warmup_cosine  # noqa:
 from rpevit.tasks.train_group import StackedStep, step_inputs  # noqa: E402
 from rpevit import training  # noqa: E402
 from rpevit.training import default_dtype, forward_loss_fn, path_mask_dtype  # noqa: E402
+from step_profile import format_profile, profile_steps  # noqa: E402
 
 MODELS = {
     "gpu": {"dataset": "cifar10", "patch_size": 4, "dim": 192, "depth": 9, "heads": 12, "mlp_ratio": 2.0,
@@ -72,16 +76,18 @@ ALL12 = [(a, p) for a in ("softmax", "favor", "relu") for p in ("ape", "luo_rpe"
 
 
 def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int,
-            samples: int = 3, attention: str = "softmax", pe: str = "ape", barrier: tuple[str, int] | None = None) -> dict:
+            samples: int = 3, attention: str = "softmax", pe: str = "ape", barrier: tuple[str, int] | None = None,
+            profile: int = 0) -> dict:
     """Training images/s of k members (k = 1: the solo step; k > 1: the fused stacked step): `samples`
     timed samples of `steps` steps after `warmup` steps; the median sample's rate (and all of them).
     `barrier` (folder, n): after the warm-up, wait until n processes have warmed up (packed processes
-    time together, each after its own compilation)."""
+    time together, each after its own compilation). `profile` > 0: that many more steps, untimed,
+    under torch.profiler (benchmarks/step_profile.py), returned as "profile"."""
     cfg = TrialConfig.from_dict({**model_cfg, "attention": attention, "pe": pe, "compile": compile_mode,
                                  "device": device.type})
     batch = cfg.resolved_batch_size
     with default_dtype(cfg):
-        data = synthetic_splits(cfg.dataset, batch * (warmup + samples * steps), device)
+        data = synthetic_splits(cfg.dataset, batch * (warmup + samples * steps + profile), device)
         models = [build_model(cfg.replace(seed=s), cfg.spec.channels, cfg.spec.num_classes).to(device)
                   for s in range(k)]
         mask_generators = [torch.Generator(device=device).manual_seed(s) for s in range(k)]
@@ -106,9 +112,11 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
         def run(first: int, count: int) -> None:
             for t in range(first, first + count):
                 idx = order[t * batch:(t + 1) * batch]
-                images, labels, masks = step_inputs(data, tuple(idx for _ in range(k)), data_generators,
-                                                    "crop_flip", models, mask_generators, mask_dtype)
-                step(images, labels, masks)
+                with record_function("step_inputs"):
+                    images, labels, masks = step_inputs(data, tuple(idx for _ in range(k)), data_generators,
+                                                        "crop_flip", models, mask_generators, mask_dtype)
+                with record_function("train_step"):
+                    step(images, labels, masks)
 
         run(0, warmup)
         synchronize(device)
@@ -119,11 +127,13 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
             run(warmup + sample * steps, steps)
             synchronize(device)
             rates.append(k * batch * steps / (time.perf_counter() - t0))
+        profiled = profile_steps(run, warmup + samples * steps, profile, device, synchronize) if profile else None
         flops, _ = count_flops(models[0], data.normalize(data.x_train[:2]))
     median = sorted(rates)[len(rates) // 2]
-    return {"members": k, "compile": compile_mode, "images_per_s": median, "images_per_s_samples": rates,
-            "step_ms": 1e3 * k * batch / median, "forward_flops_per_image_fvcore": flops,
-            "compile_fallback": guard.fallback, "timed_together": together}
+    row = {"members": k, "compile": compile_mode, "images_per_s": median, "images_per_s_samples": rates,
+           "step_ms": 1e3 * k * batch / median, "forward_flops_per_image_fvcore": flops,
+           "compile_fallback": guard.fallback, "timed_together": together}
+    return {**row, "profile": profiled} if profiled else row
 
 
 def wait_for_others(folder: str, count: int, timeout_s: float = 600.0) -> bool:
@@ -208,10 +218,11 @@ def projected_hours(rate_softmax_ape: float, device: torch.device) -> tuple[floa
 def plan_modes(key: str, args: argparse.Namespace, device: torch.device) -> list[tuple[str, object]]:
     """(name, thunk) of every mode, in the order they run."""
     model, steps, warmup, samples, mode = MODELS[key], args.steps, args.warmup, args.samples, args.compile
-    plan = [("solo eager", lambda: measure(model, 1, "off", device, steps, warmup, samples)),
-            (f"solo compiled ({mode})", lambda: measure(model, 1, mode, device, steps, warmup, samples))]
-    plan += [(f"fused k={k} + compiled ({mode})", lambda k=k: measure(model, k, mode, device, steps, warmup, samples))
-             for k in args.fused]
+    prof = args.profile_steps
+    plan = [("solo eager", lambda: measure(model, 1, "off", device, steps, warmup, samples, profile=prof)),
+            (f"solo compiled ({mode})", lambda: measure(model, 1, mode, device, steps, warmup, samples, profile=prof))]
+    plan += [(f"fused k={k} + compiled ({mode})",
+              lambda k=k: measure(model, k, mode, device, steps, warmup, samples, profile=prof)) for k in args.fused]
     if args.packed > 1:
         k = min(args.fused)
         plan.append((f"{args.packed} packed processes, fused k={k} + compiled",
@@ -233,6 +244,8 @@ def main() -> None:
                         help="also time each of all12's 12 variants solo eager and fused (largest k) + compiled")
     parser.add_argument("--backend", default="inductor",
                         help="torch.compile's backend (aot_eager: a quick CPU check of this script, not a timing)")
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="after each in-process mode's samples, profile this many more steps (where the time goes)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
@@ -267,6 +280,8 @@ def main() -> None:
                 row["utilisation"] = row["flops_per_image"] * row["images_per_s"] / peak
             rows.append(row)
             print(format_row(row, rows[0]), flush=True)
+            if row.get("profile"):
+                print(format_profile(row["profile"]), flush=True)
             results["models"][key] = {"config": MODELS[key], "rows": rows}
             write_json(args.json, results)  # after every mode: a run cut short keeps what it measured
         timed = [r for r in rows if "images_per_s" in r]

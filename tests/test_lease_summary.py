@@ -24,8 +24,11 @@ def bench(solo_compiled: float, packed: float, hours: float) -> dict:
     def row(mode: str, ips: float) -> dict:
         return {"mode": mode, "images_per_s": ips, "images_per_s_samples": [ips * 0.9, ips, ips * 1.2],
                 "step_ms": 10.0, "tflops": 1.0, "utilisation": 0.01, "compile_fallback": ""}
+    profiled = {**row("solo compiled (on)", solo_compiled),
+                "profile": {"steps": 5, "wall_ms_per_step": 17.5, "device_busy_fraction": 0.42, "launches_per_step": 812.0,
+                            "syncs_per_step": 0.2, "region_cpu_ms_per_step": {"step_inputs": 1.25, "optimizer": 0.5}}}
     return {"device": "Test GPU <b>|x", "models": {"gpu": {
-        "rows": [row("solo eager", 1000.0), row("solo compiled (on)", solo_compiled),
+        "rows": [row("solo eager", 1000.0), profiled,
                  row("4 packed processes, fused k=5 + compiled", packed)],
         "projected_all12_cifar10_hours": hours}}}
 
@@ -49,6 +52,7 @@ def test_counts_rows_and_goals_come_from_the_files(tmp_path):
     assert "| >= 100,000 | 60,000 | no |" in page
     assert "| <= 1 | 0.80 | yes |" in page
     assert "<b>" not in page  # a device name from the file is inert Markdown
+    assert "| 2_throughput.json | gpu | solo compiled (on) | 17.50 | 42% | 812 | 0.2 | step_inputs 1.25; optimizer 0.50 |" in page
 
 
 def test_an_empty_folder_and_a_linked_file_are_refused(tmp_path):
