@@ -15,7 +15,8 @@ is a restarted writer, as --resume builds one: it appends after the kill's lefto
 compaction command, one more writer life and a final compaction leave the compacted files alone
 holding every row once.
 
-RPEVIT_STORE_KILLS sets the number of kills (default 40: about 30 s on a contended 2-core machine).
+RPEVIT_STORE_KILLS sets the number of kills (default 32, the plan of 16 aims twice: about 40 s on a
+contended 2-core machine).
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ from tests.store_sigkill_writer import EPOCHS, epoch_loss, trial_acc
 
 REPO = Path(__file__).resolve().parent.parent
 WRITER = Path(__file__).with_name("store_sigkill_writer.py")
-KILLS = int(os.environ.get("RPEVIT_STORE_KILLS", "40"))
+KILLS = int(os.environ.get("RPEVIT_STORE_KILLS", "32"))  # the plan twice: each aim 2 x stopped, 2 x running
 LINE_TIMEOUT_S = 120.0  # a life that says nothing for this long is stuck: the test fails, naming it
 
 # (regex over "<replace|unlink> <file> after <file of the operation before>", the moment it names)
@@ -57,8 +58,18 @@ COMPACTOR_TARGETS = [
     (r"^replace (epochs|trials)\.parquet after", "compaction command: before a compacted file is replaced"),
     (r"^unlink \S+ after (epochs|trials)\.parquet$", "compaction command: before the parts are removed"),
 ]
-PLAN = [(role, aim, park) for role, targets in (("writer", WRITER_TARGETS), ("compactor", COMPACTOR_TARGETS))
-        for aim in targets for park in (True, False)]  # (who, where, stopped there or running), in turn
+
+
+def kill_plan() -> list[tuple[str, tuple[str, str], bool]]:
+    """(who, where, stopped there or running) of each kill, in turn: a compactor life after every three
+    writer lives."""
+    plan = [("writer", aim, park) for aim in WRITER_TARGETS for park in (True, False)]
+    for at, (aim, park) in zip((3, 7, 11, 15), [(aim, park) for aim in COMPACTOR_TARGETS for park in (True, False)]):
+        plan.insert(at, ("compactor", aim, park))
+    return plan
+
+
+PLAN = kill_plan()
 HELD_PARTS_LEFT = {"between a merged part and the removal of its sources",
                    "between a compacted file and the removal of its parts",
                    "compaction command: before the parts are removed"}
@@ -162,11 +173,14 @@ def parts_in(folder: Path) -> list[Path]:
     return [p.path for kind in store.KINDS for p in store.listed_parts(folder, kind)]
 
 
+def live_parts(folder: Path, kind: str) -> list[store.Part]:
+    return store.live_parts(store.listed_parts(folder, kind), store.compacted_through(folder / kind))
+
+
 def held_parts_left(folder: Path) -> bool:
     """Whether a part whose rows another file holds is still there (a kill before its removal)."""
     for kind in store.KINDS:
-        listed = store.listed_parts(folder, kind)
-        if len(store.live_parts(listed, store.compacted_through(folder / kind))) < len(listed):
+        if len(live_parts(folder, kind)) < len(store.listed_parts(folder, kind)):
             return True
     return False
 
@@ -181,15 +195,20 @@ def compact_now(folder: Path, capsys) -> None:
 def test_sigkill_at_any_moment_loses_or_repeats_no_row(tmp_path, capsys):
     folder, rng = tmp_path / "sweep", random.Random(42)
     lives = Lives(tmp_path / "writer.stderr")
-    landed = collections.Counter()
+    landed, left = collections.Counter(), collections.Counter()  # kills that hit their aim; what kills left
     try:
         for i in range(KILLS):
             role, (target, moment), park = PLAN[i % len(PLAN)]
+            if role == "compactor" and not all(live_parts(folder, kind) for kind in store.KINDS):
+                lives.run({"folder": str(folder), "role": "writer", "target": None, "trials": 2,
+                           "compact_every": 10**6, "fanin": 2})  # parts to compact (killed once it wrote them)
             order = {"folder": str(folder), "role": role, "target": target,
                      "occurrence": rng.randint(1, 3 if role == "writer" else 1), "park": park, "trials": 30, "compact_every": 5, "fanin": 2}
             ended = lives.run(order, delay_s=rng.uniform(0.0, 0.004))
             landed[(moment, "stopped there" if park else "running")] += ended.startswith("hit")
             check_union(folder, lives.acked, lives.begun)
+            left["a torn temp file"] += any(p.name.endswith(".tmp") for p in folder.rglob(".*"))
+            left["parts another file holds"] += held_parts_left(folder)
             if park and ended == "hit park" and moment in HELD_PARTS_LEFT:
                 assert held_parts_left(folder), f"kill {i} ({moment}) left no held part: not where it was aimed"
         assert lives.acked, "no trial was acknowledged: the kills tested nothing"
@@ -213,7 +232,7 @@ def test_sigkill_at_any_moment_loses_or_repeats_no_row(tmp_path, capsys):
         assert sorted(zip(*(union.column(c).to_pylist() for c in columns))) == expected, kind
     assert not (folder / store.PARTS_DIR).exists()  # parts and the killed lives' temp files are gone
     aimed = {moment for _, moment in WRITER_TARGETS + COMPACTOR_TARGETS}
-    print(f"{KILLS} kills on one folder, {last} trials, kills that reached their aim:",
-          dict(sorted(landed.items())))
+    print(f"{KILLS} kills on one folder, {last} trials; kills that reached their aim: {dict(sorted(landed.items()))}; "
+          f"kills after which the folder held {dict(left)}")
     if KILLS >= len(PLAN):
         assert all(landed[(m, "stopped there")] for m in aimed), landed  # every aimed moment was hit
