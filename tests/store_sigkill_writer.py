@@ -17,7 +17,8 @@ are in files by then), and `hit park|run` when it reaches the file operation the
 `occurrence`-th os.replace / os.unlink whose description `<replace|unlink> <file name> after <file
 name of the operation before>` matches the regex `target`. With `park` it sleeps there (before the
 operation) until killed; otherwise it goes on, and the test kills it a few milliseconds later,
-wherever it is (inside a Parquet write, a read, a merge). A life that has done its work says `done`
+wherever it is (inside a Parquet write, a read, a merge); or it kills the life at a random moment
+after one of its `begin` lines, aimed at no operation. A life that has done its work says `done`
 and sleeps: every life ends by the test's SIGKILL, so no pid it kills can have been reused.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ from types import SimpleNamespace
 from rpevit.sweep import compact as compact_cli
 from rpevit.sweep import store
 from rpevit.sweep.protocol import EPOCH, SUMMARY, Report
-from rpevit.sweep.results import TRIALS_FILE
+from rpevit.sweep.results import TRIALS_FILE, epochs_schema, trials_schema
 from rpevit.sweep.writer import ParquetResults
 
 EPOCHS = 3  # epoch rows per trial
@@ -123,6 +124,7 @@ def life(order: dict) -> None:
 
 
 def main() -> None:
+    epochs_schema("train"), trials_schema("train")  # the task registry's imports, once, not in every life
     say("ready")
     for line in sys.stdin:
         order = json.loads(line)

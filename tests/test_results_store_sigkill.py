@@ -6,7 +6,7 @@ and is killed with SIGKILL, again and again, on the same folder. The kills are a
 before a merged part appears, between a merged part and the removal of its sources, before a
 compacted file is replaced, between it and the removal of its parts; half of them with the process
 stopped exactly there, half a random 0-4 ms later with the process running (inside a Parquet
-write, a read, the next operation).
+write, a read, the next operation); and, aimed at nothing, 0-50 ms after a trial began.
 
 After each kill, the folder read with store.read_table (the reader everything uses) holds every row
 of each trial the writer acknowledged (on_trial_result returned) exactly once, no row it never wrote,
@@ -15,8 +15,8 @@ is a restarted writer, as --resume builds one: it appends after the kill's lefto
 compaction command, one more writer life and a final compaction leave the compacted files alone
 holding every row once.
 
-RPEVIT_STORE_KILLS sets the number of kills (default 32, the plan of 16 aims twice: about 40 s on a
-contended 2-core machine).
+RPEVIT_STORE_KILLS sets the number of kills (default 40: the plan of 20 kinds of kill twice, about
+40 s on a contended 2-core machine).
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from tests.store_sigkill_writer import EPOCHS, epoch_loss, trial_acc
 
 REPO = Path(__file__).resolve().parent.parent
 WRITER = Path(__file__).with_name("store_sigkill_writer.py")
-KILLS = int(os.environ.get("RPEVIT_STORE_KILLS", "32"))  # the plan twice: each aim 2 x stopped, 2 x running
+KILLS = int(os.environ.get("RPEVIT_STORE_KILLS", "40"))  # the plan (20 kills) twice
 LINE_TIMEOUT_S = 120.0  # a life that says nothing for this long is stuck: the test fails, naming it
 
 # (regex over "<replace|unlink> <file> after <file of the operation before>", the moment it names)
@@ -58,21 +58,21 @@ COMPACTOR_TARGETS = [
     (r"^replace (epochs|trials)\.parquet after", "compaction command: before a compacted file is replaced"),
     (r"^unlink \S+ after (epochs|trials)\.parquet$", "compaction command: before the parts are removed"),
 ]
-
-
-def kill_plan() -> list[tuple[str, tuple[str, str], bool]]:
-    """(who, where, stopped there or running) of each kill, in turn: a compactor life after every three
-    writer lives."""
-    plan = [("writer", aim, park) for aim in WRITER_TARGETS for park in (True, False)]
-    for at, (aim, park) in zip((3, 7, 11, 15), [(aim, park) for aim in COMPACTOR_TARGETS for park in (True, False)]):
-        plan.insert(at, ("compactor", aim, park))
-    return plan
-
-
-PLAN = kill_plan()
+ANYWHERE = (None, "anywhere: 0-50 ms after the k-th trial began")  # aimed at no operation: wherever it is
 HELD_PARTS_LEFT = {"between a merged part and the removal of its sources",
                    "between a compacted file and the removal of its parts",
                    "compaction command: before the parts are removed"}
+
+
+def kill_plan() -> list[tuple[str, tuple[str | None, str], bool]]:
+    """(who, (target, moment), stopped there) of each kill, in turn: after every three writer lives
+    aimed at a file operation, a compactor life, then a writer life killed at a random moment."""
+    writer = [("writer", aim, park) for aim in WRITER_TARGETS for park in (True, False)]
+    compactor = [("compactor", aim, park) for aim in COMPACTOR_TARGETS for park in (True, False)]
+    return [life for i in range(4) for life in (*writer[3 * i:3 * i + 3], compactor[i], ("writer", ANYWHERE, False))]
+
+
+PLAN = kill_plan()
 
 
 class Lives:
@@ -116,17 +116,20 @@ class Lives:
         self.stderr.seek(0)
         pytest.fail(f"{why}; the writer's stderr:\n{self.stderr.read().decode(errors='replace')[-4000:]}")
 
-    def run(self, order: dict, delay_s: float = 0.0) -> str:
-        """One life: start it, SIGKILL it at its aimed operation ("hit"; `delay_s` later where it runs on)
-        or once it has done its work ("done"); returns which, after the writer reported it dead."""
+    def run(self, order: dict, delay_s: float = 0.0, begins: int | None = None) -> str:
+        """One life: start it, SIGKILL it at its aimed operation ("hit"; `delay_s` later where it runs on),
+        `delay_s` after it began its `begins`-th trial ("begin"), or once it has done its work ("done");
+        returns which, after the writer reported it dead."""
         self.proc.stdin.write((json.dumps(order) + "\n").encode())
         self.proc.stdin.flush()
-        pid = int(self.expect("pid ").split()[1])
+        pid, began = int(self.expect("pid ").split()[1]), 0
         while not (words := self.line()).startswith(("hit ", "done", "exit ")):
-            pass
+            if words.startswith("begin ") and (began := began + 1) == begins:
+                words = "begin"
+                break
         if words.startswith("exit "):
             self.fail(f"life {order} ended by itself ({words})")
-        if words == "hit run":
+        if words in ("hit run", "begin"):
             time.sleep(delay_s)
         os.kill(pid, signal.SIGKILL)
         ended = self.expect(f"exit {pid} ")  # reaped: nothing of it runs on; lines before it are counted
@@ -191,6 +194,14 @@ def compact_now(folder: Path, capsys) -> None:
     assert not parts_in(folder)
 
 
+def life(folder: Path, role: str, target: str | None = None, occurrence: int = 1, park: bool = False,
+         trials: int = 30, compact_every: int = 3) -> dict:
+    """The order of one life (tests/store_sigkill_writer.py): merges of every 2 parts (MERGE_FANIN), a
+    compaction every `compact_every` trials."""
+    return {"folder": str(folder), "role": role, "target": target, "occurrence": occurrence, "park": park,
+            "trials": trials, "compact_every": compact_every, "fanin": 2}
+
+
 @pytest.mark.slow
 def test_sigkill_at_any_moment_loses_or_repeats_no_row(tmp_path, capsys):
     folder, rng = tmp_path / "sweep", random.Random(42)
@@ -199,13 +210,16 @@ def test_sigkill_at_any_moment_loses_or_repeats_no_row(tmp_path, capsys):
     try:
         for i in range(KILLS):
             role, (target, moment), park = PLAN[i % len(PLAN)]
+            mode = "stopped there" if park else "running" if target else "anywhere"
             if role == "compactor" and not all(live_parts(folder, kind) for kind in store.KINDS):
-                lives.run({"folder": str(folder), "role": "writer", "target": None, "trials": 2,
-                           "compact_every": 10**6, "fanin": 2})  # parts to compact (killed once it wrote them)
-            order = {"folder": str(folder), "role": role, "target": target,
-                     "occurrence": rng.randint(1, 3 if role == "writer" else 1), "park": park, "trials": 30, "compact_every": 5, "fanin": 2}
-            ended = lives.run(order, delay_s=rng.uniform(0.0, 0.004))
-            landed[(moment, "stopped there" if park else "running")] += ended.startswith("hit")
+                lives.run(life(folder, "writer", trials=2, compact_every=10**6))  # parts to compact, then killed
+            order = life(folder, role, target=target, occurrence=rng.randint(1, 2 if role == "writer" else 1),
+                         park=park)
+            if target:
+                ended = lives.run(order, delay_s=rng.uniform(0.0, 0.004))
+            else:
+                ended = lives.run(order, delay_s=rng.uniform(0.0, 0.05), begins=rng.randint(1, 6))
+            landed[(moment, mode)] += ended != "done"
             check_union(folder, lives.acked, lives.begun)
             left["a torn temp file"] += any(p.name.endswith(".tmp") for p in folder.rglob(".*"))
             left["parts another file holds"] += held_parts_left(folder)
@@ -214,8 +228,7 @@ def test_sigkill_at_any_moment_loses_or_repeats_no_row(tmp_path, capsys):
         assert lives.acked, "no trial was acknowledged: the kills tested nothing"
         compact_now(folder, capsys)  # `python -m rpevit.sweep.compact FOLDER` on what the last kill left
         check_union(folder, lives.acked, lives.begun)
-        lives.run({"folder": str(folder), "role": "writer", "target": None, "trials": 7, "compact_every": 5,
-                   "fanin": 2})  # a --resume after all that, to its end
+        lives.run(life(folder, "writer", trials=7))  # a --resume after all that, to its end
         check_union(folder, lives.acked, lives.begun)
         compact_now(folder, capsys)
     finally:
@@ -231,8 +244,7 @@ def test_sigkill_at_any_moment_loses_or_repeats_no_row(tmp_path, capsys):
         union = store.read_table(folder / kind)
         assert sorted(zip(*(union.column(c).to_pylist() for c in columns))) == expected, kind
     assert not (folder / store.PARTS_DIR).exists()  # parts and the killed lives' temp files are gone
-    aimed = {moment for _, moment in WRITER_TARGETS + COMPACTOR_TARGETS}
     print(f"{KILLS} kills on one folder, {last} trials; kills that reached their aim: {dict(sorted(landed.items()))}; "
           f"kills after which the folder held {dict(left)}")
     if KILLS >= len(PLAN):
-        assert all(landed[(m, "stopped there")] for m in aimed), landed  # every aimed moment was hit
+        assert len(landed) == len(set(PLAN)) and all(landed.values()), landed  # each kind of kill landed
