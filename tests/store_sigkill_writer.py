@@ -100,8 +100,8 @@ def write(folder: Path, trials: int, compact_every: int, fanin: int) -> None:
         say(f"begin {n}")
         tune_trial = SimpleNamespace(trial_id=f"t{n}")
         for epoch in range(EPOCHS):
-            writer.on_trial_result(epoch, [], tune_trial,
-                                   Report(EPOCH, KEYS[n], {"epoch": epoch, "train_loss": epoch_loss(n, epoch)}).to_tune())
+            row = {"epoch": epoch, "train_loss": epoch_loss(n, epoch)}
+            writer.on_trial_result(epoch, [], tune_trial, Report(EPOCH, KEYS[n], row).to_tune())
         writer.on_trial_result(EPOCHS, [], tune_trial, Report(SUMMARY, KEYS[n], {"test_acc": trial_acc(n)}).to_tune())
         say(f"flushed {n}")
         if n % compact_every == 0:

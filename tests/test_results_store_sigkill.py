@@ -85,11 +85,23 @@ class Lives:
         self.pending = b""
         self.acked: set[int] = set()  # trials whose summary on_trial_result returned: rows on disk
         self.begun = 0  # the highest trial any life began writing
-        self.expect("ready")
+        self.life: int | None = None  # the pid of the life running now
+        try:
+            self.expect("ready")
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
+        """End the writer process, and a life a failed check left running (no process outlives the test)."""
+        if self.life is not None:
+            os.kill(self.life, signal.SIGKILL)
         self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
         self.stderr.close()
 
     def line(self) -> str:
@@ -123,16 +135,19 @@ class Lives:
         self.proc.stdin.write((json.dumps(order) + "\n").encode())
         self.proc.stdin.flush()
         pid, began = int(self.expect("pid ").split()[1]), 0
+        self.life = pid
         while not (words := self.line()).startswith(("hit ", "done", "exit ")):
             if words.startswith("begin ") and (began := began + 1) == begins:
                 words = "begin"
                 break
         if words.startswith("exit "):
+            self.life = None
             self.fail(f"life {order} ended by itself ({words})")
         if words in ("hit run", "begin"):
             time.sleep(delay_s)
         os.kill(pid, signal.SIGKILL)
         ended = self.expect(f"exit {pid} ")  # reaped: nothing of it runs on; lines before it are counted
+        self.life = None
         if int(ended.split()[2]) != -signal.SIGKILL:
             self.fail(f"life {order} ended {ended}, not by the SIGKILL")
         return words
