@@ -20,7 +20,8 @@ from rpevit.sweep import compact as compact_cli
 from rpevit.sweep import store
 from rpevit.sweep.lock import refuse_links
 from rpevit.sweep.results import (BOOL, EPOCHS_FILE, F64, F64_LIST, I64, STR, TIMESTAMP, TRIALS_FILE, DamagedResults,
-                                  arrow_column, coerce_value, epochs_schema, to_table, trials_schema)
+                                  arrow_column, coerce_value, epochs_schema, remove_stale_temps, to_table,
+                                  trials_schema)
 from rpevit.sweep.space import SpaceError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -283,6 +284,21 @@ def test_a_reader_reads_again_when_a_compaction_removes_the_parts_it_listed(tmp_
     assert seen(tmp_path, TRIALS_FILE) == brute(batches, TRIALS_FILE)  # read again: the compacted file (there
     # was none when it was first read, and the parts listed then are gone: without reading again, no rows)
     assert calls[0] == TRIALS_FILE and not (tmp_path / store.PARTS_DIR).exists()  # the parts it listed went
+
+
+def test_the_temp_file_of_a_part_a_killed_driver_was_writing_is_removed_by_the_next(tmp_path):
+    """A driver killed inside a part's write leaves `.<part>.<pid>.tmp`; the next driver removes it when
+    that pid is dead (here: our own pid, whose writes have all ended) and keeps a live writer's. (The
+    pattern once captured the part name's own groups, so the pid was read from the wrong one: ValueError,
+    and every --resume of such a folder stopped.)"""
+    parts = tmp_path / store.PARTS_DIR
+    parts.mkdir()
+    name = "epochs-L0-0000000000000001-0000000000000001.parquet"
+    dead, alive = parts / f".{name}.{os.getpid()}.tmp", parts / f".{name}.{os.getppid()}.tmp"
+    dead.write_bytes(b"torn")
+    alive.write_bytes(b"being written")
+    assert remove_stale_temps(parts, store.PART_TEMPS) == [dead]
+    assert not dead.exists() and alive.exists()
 
 
 def test_a_damaged_part_is_named_and_the_driver_sets_it_aside(tmp_path, capsys):

@@ -67,7 +67,8 @@ KINDS = (EPOCHS_FILE, TRIALS_FILE)  # compaction and flush order: a trial's row 
 THROUGH_KEY = b"rpevit.parts_through"  # compacted file metadata: the last part sequence it holds
 MERGE_FANIN = 8  # parts of one level merged into one of the next
 READ_ATTEMPTS = 20
-_PART = re.compile(r"(trials|epochs)-L(\d{1,2})-(\d{16})-(\d{16})\.parquet")
+_PART_NAME = r"(trials|epochs)-L(\d{1,2})-(\d{16})-(\d{16})\.parquet"  # kind, level, first, last
+_PART = re.compile(_PART_NAME)
 _PREFIX = {TRIALS_FILE: "trials", EPOCHS_FILE: "epochs"}
 _KIND_OF_PREFIX = {prefix: name for name, prefix in _PREFIX.items()}
 
@@ -322,7 +323,9 @@ class PartLog:
             remove_parts(sources)
 
 
-PART_TEMPS = temp_pattern(_PART.pattern)  # atomic_file's temp files of parts (results.remove_stale_temps)
+# atomic_file's temp files of parts (results.remove_stale_temps, which reads the pid as the pattern's group 2:
+# the name's own groups are made non-capturing, or a temp file left by a killed driver stops the next one)
+PART_TEMPS = temp_pattern(_PART_NAME.replace("(", "(?:"))
 
 
 def remove_parts(parts: Iterable[Part]) -> None:
