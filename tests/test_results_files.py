@@ -427,3 +427,30 @@ def test_the_atomic_writer_never_writes_through_a_link(tmp_path) -> None:
             handle.write(b"half")
             raise RuntimeError("disk full")
     assert target.read_text() == "{}" and not temp_name(target).exists()
+
+
+def test_the_atomic_writer_makes_its_data_and_its_rename_durable(tmp_path, monkeypatch) -> None:
+    """fsync of the data before the rename and of the folder after it: what a crash or power loss needs
+    (a SIGKILL keeps the page cache, so only this order shows it). Fails without the fsyncs."""
+    import os
+    import stat
+
+    from rpevit.sweep import results
+
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "data")
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        calls.append("rename")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    with results.atomic_file(tmp_path / "trials.parquet") as handle:
+        handle.write(b"rows")
+    assert calls == ["data", "rename", "folder"]
+    assert (tmp_path / "trials.parquet").read_bytes() == b"rows"
