@@ -16,6 +16,20 @@ from tests.analysis_rows import train_rows, write_sweep
 REPO = Path(__file__).resolve().parent.parent
 MODEL_ONLY = ("timm", "torchvision")  # what only building a model needs (rpevit.models.vit)
 READERS = ("rpevit.config", "rpevit.sweep.space", "rpevit.analysis.report")  # a space, results, the analysis
+# docs/architecture.md, "Layers", from the bottom: a module imports only from its own layer and those before it
+LAYERS = (("rpevit.data", "rpevit.metrics", "rpevit.flops", "rpevit.sigterm", "rpevit.registry"),
+          ("rpevit.config",),
+          ("rpevit.attention", "rpevit.pe", "rpevit.checkpoint", "rpevit.training"),
+          ("rpevit.models",),
+          ("rpevit.evaluation", "rpevit.tasks"),
+          ("rpevit.sweep", "rpevit.analysis", "rpevit.cli"))
+
+
+def layer(module: str) -> int:
+    """The index in LAYERS of a module's layer (-1: the package `rpevit` itself); every module has one."""
+    found = [i for i, names in enumerate(LAYERS) for name in names if module == name or module.startswith(name + ".")]
+    assert module == "rpevit" or found, f"{module} is in no layer of LAYERS: add it there and to the docs"
+    return found[0] if found else -1
 
 
 def test_config_imports_nothing_above_it():
@@ -25,6 +39,13 @@ def test_config_imports_nothing_above_it():
     assert not any(target.startswith("rpevit") for target in import_graph.edges()["rpevit.data"])
     below = {target: how for target, how in import_graph.edges()["rpevit.registry"].items() if target.startswith("rpevit")}
     assert set(below.values()) == {frozenset({import_graph.PLUGIN})}  # only registering by import (load_all)
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """Module-level, deferred and type-only imports alike; registering by import (registry.load_all) aside."""
+    upward = [(name, target) for name, out in import_graph.edges().items() for target, how in out.items()
+              if target in import_graph.modules() and how != {import_graph.PLUGIN} and layer(target) > layer(name)]
+    assert upward == []
 
 
 def test_no_import_cycle():
