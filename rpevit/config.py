@@ -371,15 +371,13 @@ _ENCODING_OPTIONS: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
 
 
 def encoding_options() -> dict[str, tuple[str, ...]]:
-    """pe name -> the config fields its class takes (rpevit.models.factory.init_parameters), cached per
-    set of registered encodings (a throwaway one registered later gets its own entry)."""
+    """pe name -> the config fields its class takes (registry.init_parameters), cached per set of
+    registered encodings (a throwaway one registered later gets its own entry)."""
     load_registry()
     key = tuple(registry.POSITION_ENCODINGS)
     if key not in _ENCODING_OPTIONS:
-        from rpevit.models.factory import CONTEXT, init_parameters
-
         _ENCODING_OPTIONS[key] = {
-            name: tuple(p for p in init_parameters(cls) if p in _DEFAULT_VALUES and p not in CONTEXT)
+            name: tuple(p for p in registry.init_parameters(cls) if p in _DEFAULT_VALUES and p not in registry.CONTEXT)
             for name, cls in registry.POSITION_ENCODINGS.items()}
     return _ENCODING_OPTIONS[key]
 

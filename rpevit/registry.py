@@ -2,11 +2,17 @@
 
 Every module in `rpevit.attention`, `rpevit.pe` and `rpevit.tasks` is imported by its package
 (`load_all`), and registers itself with a decorator. Config validation reads the names from here,
-and the sweep's Parquet schema reads each task's declared metrics (`TaskMetrics`).
+and the sweep's Parquet schema reads each task's declared metrics (`TaskMetrics`). What a registered
+layer class takes (`init_parameters`: layer context and options) is read here too, from its
+`__init__`, so the config and the analysis learn a variant's options without the model code
+(rpevit.models, which imports timm). This module imports nothing of rpevit at its top: it sits below
+the config (docs/architecture.md, "Layers").
 """
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, TypeVar
@@ -34,6 +40,25 @@ class TaskMetrics:
     headline: dict[str, type] = field(default_factory=dict)
     other: dict[str, type] = field(default_factory=dict)
     epoch: dict[str, type] = field(default_factory=dict)
+
+
+CONTEXT = ("dim", "heads", "head_dim", "grid", "layer", "seed")  # what a layer may take besides its options
+
+
+@functools.lru_cache(maxsize=None)
+def init_parameters(cls: type) -> tuple[str, ...]:
+    """Keyword names `cls(...)` accepts: its `__init__`'s, and its bases' while each passes `**context` on.
+
+    nn.Module's and object's `__init__` take only `*args` / `**kwargs`, so they add no name."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        names += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return tuple(dict.fromkeys(names))
 
 
 def _register(table: dict, kind: str, name: str) -> Callable[[T], T]:

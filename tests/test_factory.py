@@ -17,10 +17,11 @@ from rpevit import registry
 from rpevit.attention.kernelized import FavorAttention
 from rpevit.cli import build_parser
 from rpevit.config import SECTIONS, ConfigError, TrialConfig, allowed_values, field_help, field_types, section_fields
-from rpevit.models.factory import CONTEXT, build_attention, build_encodings, init_parameters, layer_arguments
+from rpevit.models.factory import build_attention, build_encodings, layer_arguments
 from rpevit.pe.base import PositionEncoding
 from rpevit.pe.cayley_string import SparseCayleyString
 from rpevit.pe.rope import MixedRoPE
+from rpevit.registry import CONTEXT, init_parameters
 
 registry.load_all()
 LAYERS = [("attention", name, cls) for name, cls in sorted(registry.ATTENTIONS.items())] + [

@@ -26,8 +26,9 @@ from rpevit.attention.kernelized import advance_random_features, set_training_le
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_model
 from rpevit.models.stacked import StackedModels, vmap_blockers
+from rpevit.tasks.grouping import check_group
 from rpevit.tasks.train import DivergedError, make_optimizer, solo_step, train_and_evaluate, warmup_cosine
-from rpevit.tasks.train_group import StackedStep, check_group, train_group
+from rpevit.tasks.train_group import StackedStep, train_group
 from rpevit.training import forward_loss_fn
 from tests.test_amp_cpu import TINY_MODEL, case_id, variant_cases
 

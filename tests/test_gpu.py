@@ -24,7 +24,7 @@ import torch
 
 from rpevit import metrics
 from rpevit.config import TrialConfig
-from rpevit.sweep.gpus import NOSET_ENV
+from rpevit.sweep.session import NOSET_ENV
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space
 from rpevit.sweep.trainable import place_on_devices

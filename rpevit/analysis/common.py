@@ -53,17 +53,16 @@ VARIANT = ("dataset", "attention", "pe", "qk_norm", "redraw")  # what one row of
 
 def cost_options() -> tuple[str, ...]:
     """The config fields that change what one image costs besides the shape: every option a registered
-    backend or encoding takes (rpevit.models.factory.init_parameters), less those its field marks
+    backend or encoding takes (rpevit.registry.init_parameters), less those its field marks
     `cost_free` (a scale, an eps, a redraw schedule): a new option is matched between bench and train
     rows with no edit here."""
     from rpevit.config import TrialConfig, field_types
-    from rpevit.models.factory import CONTEXT, init_parameters
 
     config.load_registry()
     free = {f.name for f in dataclasses.fields(TrialConfig) if f.metadata.get("cost_free")}
-    names = set(field_types()) - set(CONTEXT) - free
+    names = set(field_types()) - set(registry.CONTEXT) - free
     classes = [*registry.ATTENTIONS.values(), *registry.POSITION_ENCODINGS.values()]
-    return tuple(dict.fromkeys(p for cls in classes for p in init_parameters(cls) if p in names))
+    return tuple(dict.fromkeys(p for cls in classes for p in registry.init_parameters(cls) if p in names))
 
 
 def attention_class(name: Any) -> type | None:
@@ -421,10 +420,8 @@ def has_random_features(frame: pd.DataFrame) -> pd.Series:
 def backend_options(cls: type) -> tuple[str, ...]:
     """The config fields a backend class takes as its options (its `__init__` keywords, less the layer
     context): all its draws_random_features may read of a row."""
-    from rpevit.models.factory import CONTEXT, init_parameters
-
     fields = config.field_types()
-    return tuple(p for p in init_parameters(cls) if p in fields and p not in CONTEXT)
+    return tuple(p for p in registry.init_parameters(cls) if p in fields and p not in registry.CONTEXT)
 
 
 class BackendOptions(Mapping):

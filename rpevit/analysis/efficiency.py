@@ -33,7 +33,6 @@ from rpevit.analysis.token_scaling import scaling_rows
 from rpevit import registry
 from rpevit.config import TrialConfig
 from rpevit.data import DATASET_SPECS
-from rpevit.models.factory import init_parameters
 from rpevit.sweep.results import is_missing, unix_seconds
 
 TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
@@ -227,12 +226,12 @@ def model_field_names() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def model_fields(attention: str, pe: str) -> tuple[str, ...]:
     """The model_field_names() that change the cost of (attention, pe): the shape, and the options that the
-    backend's and the encodings' classes declare (rpevit.models.factory.init_parameters), so that a
+    backend's and the encodings' classes declare (rpevit.registry.init_parameters), so that a
     rotinv option recorded differently in two sweeps does not keep softmax+ape rows apart."""
     registry.load_all()
     classes = [registry.ATTENTIONS.get(attention.removesuffix("-identity"))]
     classes += [registry.POSITION_ENCODINGS.get(name) for name in pe.split(" (")[0].split("+")]
-    declared = {name for cls in classes if cls is not None for name in init_parameters(cls)}
+    declared = {name for cls in classes if cls is not None for name in registry.init_parameters(cls)}
     return tuple(f for f in model_field_names() if f in SHAPE_FIELDS or f in declared)
 
 

@@ -2,8 +2,8 @@
 
 Layers take explicit keyword arguments, as timm's `Attention(dim, num_heads, ...)` does: the
 layer context (`dim`, `heads`, `head_dim`, `grid`, `layer`, `seed`) and their own options, named
-like the TrialConfig fields they come from. This module reads which of those a registered class
-declares (its `__init__` signatures up the `**context` chain) and fills exactly those: context
+like the TrialConfig fields they come from. This module fills exactly those a registered class
+declares (rpevit.registry.init_parameters: its `__init__` signatures up the `**context` chain): context
 from the config and the layer index, options from the class's own config section (`attention`
 for backends, `pe` for encodings). So a new variant stays one file: it declares its options, and
 neither the config, the model nor this module changes; a name that is neither context nor a field
@@ -12,8 +12,7 @@ of its section is refused when the layer is built.
 from __future__ import annotations
 
 import functools
-import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -21,29 +20,16 @@ from torch import nn
 from rpevit import registry
 from rpevit.attention.base import AttentionBackend
 from rpevit.config import TrialConfig
-from rpevit.models.vit import ViT
+from rpevit.registry import CONTEXT, init_parameters
 
-CONTEXT = ("dim", "heads", "head_dim", "grid", "layer", "seed")  # what a layer may take besides its options
+if TYPE_CHECKING:
+    from rpevit.models.vit import ViT
 
 
 def layer_context(cfg: TrialConfig, layer: int) -> dict[str, Any]:
     """The shape and identity of one layer: where the dataset, image and patch size end, for layers."""
     return {"dim": cfg.dim, "heads": cfg.heads, "head_dim": cfg.head_dim, "grid": cfg.grid,
             "layer": layer, "seed": cfg.seed}
-
-
-@functools.lru_cache(maxsize=None)
-def init_parameters(cls: type) -> tuple[str, ...]:
-    """Keyword names `cls(...)` accepts: its `__init__`'s, and its bases' while each passes `**context` on."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if klass is nn.Module or "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        names += [p.name for p in params if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return tuple(dict.fromkeys(names))
 
 
 def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> dict[str, Any]:
@@ -80,6 +66,8 @@ def build_encodings(cfg: TrialConfig, hook_kinds: tuple[str, ...], layer: int) -
 
 def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
     """Seeded construction: the same cfg.seed gives the same initial weights and random patterns."""
+    from rpevit.models.vit import ViT  # timm with the first model built: validation imports the tasks, not timm
+
     torch.manual_seed(cfg.seed)
     return ViT(
         img_size=cfg.resolved_image_size, patch_size=cfg.resolved_patch_size, in_chans=in_chans,
@@ -89,5 +77,4 @@ def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
     )
 
 
-__all__ = ["CONTEXT", "build_attention", "build_encodings", "build_model", "init_parameters", "layer_arguments",
-           "layer_context"]
+__all__ = ["build_attention", "build_encodings", "build_model", "layer_arguments", "layer_context"]

@@ -2,8 +2,8 @@
 
 Ray accounts fractional GPUs per node correctly (never more than the node's total), but it
 packs them onto the lowest-numbered GPU: four 0.25-GPU trials on a 4-GPU node all share GPU 0.
-The sweep therefore asks Ray not to set CUDA_VISIBLE_DEVICES for its workers, and each
-fractional trial claims the least-loaded visible GPU itself from a node-local claims file
+The sweep therefore asks Ray not to set CUDA_VISIBLE_DEVICES for its workers (session.NOSET_ENV), and
+each fractional trial claims the least-loaded visible GPU itself from a node-local claims file
 (locked, and cleaned of dead processes, so a killed trial frees its share). The file lives in this
 user's private 0700 temp folder (rpevit.sweep.session.private_temp_dir), never in a shared /tmp where
 another user could plant a link; it is written through the no-follow atomic writer and read as
@@ -16,8 +16,9 @@ import json
 import os
 from pathlib import Path
 
+from rpevit.sweep.session import private_temp_dir
+
 CLAIMS_NAME = "gpu_claims.json"  # in the user's private temp folder (default_claims_file)
-NOSET_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray's switch, read by its workers
 
 
 def _alive(pid: int) -> bool:
@@ -31,8 +32,6 @@ def _alive(pid: int) -> bool:
 
 
 def default_claims_file() -> Path:
-    from rpevit.sweep.session import private_temp_dir  # session imports this module: no cycle at import time
-
     return private_temp_dir().parent / CLAIMS_NAME
 
 

@@ -17,42 +17,18 @@ on 127.0.0.1 only and its processes end with the driver (session.py, reaper.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from rpevit import sigterm
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import declaration, migrate, session
 from rpevit.sweep.lock import sweep_dir, sweep_lock
+from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import plan_sweep, write_space_file
 from rpevit.sweep.results import TRIALS_FILE, DamagedResults
 from rpevit.sweep.store import compact, holds_rows
 from rpevit.sweep.space import Space, check_name
-from rpevit.sweep.summary import ResumeInfo, SweepOutcome, summarize
-
-
-@dataclass
-class SweepOptions:
-    results_dir: str | Path = "results"
-    data_dir: str | None = None
-    resume: bool = False
-    retry_failed: bool = False
-    address: str | None = None  # None: $RAY_ADDRESS, else an embedded local Ray
-    cpus_per_trial: float | None = None  # None: the space's resources
-    gpus_per_trial: float | None = None
-    max_concurrent: int | None = None
-    dashboard: bool = True
-    max_failures: int = 1  # Tune retries per trial, each from the trial's last checkpoint
-    progress_every_s: float = 30.0
-    reuse: bool = True  # run trial after trial in warm workers (Tune reuse_actors); False: a process per trial
-    deadline: "deadlines.Deadline | float | str | None" = None  # start only what ends before it (deadline.py): a
-    # Deadline, a Unix time or a --deadline text (parsed when the run starts)
-    deadline_estimate: float | None = None  # seconds per epoch of one Tune trial when no row says (deadline.py)
-    resume_flags: tuple[str, ...] = ()  # flags that select the space's trials (--set, --only), for the resume line
-    redeclare: bool = False  # record a changed `declare:` block although rows exist (they become exploratory)
-
-    def resume_info(self) -> ResumeInfo:
-        return ResumeInfo(self.results_dir, self.data_dir, self.resume_flags)
+from rpevit.sweep.summary import SweepOutcome, summarize
 
 
 def run_sweep(space: Space, opts: SweepOptions) -> int:

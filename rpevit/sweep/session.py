@@ -37,13 +37,13 @@ from typing import Iterator
 
 from rpevit import sigterm
 from rpevit.sweep import reaper
-from rpevit.sweep.gpus import NOSET_ENV
 from rpevit.sweep.space import SpaceError
 
 FAILURE_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"  # "1": no native crash handler (read at `import ray`)
 LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's node IP is 127.0.0.1 (read at `import ray`)
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 RAY_TOKEN_FILE = Path("~/.ray/auth_token")  # where Ray >= 2.5x keeps its dashboard token ($RAY_AUTH_TOKEN_PATH: there)
+NOSET_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray's switch, read by its workers (rpevit.sweep.gpus)
 WORKER_NICENESS_ENV = "RAY_worker_niceness"  # Ray's nice increment for its workers (default 15); 0: the node's
 
 

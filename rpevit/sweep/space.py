@@ -69,7 +69,7 @@ import yaml
 from rpevit import registry
 from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values, unused_encoding_options
 from rpevit.tasks.budget_ladder import LADDER_FIELDS, check_ladder
-from rpevit.tasks.train_group import GROUP_FIELDS, check_group
+from rpevit.tasks.grouping import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
 from rpevit.sweep.declaration import Declaration, DeclarationError, check_against_space
 from rpevit.sweep.declaration import parse as parse_declaration

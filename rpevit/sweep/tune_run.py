@@ -16,7 +16,7 @@ import secrets
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import ray
 from ray import tune
@@ -24,6 +24,7 @@ from ray.tune import Callback
 
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import session
+from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import SweepPlan
 from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
 from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError
@@ -32,9 +33,6 @@ from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import Resources, Space
 from rpevit.sweep.summary import DeadlineReport, judged_value
 from rpevit.sweep.trainable import StartBarrier, run_trial
-
-if TYPE_CHECKING:
-    from rpevit.sweep.runner import SweepOptions
 
 NO_TUNE_LOGGERS_ENV = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"  # no per-trial CSV / JSON / TensorBoard files
 TUNE_ANALYSIS_LOGGER = "ray.tune.analysis.experiment_analysis"  # would warn once per trial about them

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import Callable, Union
 
@@ -31,40 +30,15 @@ from rpevit.data import Splits, augment_images, batch_indices, load_splits
 from rpevit.models import build_model
 from rpevit.models.stacked import StackedModels, vmap_blockers
 from rpevit.registry import register_group_task
+from rpevit.tasks.grouping import check_group
 from rpevit.tasks.train import (DivergedError, checkpoint_payload, diverged_message, epoch_line, epoch_row,
                                 lr_factor, make_optimizer, one_draw_note, resolve_device, save_checkpoint, solo_step,
                                 summarize)
 from rpevit.training import (GuardedCompile, autocast_context, clip_grad_norm_per_member, default_dtype,
                              forward_loss_fn, loss_of, make_adamw, path_mask_dtype)
 
-GROUP_FIELDS = ("seed",)  # the config fields that may differ between the members of one group
 Outcome = Union[dict, BaseException]  # a member's summary row, or why it failed
 MemberEpoch = Callable[[int, dict, "Path | None"], None]  # (member index, epoch row, its checkpoint dir)
-
-
-def check_group(cfgs: list[TrialConfig]) -> None:
-    """Refuse a group that is not k runs of one recipe: fields other than GROUP_FIELDS must agree,
-    and nothing may draw random numbers inside the forward (dropout: vmap cannot give each member
-    its own generator there)."""
-    if not cfgs:
-        raise ConfigError("a fused group needs at least one member")
-    first = cfgs[0].to_dict()
-    for cfg in cfgs[1:]:
-        differ = [f.name for f in fields(TrialConfig)
-                  if f.name not in GROUP_FIELDS and getattr(cfg, f.name) != first[f.name]]
-        if differ:
-            raise ConfigError(f"fused group: field {differ[0]!r} has value {getattr(cfg, differ[0])!r} in one member "
-                              f"and {first[differ[0]]!r} in another; allowed: members that differ only in "
-                              f"{', '.join(GROUP_FIELDS)}")
-    if cfgs[0].task != "train":
-        raise ConfigError(f"fused group: field 'task' has value {cfgs[0].task!r}; allowed: train")
-    if cfgs[0].dropout > 0:
-        raise ConfigError(f"fused group: field 'dropout' has value {cfgs[0].dropout!r}; allowed: 0 in a fused group "
-                          f"(dropout draws inside the forward, where members cannot have their own generators); "
-                          f"run these trials without `fuse: seeds`")
-    seeds = [cfg.seed for cfg in cfgs]
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"fused group: field 'seed' has values {seeds}; allowed: distinct seeds")
 
 
 @register_group_task("train")
@@ -342,4 +316,4 @@ def _set_member_rng(state: dict, device: torch.device, data: torch.Generator, ma
         masks.set_state(state["cuda"])
 
 
-__all__ = ["GROUP_FIELDS", "InTurnStep", "StackedStep", "check_group", "step_inputs", "train_group"]
+__all__ = ["InTurnStep", "StackedStep", "step_inputs", "train_group"]
