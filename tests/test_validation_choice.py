@@ -108,3 +108,24 @@ def test_the_recipe_is_one_choice_for_every_variant(tmp_path):
     joint = text.split("### One choice for every variant alike")[1]
     assert joint.index("0.002, torch_default, 1 **chosen on validation**") < joint.index("0.004, torch_default, 1")
     assert validation_choice.joint_choice([]) is None
+
+
+def test_a_recipe_that_fails_in_one_cell_brackets_the_joint_choice(tmp_path):
+    """lr 8e-3 (torch_default, clip 1) diverges on every favor seed and trains softmax: it cannot be chosen
+    for every variant, yet it was tried, so the joint choice 4e-3 is not "the largest lr tried" (the
+    recipe_val_mnist case: stage 3's 8e-3 failed for favor+ape)."""
+    rows = [row for row in recipe_rows() if row["lr"] != 4e-3 or row["attention"] != "favor"]
+    rows = [{**row, "final_val_acc": 0.99, "val_acc_draw_mean": 0.99} if row["lr"] == 4e-3 else row for row in rows]
+    rows += [{**row, "final_val_acc": 0.99, "val_acc_draw_mean": 0.99} for row in recipe_rows()
+             if row["lr"] == 4e-3 and row["attention"] == "favor"]
+    rows += [{**row, "lr": 8e-3, "final_val_acc": 0.995} for row in recipe_rows()
+             if row["lr"] == 4e-3 and row["attention"] == "softmax"]
+    diverged = [(config_row(attention="favor", pe="ape", lr=8e-3, init="torch_default", grad_clip=1.0, seed=seed,
+                            dataset="mnist", redraw_interval=10),
+                 "rpevit.tasks.train.DivergedError: training loss is nan at epoch 2") for seed in range(2)]
+    text = validation_choice.build(write_sweep(tmp_path / "recipe", "recipe", rows, failed=diverged))
+    verdict = next(line for line in text.splitlines() if line.startswith("Validation chooses"))
+    assert "Validation chooses 0.004, torch_default, 1 for every variant" in verdict
+    assert "not bracketed" not in verdict
+    assert ("0.008, torch_default, 1 was tried in every cell and cannot be chosen for every variant: it failed in "
+            "mnist / favor / ape (2 of 2 seeds).") in verdict

@@ -116,11 +116,19 @@ def joint_choice(records: list[dict]) -> dict | None:
     """One candidate for every cell alike (JOINT knobs): per candidate tried in every cell, the mean over
     cells (each weighted alike) of the cell's mean validation accuracy, and per seed the mean over cells
     (the seeds' paired values, for a Welch comparison with the earlier choice). None when no candidate
-    was measured in every cell."""
+    was measured in every cell. A candidate tried in every cell but failed on every seed of one cannot
+    be chosen for every variant; it still counts as tried (`unusable`, and in the bracketing), as a
+    failed candidate does for one cell."""
+    if not records:
+        return None
     common = set.intersection(*(set(v for v, c in r["candidates"].items() if math.isfinite(c["val"].point))
-                                for r in records)) if records else set()
+                                for r in records))
+    tried = set.intersection(*(set(r["candidates"]) for r in records))
     if not common:
         return None
+    unusable = {value: [(cell_name(r), r["candidates"][value]["failed"], r["candidates"][value]["seeds"])
+                        for r in records if not math.isfinite(r["candidates"][value]["val"].point)]
+                for value in sorted(tried - common)}
     scores = {}
     for value in common:
         per_cell = [r["candidates"][value] for r in records]
@@ -131,7 +139,7 @@ def joint_choice(records: list[dict]) -> dict | None:
     chosen = max(scores, key=lambda v: scores[v]["val"].point)
     earlier = records[0]["earlier"]
     return {"scores": scores, "chosen": chosen, "earlier": earlier if earlier in scores else None,
-            "edge": edge_of_grid(RECIPE, chosen, sorted(scores))}
+            "edge": edge_of_grid(RECIPE, chosen, sorted(tried)), "unusable": unusable}
 
 
 def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
@@ -149,6 +157,9 @@ def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
     chosen, earlier = joint["chosen"], joint["earlier"]
     edge = (f" It is the {joint['edge']} {knob[0]} tried with its other settings: the best may lie beyond the grid "
             f"(not bracketed)." if joint["edge"] else "")
+    edge += "".join(f" {label(value)} was tried in every cell and cannot be chosen for every variant: it failed in "
+                    + "; ".join(f"{cell} ({failed} of {seeds} seeds)" for cell, failed, seeds in cells) + "."
+                    for value, cells in joint["unusable"].items())
     if earlier is None or chosen == earlier:
         out.append(f"Validation chooses {label(chosen)}" + (", the earlier choice." if chosen == earlier else ".") + edge)
     else:
