@@ -81,7 +81,9 @@ def test_the_image_is_rays_tested_version():
 
 
 STAND_INS = {
-    "scontrol": 'echo "$@" >> "$LOG/scontrol"; [ "$1 $2" = "show hostnames" ] && printf "gpu07\\ngpu08\\n"',
+    # a long node list after the job's two (a reader that stops at the first line makes it die of SIGPIPE)
+    "scontrol": 'echo "$@" >> "$LOG/scontrol"; [ "$1 $2" = "show hostnames" ] && printf "gpu07\\ngpu08\\n" '
+                '&& seq -f "gpu%06g" 1 200000',
     "squeue": 'echo "$@" >> "$LOG/squeue"; echo "$FAKE_END"',
     "srun": 'printf "%s\\n" "$*" >> "$LOG/srun"; while [[ "$1" == --* ]]; do shift; done; exec "$@"',
     # Ray's symmetric-run on one node: record, then run the entrypoint (after --) as a dry run

@@ -24,7 +24,9 @@ PORT=${PORT:-6379}                 # the Ray head's GCS port on the first node
 PYTHON=${PYTHON:-python}           # the interpreter rpevit is installed in, on every node
 # Load the environment every node runs in here, e.g.: module load cuda; source "$PWD/.venv/bin/activate"
 
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+# the first hostname; sed reads the whole list (head -n 1 exits early, and under pipefail the SIGPIPE that
+# scontrol then gets on a long node list ended the job here with status 141)
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)
 address="$head_node:$PORT"
 
 # The job's end (local time, e.g. 2026-11-23T18:00:00) minus the margin: the sweep starts only the
