@@ -192,3 +192,17 @@ def test_studies_still_running_stay_out_of_the_provenance_table(tmp_path):
     write_sweep(results / "in_progress" / "running", "running", [row])
     write_sweep(results / "pilots" / "done", "done", [row])
     assert [r["folder"] for r in answers.folder_rows(results)] == ["pilots/done"]
+
+
+def test_a_knob_field_the_published_rows_predate_is_read_as_its_default_and_said_so():
+    """The published studies' rows were written before `init` existed (a KeyError before the fix): their code had
+    only trunc_normal, the field's default; the sentence names the field as not recorded."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"lr": [1e-3, 2e-3, 2e-3], "grad_clip": [1.0, 1.0, 1.0]})
+    filled, unrecorded = answers.with_defaults_for_unrecorded(frame, ("lr", "init", "grad_clip"))
+    assert unrecorded == ["init"] and set(filled["init"]) == {"trunc_normal"} and "init" not in frame
+    partly = frame.assign(init=["torch_default", None, None])
+    filled, unrecorded = answers.with_defaults_for_unrecorded(partly, ("lr", "init", "grad_clip"))
+    assert unrecorded == ["init"] and list(filled["init"]) == ["torch_default", "trunc_normal", "trunc_normal"]
+    assert answers.with_defaults_for_unrecorded(partly.fillna("x"), ("lr", "init"))[1] == []

@@ -29,7 +29,7 @@ import math
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -45,6 +45,7 @@ from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closu
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
 from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
+from rpevit.config import TrialConfig
 from rpevit.sweep.declaration import DECLARATION_FILE
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE
@@ -438,6 +439,10 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
         if failed and not short:
             text += f" ({'; '.join(failed)})"
         lines.append(text)
+    joint = validation_choice.joint_choice(records) if knob in validation_choice.JOINT else None
+    if joint is not None:  # the choice the studies use: one setting for every variant alike
+        lines.append("every variant alike (the setting used): "
+                     + validation_choice.joint_sentence(knob, joint, label).removeprefix("Validation chooses ").rstrip("."))
     return lines
 
 
@@ -456,8 +461,26 @@ def ran_with(sources: Sources, knob: tuple[str, ...]) -> str:
         rows = rows[pd.to_numeric(rows["redraw_interval"], errors="coerce") > 0]
     else:
         rows = frame
+    rows, unrecorded = with_defaults_for_unrecorded(rows, knob)
     values = rows[list(knob)].drop_duplicates().itertuples(index=False, name=None)
-    return " and ".join(", ".join(fmt(v) for v in value) for value in sorted(values, key=repr)) or "—"
+    text = " and ".join(", ".join(fmt(v) for v in value) for value in sorted(values, key=repr)) or "—"
+    if unrecorded:
+        text += (f" ({', '.join(unrecorded)}: not recorded by rows written before the field existed; the code then "
+                 f"had only what the field's default does)")
+    return text
+
+
+def with_defaults_for_unrecorded(rows: pd.DataFrame, knob: tuple[str, ...]) -> tuple[pd.DataFrame, list[str]]:
+    """Rows with each knob field they lack (a config field added after they were written: their code had
+    only the behaviour the field's default keeps) filled with that default, and the names so filled."""
+    defaults = {f.name: f.default for f in fields(TrialConfig)}
+    unrecorded = [name for name in knob if name not in rows.columns or rows[name].isna().any()]
+    if not unrecorded:
+        return rows, []
+    rows = rows.copy()
+    for name in unrecorded:
+        rows[name] = rows[name].fillna(defaults[name]) if name in rows.columns else defaults[name]
+    return rows, unrecorded
 
 
 def validation_section(sources: Sources) -> list[str]:

@@ -154,6 +154,13 @@ def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
     cells = ", ".join(" / ".join(str(x) for x in r["cell"][1:]) for r in records)
     out = [f"### One choice for every variant alike (mean over the cells {cells}, each weighted alike)", "",
            markdown_table([" / ".join(knob), "validation accuracy % (mean over cells)", "test accuracy %"], rows), ""]
+    out.append(joint_sentence(knob, joint, label))
+    return out
+
+
+def joint_sentence(knob: tuple[str, ...], joint: dict, label) -> str:
+    """What validation chooses for every variant alike, its margin over the earlier choice (Welch over the
+    seeds' cell means, one comparison), whether the grid brackets it and what cannot be used."""
     chosen, earlier = joint["chosen"], joint["earlier"]
     edge = (f" It is the {joint['edge']} {knob[0]} tried with its other settings: the best may lie beyond the grid "
             f"(not bracketed)." if joint["edge"] else "")
@@ -161,13 +168,11 @@ def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
                     + "; ".join(f"{cell} ({failed} of {seeds} seeds)" for cell, failed, seeds in cells) + "."
                     for value, cells in joint["unusable"].items())
     if earlier is None or chosen == earlier:
-        out.append(f"Validation chooses {label(chosen)}" + (", the earlier choice." if chosen == earlier else ".") + edge)
-    else:
-        margin = stats.welch(joint["scores"][chosen]["val_seeds"], joint["scores"][earlier]["val_seeds"])
-        word = "resolved" if margin.excludes(0.0) else f"not resolved with {stats.seeds_text(margin.n)}"
-        out.append(f"Validation chooses {label(chosen)} for every variant, not the earlier {label(earlier)}; its margin "
-                   f"on validation (mean over cells) is {margin.text(100, 3)} points: {word}.{edge}")
-    return out
+        return f"Validation chooses {label(chosen)}" + (", the earlier choice." if chosen == earlier else ".") + edge
+    margin = stats.welch(joint["scores"][chosen]["val_seeds"], joint["scores"][earlier]["val_seeds"])
+    word = "resolved" if margin.excludes(0.0) else f"not resolved with {stats.seeds_text(margin.n)}"
+    return (f"Validation chooses {label(chosen)} for every variant, not the earlier {label(earlier)}; its margin "
+            f"on validation (mean over cells) is {margin.text(100, 3)} points: {word}.{edge}")
 
 
 def cell_name(record: dict) -> str:
