@@ -53,8 +53,10 @@ from rpevit.data import synthetic_splits  # noqa: E402
 from rpevit.flops import count_flops  # noqa: E402
 from rpevit.metrics import device_name, synchronize  # noqa: E402
 from rpevit.models import build_model  # noqa: E402
-from rpevit.tasks.train import make_optimizer, solo_step, warmup_cosine  # noqa: E402
-from rpevit.tasks.train_group import StackedStep, step_inputs  # noqa: E402
+from rpevit.tasks.schedule import warmup_cosine  # noqa: E402
+from rpevit.tasks.steppers import make_optimizer, solo_step  # noqa: E402
+from rpevit.tasks.steppers import StackedStep  # noqa: E402
+from rpevit.tasks.train import step_inputs  # noqa: E402
 from rpevit import training  # noqa: E402
 from rpevit.training import default_dtype, forward_loss_fn, path_mask_dtype  # noqa: E402
 from step_profile import format_profile, profile_steps  # noqa: E402

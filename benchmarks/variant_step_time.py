@@ -25,7 +25,7 @@ from rpevit.config import TrialConfig
 from rpevit.data import DATASET_SPECS
 from rpevit.models import build_model
 from rpevit.sweep.space import parse_overrides
-from rpevit.tasks.train import make_optimizer
+from rpevit.tasks.steppers import make_optimizer
 
 
 def dataset_for_tokens(tokens: int) -> dict[str, Any]:

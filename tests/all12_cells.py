@@ -36,8 +36,9 @@ from rpevit.config import TrialConfig
 from rpevit.data import synthetic_splits
 from rpevit.models import build_model
 from rpevit.sweep.space import load_space
-from rpevit.tasks.train import make_optimizer, solo_step, warmup_cosine
-from rpevit.tasks.train_group import StackedStep
+from rpevit.tasks.schedule import warmup_cosine
+from rpevit.tasks.steppers import make_optimizer, solo_step
+from rpevit.tasks.steppers import StackedStep
 from rpevit.training import forward_loss_fn, path_mask_dtype
 
 ROOT = Path(__file__).resolve().parent.parent

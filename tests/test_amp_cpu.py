@@ -23,7 +23,8 @@ from torch.overrides import TorchFunctionMode
 from rpevit import registry
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_model
-from rpevit.tasks.train import autocast_context, make_optimizer
+from rpevit.tasks.steppers import make_optimizer
+from rpevit.training import autocast_context
 
 registry.load_all()
 

@@ -27,8 +27,10 @@ from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_model
 from rpevit.models.stacked import StackedModels, vmap_blockers
 from rpevit.tasks.grouping import check_group
-from rpevit.tasks.train import DivergedError, make_optimizer, solo_step, train_and_evaluate, warmup_cosine
-from rpevit.tasks.train_group import StackedStep, train_group
+from rpevit.tasks.schedule import warmup_cosine
+from rpevit.tasks.steppers import StackedStep, make_optimizer, solo_step
+from rpevit.tasks.train import DivergedError, train_and_evaluate
+from rpevit.tasks.train_group import train_group
 from rpevit.training import forward_loss_fn
 from tests.test_amp_cpu import TINY_MODEL, case_id, variant_cases
 
@@ -222,9 +224,9 @@ def test_one_diverging_member_does_not_touch_the_others(monkeypatch):
     and 2 finish with their solo rows."""
     base = {**TASK, "attention": "favor", "pe": "rope", "epochs": 1}
     cfgs = [TrialConfig.from_dict({**base, "seed": s}) for s in SEEDS]
-    import rpevit.tasks.train_group as group_module
+    import rpevit.tasks.train as loop_module  # the one loop builds the members
 
-    original = group_module.build_model
+    original = loop_module.build_model
 
     def poisoned(cfg, *args):
         model = original(cfg, *args)
@@ -233,7 +235,7 @@ def test_one_diverging_member_does_not_touch_the_others(monkeypatch):
                 model.head.weight.fill_(float("nan"))
         return model
 
-    monkeypatch.setattr(group_module, "build_model", poisoned)
+    monkeypatch.setattr(loop_module, "build_model", poisoned)
     outcomes = train_group(cfgs, log=None)
     assert isinstance(outcomes[1], DivergedError)
     for i in (0, 2):
@@ -261,7 +263,9 @@ def test_a_group_resumes_exactly_and_uneven_members_run_as_subgroups(tmp_path):
     logs: list[str] = []
     resumed = train_group(cfgs, checkpoint_dirs=dirs, log=logs.append)
     assert any("resumed from the members' checkpoints after epoch 1" in line for line in logs)
-    assert sum("fused group of" in line and "stacked" in line for line in logs) == 2  # two sub-groups
+    # two sub-groups, the earlier epoch first: seed 2 (a group of one) stepped alone, then seeds 0 and 1 stacked
+    assert [line.split(":")[0] for line in logs if "stacked" in line or "stepped alone" in line] == [
+        "fused group of 1 ([seed 2])", "fused group of 2 ([seed 0], [seed 1])"]
     for a, b in zip(straight, resumed):
         assert_rows_equal({**a, "fused_members": 1}, {**b, "fused_members": 3})
 

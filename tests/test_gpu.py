@@ -305,8 +305,8 @@ def test_the_fused_compiled_step_never_waits_for_the_gpu(attention: str, pe: str
     from rpevit.attention.kernelized import advance_random_features
     from rpevit.data import synthetic_splits
     from rpevit.models import build_model
-    from rpevit.tasks.train import warmup_cosine
-    from rpevit.tasks.train_group import StackedStep
+    from rpevit.tasks.schedule import warmup_cosine
+    from rpevit.tasks.steppers import StackedStep
 
     cfg = next(c for c in ALL12_CELLS if c.dataset == "cifar10" and c.attention == attention and c.pe == pe)
     cfg = cfg.replace(redraw_interval=redraw)

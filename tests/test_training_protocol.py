@@ -11,7 +11,9 @@ from rpevit.attention.kernelized import KernelizedAttention, set_training_length
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_attention, build_model
 from rpevit.pe.base import PositionEncoding
-from rpevit.tasks.train import WARMUP_MAX_FRACTION, make_optimizer, one_draw_note, warmup_steps_for
+from rpevit.tasks.schedule import WARMUP_MAX_FRACTION, warmup_steps_for
+from rpevit.tasks.steppers import make_optimizer
+from rpevit.tasks.train import one_draw_note
 
 registry.load_all()
 

@@ -24,7 +24,9 @@ from rpevit.data import DATASET_SPECS
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
-from rpevit.tasks.train import autocast_context, make_optimizer, resolve_device
+from rpevit.tasks.steppers import make_optimizer
+from rpevit.tasks.train import resolve_device
+from rpevit.training import autocast_context
 
 
 METRICS = TaskMetrics(

@@ -1,15 +1,22 @@
-"""The `train` task: fit one ViT, evaluate it, return one summary row.
+"""The `train` task: fit a ViT, evaluate it, return one summary row; and the one training loop.
 
-Readable in one sitting (nanoGPT style): data on the device, AdamW + warm-up/cosine schedule,
-label smoothing, gradient clipping, bf16 autocast on GPU, a checkpoint after every epoch that a
-resumed run continues from exactly (model, optimiser, scheduler, RNG states, history).
+Readable in one sitting (nanoGPT style): data on the device, AdamW + warm-up/cosine (or WSD)
+schedule, label smoothing, gradient clipping, bf16 autocast on GPU, a checkpoint after every epoch
+that a resumed run continues from exactly (model, optimiser, scheduler, RNG states, history).
+
+There is one loop, `train_members`: a solo trial is a group of one, and a fused seed group
+(tasks/train_group.py) is k members of one recipe in the same loop. How a step is computed for the
+members (each in turn, or stacked and vmapped) is the Stepper's business (tasks/steppers.py); each
+member's random streams are its own (tasks/generators.py). A change to training is made once.
 """
 from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -25,12 +32,15 @@ from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
 from rpevit.tasks.budget_ladder import Branch, plan_branches, write_branches
+from rpevit.tasks.generators import MemberRandom, member_random
 from rpevit.tasks.schedule import (WARMUP_MAX_FRACTION, cooldown_start, lr_factor, warmup_cosine,  # noqa: F401
                                    warmup_stable_decay, warmup_steps_for)
-from rpevit.training import (autocast_context, default_dtype, forward_loss_fn, make_adamw,  # noqa: F401
-                             path_mask_dtype)
+from rpevit.tasks.steppers import StackedStep, Stepper, make_stepper
+from rpevit.training import autocast_context, default_dtype, path_mask_dtype
 
 EpochCallback = Callable[[dict, "Path | None"], None]
+MemberEpoch = Callable[[int, dict, "Path | None"], None]  # (member index, epoch row, its checkpoint dir)
+Outcome = Union[dict, BaseException]  # a member's summary row, or why it failed
 
 
 class DivergedError(RuntimeError):
@@ -45,13 +55,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def make_optimizer(model: nn.Module, cfg: TrialConfig) -> torch.optim.Optimizer:
-    """AdamW; no weight decay on what the model declares in `no_weight_decay()` (biases, norms,
-    temperatures, every position-encoding parameter), decay on the rest (weight matrices)."""
-    device = next(model.parameters()).device
-    return make_adamw(model.named_parameters(), model.no_weight_decay(), cfg, device)
-
-
 @torch.no_grad()
 def predict(model: nn.Module, data: Splits, x: Tensor, cfg: TrialConfig, device: torch.device) -> Tensor:
     """Float32 logits of every image in x, in eval mode, in batches."""
@@ -61,20 +64,6 @@ def predict(model: nn.Module, data: Splits, x: Tensor, cfg: TrialConfig, device:
         with autocast_context(cfg, device):
             out.append(model(data.normalize(x[idx.to(x.device)])).float())
     return torch.cat(out) if out else torch.empty(0, data.spec.num_classes, device=device)
-
-
-def _rng_state(device: torch.device, generator: torch.Generator) -> dict:
-    state = {"torch": torch.get_rng_state(), "data": generator.get_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device: torch.device, generator: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"])
-    generator.set_state(state["data"])
-    if device.type == "cuda" and "cuda" in state:  # a CPU checkpoint continued on GPU has none
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def save_checkpoint(path: Path, payload: dict) -> None:
@@ -120,111 +109,192 @@ def check_config(cfg: TrialConfig, source: str) -> None:
 def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
                        extend_epochs: bool = False, branches: Sequence[Branch] = ()) -> dict:
-    """Train and evaluate; returns the summary row (config + metrics + environment).
+    """Train and evaluate one trial: a group of one through `train_members`; returns its summary row
+    (config + metrics + environment), or raises what it failed with.
 
     A checkpoint in checkpoint_dir is checked against cfg before anything else (rpevit.checkpoint);
     extend_epochs lets it continue to more epochs than the run that wrote it planned. `branches`: the
     shorter runs of a budget ladder this run is the trunk of; each gets its checkpoint at its cool-down
     start (rpevit.tasks.budget_ladder).
     """
+    opened = checkpoint.open_for_resume(checkpoint_dir, cfg, extend_epochs=extend_epochs)
+    report = (lambda _i, row, folder: on_epoch(row, folder)) if on_epoch is not None else None
+    outcome, = train_members([cfg], [opened], on_epoch=report, log=log, branches=[branches])
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+@dataclass
+class Member:
+    """One run in the loop: its config, model, random streams, checkpoint and history."""
+
+    cfg: TrialConfig
+    model: nn.Module
+    random: MemberRandom
+    ckpt_path: Path | None
+    resume_state: dict | None
+    tag: str  # "" alone, "[seed s] " in a group: the prefix of its log lines
+    history: list[dict] = field(default_factory=list)
+    due: dict[int, list[Branch]] = field(default_factory=dict)  # trunk epoch -> branches written after it
+
+
+def train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict | None]], *,
+                  on_epoch: MemberEpoch | None = None, log: Callable[[str], None] | None = print,
+                  branches: Sequence[Sequence[Branch]] | None = None, tagged: bool = False) -> list[Outcome]:
+    """The training loop of every `train` run: k members of one recipe (k = 1: a solo trial; k > 1: a
+    fused seed group, rpevit.tasks.train_group) that start at the same epoch, stepped by one Stepper
+    (rpevit.tasks.steppers). `opened`: each member's (checkpoint path, resume state) from
+    checkpoint.open_for_resume. Returns, per member, its summary row or the exception it failed with:
+    a member whose loss diverges fails at the end of that epoch and the others go on. `tagged`: each
+    log line starts with the member's seed (always so for k > 1)."""
     log = log or (lambda _msg: None)
-    ckpt_path, resume_state = checkpoint.open_for_resume(checkpoint_dir, cfg, extend_epochs=extend_epochs)
+    cfg, k = cfgs[0], len(cfgs)
     device = resolve_device(cfg.device)
+    outcomes: list[Outcome | None] = [None] * k
     with default_dtype(cfg) as dtype:  # buffers built in float32 follow the parameters
         data = load_splits(cfg.dataset, data_dir=cfg.data_dir or None, device=device,
                            val_fraction=cfg.val_fraction, train_subset=cfg.train_subset)
-        model = build_model(cfg, data.spec.channels, data.spec.num_classes).to(device, dtype)
-        optimizer = make_optimizer(model, cfg)
-        n_train = len(data.x_train)
-        batch_size = cfg.resolved_batch_size
-        steps_per_epoch = math.ceil(n_train / batch_size)
+        members = []
+        for member_cfg, (path, state) in zip(cfgs, opened):
+            model = build_model(member_cfg, data.spec.channels, data.spec.num_classes).to(device, dtype)
+            members.append(Member(member_cfg, model, member_random(member_cfg.seed, device, alone=k == 1), path,
+                                  state, f"[seed {member_cfg.seed}] " if tagged or k > 1 else ""))
+        steps_per_epoch = math.ceil(len(data.x_train) / cfg.resolved_batch_size)
         total_steps = max(1, cfg.epochs * steps_per_epoch)
-        set_training_length(model, total_steps)  # redraw_until counts in training steps
-        if note := one_draw_note(model, cfg):
+        for member in members:
+            set_training_length(member.model, total_steps)  # redraw_until counts in training steps
+        if note := one_draw_note(members[0].model, cfg):
             log(note)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg, steps_per_epoch, total_steps))
-        generator = torch.Generator(device=device).manual_seed(cfg.seed)  # data order + augmentation
-        augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
-        forward_loss = forward_loss_fn(cfg, device, data.normalize, log)
-        mask_dtype = path_mask_dtype(cfg, device)
-        history: list[dict] = []
-        start_epoch = 0
-        if resume_state is not None:
-            start_epoch = int(resume_state["epoch"])
-        due = plan_branches(cfg, branches, steps_per_epoch, start_epoch, log) if branches else {}
+        stepper = make_stepper([m.model for m in members], cfg, device, data.normalize,
+                               lr_factor(cfg, steps_per_epoch, total_steps), log)
+        if isinstance(stepper, StackedStep):
+            log(f"fused group of {k} ({', '.join(m.tag.strip() for m in members)}): parameters stacked, one "
+                f"vmapped step" + (f", compiled ({cfg.compile})" if cfg.compile != "off" else ""))
+        elif k == 1 and tagged:  # a member of a fused group whose checkpoint stands apart from the others'
+            log(f"fused group of 1 ({members[0].tag.strip()}): one member at this epoch, stepped alone")
+        start_epoch = int(opened[0][1]["epoch"]) if opened[0][1] is not None else 0
+        for member, own in zip(members, branches or [()] * k):
+            member.due = plan_branches(member.cfg, own, steps_per_epoch, start_epoch, log) if own else {}
+        if opened[0][1] is not None:
+            resume(members, stepper, log)
 
-        if resume_state is not None:  # loaded with weights_only=True and matched to cfg
-            state = resume_state
-            try:
-                model.load_state_dict(state["model"])
-                optimizer.load_state_dict(state["optimizer"])
-                scheduler.load_state_dict(state["scheduler"])
-                _set_rng_state(state["rng"], device, generator)
-            except (RuntimeError, KeyError, ValueError, TypeError) as err:
-                raise checkpoint.CheckpointError(
-                    f"checkpoint {ckpt_path} does not fit this model ({type(err).__name__}: "
-                    f"{' '.join(str(err).split())[:300]}); allowed: a checkpoint of this code and config; "
-                    f"delete it to start afresh") from err
-            history, start_epoch = list(state["history"]), int(state["epoch"])
-            planned = int(checkpoint.stored_fingerprint(state, ckpt_path)["epochs"])
-            log(f"resumed from {ckpt_path} after epoch {start_epoch}"
-                + (f", extended from {planned} to {cfg.epochs} epochs" if planned != cfg.epochs else ""))
-
+        alive = list(range(k))
         for epoch in range(start_epoch, cfg.epochs):
-            model.train()
-            t0 = time.perf_counter()
-            loss_sum = torch.zeros((), device=device)
-            correct = torch.zeros((), device=device, dtype=torch.long)
-            for idx in batch_indices(n_train, batch_size, generator):
-                images = data.x_train[idx]
-                images = augment_images(images, generator, augment, data.spec.crop_padding)
-                labels = data.y_train[idx]
-                advance_random_features(model)  # redraws where due, outside the (compilable) forward
-                # the stochastic-depth masks the eager forward would draw from the global RNG, drawn first
-                masks = model.draw_path_masks(len(idx), dtype=mask_dtype, device=device)
-                loss, logits = solo_step(model, optimizer, scheduler, forward_loss, images, labels, masks,
-                                         cfg.grad_clip)
-                loss_sum += loss.detach() * len(idx)
-                correct += (logits.argmax(-1) == labels).sum()
-            train_loss = loss_sum.item() / n_train  # one sync per epoch, not per step
-            if not math.isfinite(train_loss):
-                raise DivergedError(diverged_message(train_loss, epoch, cfg))
-            metrics.synchronize(device)
-            epoch_s = time.perf_counter() - t0
-            row = epoch_row(model, data, cfg, device, epoch, train_loss, correct.item() / n_train,
-                            scheduler.get_last_lr()[0], epoch_s)
-            history.append(row)
-            log(epoch_line(row, cfg))
-            if ckpt_path is not None:
-                save_checkpoint(ckpt_path, checkpoint_payload(model, optimizer.state_dict(), scheduler,
-                                                              _rng_state(device, generator), history, epoch, cfg))
-            if epoch + 1 in due:
-                state = (optimizer.state_dict(), _rng_state(device, generator))
-                write_branches(due[epoch + 1], lambda rung: checkpoint_payload(model, state[0], scheduler, state[1],
-                                                                               history, epoch, rung), log)
-            if on_epoch is not None:
-                on_epoch(row, ckpt_path.parent if ckpt_path is not None else None)
+            losses, accs, epoch_s = train_epoch(stepper, members, data)
+            for i in list(alive):
+                if not math.isfinite(losses[i]):
+                    outcomes[i] = DivergedError(diverged_message(losses[i], epoch, cfgs[i]))
+                    alive.remove(i)
+                    if k > 1:
+                        log(f"{members[i].tag}{outcomes[i]}: recorded as failed, the other members go on")
+                    continue
+                end_epoch(members[i], i, stepper, data, device, epoch, (losses[i], accs[i], epoch_s), on_epoch, log)
+            if not alive:
+                break
 
-        return summarize(model, data, cfg, device, history, log, compile_fallback=forward_loss.fallback)
+        for i in alive:
+            member = members[i]
+            try:
+                outcomes[i] = {**summarize(member.model, data, member.cfg, device, member.history,
+                                           lambda msg, tag=member.tag: log(f"{tag}{msg}"),
+                                           compile_fallback=stepper.forward_loss.fallback), "fused_members": k}
+            except Exception as err:  # noqa: BLE001 - one member's evaluation failing fails that member only
+                outcomes[i] = err
+    return outcomes  # type: ignore[return-value]
 
 
-def solo_step(model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, forward_loss: Callable,
-              images: Tensor, labels: Tensor, masks: Tensor, grad_clip: float) -> tuple[Tensor, Tensor]:
-    """Forward + loss, backward, clipping by the global norm, AdamW, schedule: one training step of
-    one model (random features already advanced, masks already drawn). Returns (loss, logits).
-    `forward_loss` from forward_loss_fn: a failing compiled forward/backward is redone eagerly."""
-    def forward_backward(fn: Callable) -> tuple[Tensor, Tensor]:
-        loss, logits = fn(model, images, labels, masks)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        return loss, logits
+def resume(members: list[Member], stepper: Stepper, log: Callable[[str], None]) -> None:
+    """Load every member's checkpoint (model, random streams, history; optimizer and schedule through
+    the stepper); one that does not fit this code fails with CheckpointError naming it."""
+    for member in members:
+        with fitting(member.ckpt_path):
+            member.model.load_state_dict(member.resume_state["model"])
+            member.random.load(member.resume_state["rng"])
+        member.history = list(member.resume_state["history"])
+    first = members[0]
+    with fitting(first.ckpt_path):
+        stepper.load_optimizer_states([m.resume_state["optimizer"] for m in members], first.resume_state["scheduler"])
+    start_epoch = int(first.resume_state["epoch"])
+    if len(members) > 1:
+        log(f"fused group of {len(members)}: resumed from the members' checkpoints after epoch {start_epoch}")
+        return
+    planned = int(checkpoint.stored_fingerprint(first.resume_state, first.ckpt_path)["epochs"])
+    log(f"resumed from {first.ckpt_path} after epoch {start_epoch}"
+        + (f", extended from {planned} to {first.cfg.epochs} epochs" if planned != first.cfg.epochs else ""))
 
-    loss, logits = forward_loss.step(forward_backward)
-    if grad_clip > 0:
-        nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    scheduler.step()
-    return loss, logits
+
+@contextmanager
+def fitting(path: Path | None) -> Iterator[None]:
+    """Turn a state that does not load into this model into CheckpointError naming the checkpoint."""
+    try:
+        yield
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path} does not fit this model ({type(err).__name__}: "
+            f"{' '.join(str(err).split())[:300]}); allowed: a checkpoint of this code and config; "
+            f"delete it to start afresh") from err
+
+
+def train_epoch(stepper: Stepper, members: list[Member], data: Splits) -> tuple[list[float], list[float], float]:
+    """One epoch of every member: (mean training losses, training accuracies, seconds). One host sync
+    at the end, none per step."""
+    cfg, device = members[0].cfg, data.x_train.device
+    n_train, k = len(data.x_train), len(members)
+    augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
+    mask_dtype = path_mask_dtype(cfg, device)
+    stepper.train()
+    t0 = time.perf_counter()
+    loss_sum = torch.zeros(k, device=device)  # the default dtype
+    correct = torch.zeros(k, device=device, dtype=torch.long)
+    orders = [batch_indices(n_train, cfg.resolved_batch_size, m.random.data) for m in members]
+    for batches in zip(*orders):
+        images, labels, masks = step_inputs(data, batches, [m.random.data for m in members], augment,
+                                            [m.model for m in members], [m.random.masks for m in members],
+                                            mask_dtype)
+        losses, logits = stepper.step(images, labels, masks)
+        loss_sum += losses.detach() * len(batches[0])
+        correct += (logits.argmax(-1) == torch.stack(labels)).sum(-1)
+    train_losses = [total / n_train for total in loss_sum.tolist()]
+    train_accs = [hits / n_train for hits in correct.tolist()]
+    metrics.synchronize(device)
+    return train_losses, train_accs, time.perf_counter() - t0
+
+
+def step_inputs(data: Splits, batches: tuple[Tensor, ...], data_generators: list[torch.Generator], augment: str,
+                models: list[nn.Module], mask_generators: list[torch.Generator],
+                mask_dtype: torch.dtype) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+    """Each member's images (augmented with its generator), labels and stochastic-depth masks (drawn
+    from its generator) for one step, after advancing its random features (redraws where due, outside
+    the compilable forward): what a solo run does before its forward, member by member, in that order."""
+    images, labels = [], []
+    for i, idx in enumerate(batches):
+        images.append(augment_images(data.x_train[idx], data_generators[i], augment, data.spec.crop_padding))
+        labels.append(data.y_train[idx])
+    for model in models:
+        advance_random_features(model)
+    masks = [m.draw_path_masks(len(batches[0]), dtype=mask_dtype, device=data.x_train.device, generator=g)
+             for m, g in zip(models, mask_generators)]
+    return images, labels, masks
+
+
+def end_epoch(member: Member, i: int, stepper: Stepper, data: Splits, device: torch.device, epoch: int,
+              figures: tuple[float, float, float], on_epoch: MemberEpoch | None, log: Callable[[str], None]) -> None:
+    """A member's epoch row (validation, fidelity), its log line, its checkpoint, the budget-ladder
+    branches due after this epoch, then the caller's callback."""
+    train_loss, train_acc, epoch_s = figures
+    row = epoch_row(member.model, data, member.cfg, device, epoch, train_loss, train_acc, stepper.last_lr(), epoch_s)
+    member.history.append(row)
+    log(f"{member.tag}{epoch_line(row, member.cfg)}")
+    optimizer_state, rng = stepper.member_optimizer_state(i), member.random.state()
+    if member.ckpt_path is not None:
+        save_checkpoint(member.ckpt_path, checkpoint_payload(member.model, optimizer_state, stepper.scheduler_for(i),
+                                                             rng, member.history, epoch, member.cfg))
+    if epoch + 1 in member.due:
+        write_branches(member.due[epoch + 1], lambda rung: checkpoint_payload(
+            member.model, optimizer_state, stepper.scheduler_for(i), rng, member.history, epoch, rung), log)
+    if on_epoch is not None:
+        on_epoch(i, row, member.ckpt_path.parent if member.ckpt_path is not None else None)
 
 
 def diverged_message(train_loss: float, epoch: int, cfg: TrialConfig) -> str:
