@@ -169,9 +169,9 @@ def deadline_plan_line(decision: deadlines.DeadlinePlan, admitted: Sequence[int]
     finish = (f", the last predicted to end at {time.strftime('%H:%M:%S', time.localtime(decision.finish_at))}"
               if math.isfinite(decision.finish_at) else "")
     what = "deadline plan" if round_number == 1 else f"deadline plan, round {round_number} (after the last finished)"
+    estimate = decision.estimate_text() if decision.probe else decision.estimate_text(decision.admitted or decision.left)
     return (f"{what}: starting {len(decision.admitted)} of {units} Tune trial(s) ({len(admitted)} trial(s)){finish}; "
-            f"leaving {len(decision.left)} that would not end before the deadline; estimate: "
-            f"{decision.estimate_text() if decision.probe else decision.estimate_text(decision.admitted or decision.left)}")
+            f"leaving {len(decision.left)} that would not end before the deadline; estimate: {estimate}")
 
 
 def nothing_fits(space: Space, plan: SweepPlan, out_dir: Path, deadline: deadlines.Deadline,

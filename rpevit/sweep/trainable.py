@@ -61,7 +61,7 @@ _process: dict[str, Any] = {"timed_runs": 0}  # what this worker process already
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """Tune entry point: the config holds one protocol.TrialSpec (built by tune_run.tune_trials)."""
+    """Tune entry point: the config holds one protocol.TrialSpec (built by launch_plan.tune_trials)."""
     spec = TrialSpec.from_tune_config(config)
     if spec.barrier:
         wait_for_workers(spec.barrier)
