@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from rpevit.sweep import deadline as dl
 from rpevit.sweep import dry_run
 from rpevit.sweep.launch_plan import deadline_units, plan_deadline_round, plan_launch
@@ -28,6 +30,8 @@ NODES = [{"CPU": 8.0}, {"CPU": 4.0}]
 PLAN_WITHOUT_RAY = """
 import json, sys, time
 from pathlib import Path
+
+import pytest
 from rpevit.sweep import deadline as dl
 from rpevit.sweep.launch_plan import plan_deadline_round, plan_launch
 from rpevit.sweep.plan import SweepPlan
@@ -52,6 +56,7 @@ print(json.dumps({"units": units, "ray": sorted(m for m in sys.modules if m == "
 """
 
 
+@pytest.mark.slow  # a subprocess: a fresh sys.modules
 def test_planning_fused_groups_a_timing_run_and_a_deadline_imports_no_ray(tmp_path):
     done = subprocess.run([sys.executable, "-c", PLAN_WITHOUT_RAY, str(tmp_path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)

@@ -4,7 +4,8 @@
   so a second driver stops at once);
 - the plan: resume bookkeeping and resources, decided before Ray starts (plan.py); the Tune trials
   (fused groups, ladders, interleaved timing runs), what each reserves and, with --deadline, which
-  start, planned without Ray (launch_plan.py);
+  start: planned by code that imports no Ray (launch_plan.py), on the nodes the started Ray lists,
+  and before Ray starts for a deadline that nothing can meet;
 - the Ray session: embedded on loopback or joined, the reaper, SIGTERM, shutdown (session.py);
 - the Tune run: the planned Tune trials on the started Ray, in reused workers, with the Parquet
   writer and progress; with --deadline in rounds, each planned when the last has ended (tune_run.py);
