@@ -27,7 +27,7 @@ from rpevit.config import TrialConfig
 from rpevit.sweep.session import NOSET_ENV
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space
-from rpevit.sweep.trainable import place_on_devices
+from rpevit.sweep.gpus import place_on_devices
 from rpevit.tasks.train import train_and_evaluate
 from tests.all12_cells import all12_cells, cell_id, check_cell
 from tests.test_amp_cpu import (FFT_AND_SOLVE_CASES, HALF, TINY_MODEL, bf16_train_steps, case_id,

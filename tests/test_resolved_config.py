@@ -197,10 +197,10 @@ def test_a_migrated_folder_with_a_key_that_is_a_path_is_refused_before_anything_
 
 
 def test_every_path_a_trial_key_names_is_checked(tmp_path):
-    from rpevit.sweep import trainable
     from rpevit.sweep.deadline import Estimator, Unit, unit_estimate
     from rpevit.sweep.protocol import TrialSpec
     from rpevit.sweep.results import trial_folder
+    from rpevit.sweep.tensorboard_events import tensorboard_dir
 
     good = trial_key(TrialConfig.from_dict(TINY).to_dict())
     assert trial_folder(tmp_path, good) == tmp_path / good
@@ -209,7 +209,7 @@ def test_every_path_a_trial_key_names_is_checked(tmp_path):
         with pytest.raises(ConfigError, match="allowed: 16 lowercase hex digits"):
             trial_folder(tmp_path, bad)
         with pytest.raises(ConfigError):
-            trainable.tensorboard_dir(spec, bad)
+            tensorboard_dir(spec.checkpoint_root, bad)
     with pytest.raises(ConfigError):
         unit_estimate(Unit((("../../x", TINY),)), Estimator([], "train", has_epochs=True), tmp_path)
 

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from rpevit.sweep.runner import SweepOptions, run_sweep
-from rpevit.sweep.tune_run import tune_trials
+from rpevit.sweep.launch_plan import tune_trials
 from rpevit.sweep.space import SpaceError, expand_space
 from tests.test_sweep_ray import fresh_ray  # noqa: F401 - the fixture: no Ray left from another test
 

@@ -11,7 +11,7 @@ import ray
 
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import SpaceError, expand_space
-from rpevit.sweep.tune_run import tune_trials
+from rpevit.sweep.launch_plan import tune_trials
 from tests.test_sweep_ray import fresh_ray  # noqa: F401 - the fixture: no Ray left from another test
 
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 96, "batch_size": 32,

@@ -26,7 +26,7 @@ from rpevit.sweep.protocol import TrialSpec
 from rpevit.sweep.results import TRIALS_FILE
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.runner import SweepOptions, run_sweep
-from rpevit.sweep.tune_run import tune_trials
+from rpevit.sweep.launch_plan import node_cpus, slots_on, tune_trials
 from rpevit.sweep.space import expand_space
 from rpevit.tasks.bench import combine_repeats
 
@@ -113,9 +113,11 @@ def test_timing_trials_reserve_the_largest_node_that_has_their_gpus(monkeypatch)
     nodes = [{"Alive": True, "Resources": {"CPU": 64.0}}, {"Alive": True, "Resources": {"CPU": 16.0, "GPU": 2.0}},
              {"Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}}, {"Alive": False, "Resources": {"CPU": 99.0}}]
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
-    assert session.node_cpus(0) == 64 and session.node_cpus(1) == 16  # a CPU-only head node cannot hold it
-    assert session.slots({"CPU": 16.0, "GPU": 1.0}, 0, 100) == 1  # one timing trial per (large enough) node
-    assert session.slots({"CPU": 1.0, "GPU": 0.25}, 0, 100) == 8 + 4 and session.slots({"CPU": 1.0}, 5, 100) == 5
+    live = session.live_nodes()  # what the planner places Tune trials on: the live nodes only
+    assert live == [n["Resources"] for n in nodes[:3]]
+    assert node_cpus(live, 0) == 64 and node_cpus(live, 1) == 16  # a CPU-only head node cannot hold it
+    assert slots_on(live, {"CPU": 16.0, "GPU": 1.0}, 0, 100) == 1  # one timing trial per (large enough) node
+    assert slots_on(live, {"CPU": 1.0, "GPU": 0.25}, 0, 100) == 8 + 4 and slots_on(live, {"CPU": 1.0}, 5, 100) == 5
 
 
 def test_timing_schedule_orders_rounds_and_warm_up():

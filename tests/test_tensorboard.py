@@ -14,6 +14,8 @@ from rpevit import registry
 from rpevit.config import TrialConfig
 from rpevit.sweep import trainable
 from rpevit.sweep.protocol import EPOCH, SUMMARY, Member, TrialSpec
+from rpevit.sweep.results import TENSORBOARD_DIR
+from rpevit.sweep.tensorboard_events import EVENTS_PREFIX, EpochBoard
 from rpevit.sweep.space import trial_key
 
 pytest.importorskip("tensorboard")
@@ -69,7 +71,7 @@ def test_a_resumed_trial_has_every_epoch_once_in_its_event_file(tmp_path, report
     monkeypatch.setattr(trainable.tune, "report", dies_after_epoch_2)
     with pytest.raises(Killed):
         trainable.run_single(spec, one)
-    folder = tmp_path / "sweep" / trainable.TENSORBOARD_DIR / one.trial_key
+    folder = tmp_path / "sweep" / TENSORBOARD_DIR / one.trial_key
     assert [step for step, _ in events(folder)["val_acc"]] == [1, 2]
 
     monkeypatch.setattr(trainable.tune, "report", real_report)
@@ -82,7 +84,7 @@ def test_a_resumed_trial_has_every_epoch_once_in_its_event_file(tmp_path, report
     for tag in SCALARS:
         assert [step for step, _ in written[tag]] == [1, 2, 3], (tag, written[tag])
         assert [value for _, value in written[tag]] == pytest.approx([rows[e][tag] for e in (1, 2, 3)], rel=1e-6)
-    assert len([p for p in folder.iterdir() if p.name.startswith(trainable.EVENTS_PREFIX)]) == 1
+    assert len([p for p in folder.iterdir() if p.name.startswith(EVENTS_PREFIX)]) == 1
 
 
 @pytest.mark.slow
@@ -92,12 +94,12 @@ def test_each_member_of_a_fused_group_has_its_own_event_file(tmp_path, reports):
     trainable.run_fused(spec)
     assert sum(r["kind"] == SUMMARY for r in reports) == 2
     for one in seeds:
-        written = events(tmp_path / "sweep" / trainable.TENSORBOARD_DIR / one.trial_key)
+        written = events(tmp_path / "sweep" / TENSORBOARD_DIR / one.trial_key)
         rows = epoch_rows(reports, one.trial_key)
         for tag in SCALARS:
             assert [step for step, _ in written[tag]] == [1, 2]
             assert [v for _, v in written[tag]] == pytest.approx([rows[1][tag], rows[2][tag]], rel=1e-6)
-    first, second = (events(tmp_path / "sweep" / trainable.TENSORBOARD_DIR / m.trial_key) for m in seeds)
+    first, second = (events(tmp_path / "sweep" / TENSORBOARD_DIR / m.trial_key) for m in seeds)
     assert first["train_loss"] != second["train_loss"]  # each member's own curve
 
 
@@ -105,11 +107,11 @@ def test_a_trial_without_epochs_leaves_no_event_folder(tmp_path, reports):
     one = member(task="kernel_mse", kmse_dim=4, kmse_features=2, kmse_draws=20)
     trainable.run_single(TrialSpec(one.trial_key, (one,), checkpoint_root=str(tmp_path / "sweep" / "trials")), one)
     assert [r["kind"] for r in reports] == [SUMMARY]
-    assert not (tmp_path / "sweep" / trainable.TENSORBOARD_DIR).exists()
+    assert not (tmp_path / "sweep" / TENSORBOARD_DIR).exists()
 
 
 def test_only_finite_numbers_are_written(tmp_path):
-    board = trainable.EpochBoard(tmp_path / "tb" / "k", "k", "label")
+    board = EpochBoard(tmp_path / "tb" / "k", "k", "label")
     board.add({"epoch": 1, "val_acc": 0.5, "attn_tv_to_softmax": float("nan"), "lr": float("inf"),
                "attn_tv_per_layer": [0.1, 0.2], "note": "text", "flag": True})
     board.close()
@@ -126,8 +128,8 @@ def test_a_linked_event_folder_is_said_in_the_trials_log_and_the_sweeps_output(t
     spec = TrialSpec(one.trial_key, (one,), checkpoint_root=str(tmp_path / "sweep" / "trials"))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (tmp_path / "sweep" / trainable.TENSORBOARD_DIR).mkdir(parents=True)
-    (tmp_path / "sweep" / trainable.TENSORBOARD_DIR / one.trial_key).symlink_to(elsewhere)
+    (tmp_path / "sweep" / TENSORBOARD_DIR).mkdir(parents=True)
+    (tmp_path / "sweep" / TENSORBOARD_DIR / one.trial_key).symlink_to(elsewhere)
     trainable.run_single(spec, one)
     assert [r["kind"] for r in reports] == [NOTE, EPOCH, SUMMARY]  # the trial trained on
     note = reports[0]["error"]

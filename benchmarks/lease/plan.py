@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 from rpevit.config import ConfigError  # noqa: E402
 from rpevit.sweep import deadline as deadlines  # noqa: E402
+from rpevit.sweep.launch_plan import deadline_units, tune_trials  # noqa: E402 (no Ray: the planner)
 from rpevit.sweep.space import load_space, parse_overrides  # noqa: E402
 
 FALLBACK_IMAGES_PER_S = 4700.0  # solo eager, GPU protocol CIFAR-10 model, H100 (the first lease)
@@ -65,8 +66,6 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[])
     parser.add_argument("--only", action="append", default=[])
     args = parser.parse_args()
-    from rpevit.sweep.tune_run import tune_trials  # imports Ray: the lease's environment has it
-
     try:
         space = load_space(args.space, parse_overrides(args.set), only=parse_overrides(args.only, "--only"))
     except ConfigError as err:
@@ -82,8 +81,8 @@ def main() -> int:
     now = time.time()
     for epochs in ladder:  # the longest budget at which every group fits, else the shortest, partly
         per_epoch = members * n_train / rate + VALIDATION_S + COMPILE_S / epochs
-        units = [deadlines.Unit(tuple((m.trial_key, {**m.cfg, "epochs": epochs}) for m in spec.members),
-                                "fused" if spec.fused else "single") for spec in specs]
+        units = [deadlines.Unit(tuple((key, {**cfg, "epochs": epochs}) for key, cfg in unit.members), unit.kind)
+                 for unit in deadline_units(specs)]
         estimator = deadlines.Estimator([], space.task, has_epochs=True, fallback_s=per_epoch)
         plan = deadlines.plan_units(units, estimator, slots=args.slots, now=now,
                                     deadline=deadlines.Deadline(now + args.deadline_s),

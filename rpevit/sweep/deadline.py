@@ -41,7 +41,8 @@ The plan (`plan_units`): Tune trials in space order on `slots` (how many run at 
 started on the first slot to free up, as Tune hands them out; a trial is admitted when it ends
 before the deadline, counting STARTUP_S before the first trials start (Tune, the workers' imports)
 and PER_TRIAL_S before each; one that does not fit is left, and later (shorter) ones may still
-fit. The runner plans in rounds (rpevit.sweep.tune_run.run_before_deadline): the admitted trials
+fit. The runner plans in rounds (rpevit.sweep.launch_plan.plan_deadline_round, run by
+rpevit.sweep.tune_run.run_before_deadline): the admitted trials
 run, and when they have finished, what was left is planned again from the time actually left, the
 rows they added and the start-up they measured (their first start after Tuner.fit() began), so
 time the estimates overstated is used. When even unlimited slots would admit nothing, Ray is not

@@ -26,7 +26,8 @@ from rpevit.config import ConfigError, TrialConfig
 from rpevit.data import FOLDERLESS_DATASETS, DataError, dataset_file
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.lock import sweep_dir
-from rpevit.sweep.plan import prepare_trials
+from rpevit.sweep.launch_plan import deadline_units, plan_launch
+from rpevit.sweep.plan import SweepPlan, prepare_trials
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, DamagedResults, task_metrics
 from rpevit.sweep.store import holds_rows, read_rows
@@ -125,16 +126,14 @@ def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir
     pending = [i for i, key in enumerate(space.keys) if key not in done]
     if not pending:
         return "estimate: nothing to run (every trial of the space has a row)"
-    configs = prepare_trials(space, data_dir)
-    interleaved = space.exclusive and space.timing.interleave
-    groups = [pending] if interleaved else space.groups(pending)
-    kind = "interleaved" if interleaved else "fused" if space.fuse else "single"
-    units = [deadlines.Unit(tuple((space.keys[i], configs[i]) for i in g), kind) for g in groups]
+    launch = plan_launch(space, SweepPlan(prepare_trials(space, data_dir), pending, resources), out_dir / "trials",
+                         [local_node(resources)] if local else None)  # the Tune trials a run would start
+    units = deadline_units(launch.specs)
     estimator = deadlines.Estimator(rows, space.task, has_epochs=bool(task_metrics(space.task).epoch))
     if not estimator.measured:
         return (f"estimate: none available (no finished trial of task {space.task!r} in {out_dir / TRIALS_FILE} "
                 f"to measure from); `--deadline` would run one trial first and plan the rest from it")
-    slots = local_slots(space, resources, len(units)) if local else resources.max_concurrent or len(units)
+    slots = launch.slots
     plan = deadlines.plan_units(units, estimator, slots=slots, now=0.0, deadline=deadlines.Deadline(math.inf),
                                 checkpoint_root=out_dir / "trials", probe=False)
     unknown = sum(e is None for e in plan.estimates)
@@ -145,18 +144,15 @@ def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir
             + (f"; {unknown} without a matching row not counted" if unknown else ""))
 
 
-def local_slots(space: Space, resources: Resources, units: int) -> int:
-    """Tune trials at once on this machine: its CPUs (and GPUs) over a trial's share, capped (session.slots'
-    rule for one node, without starting Ray)."""
+def local_node(resources: Resources) -> dict[str, float]:
+    """This machine as the planner sees a node: the CPUs this process may use, and its GPUs when a
+    trial asks for some (torch is asked only then)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if space.exclusive:
-        return 1
-    fit = int(cpus / resources.cpus_per_trial + 1e-9)
-    if resources.gpus_per_trial > 0:
-        import torch
+    if resources.gpus_per_trial <= 0:
+        return {"CPU": float(cpus)}
+    import torch
 
-        fit = min(fit, int(torch.cuda.device_count() / resources.gpus_per_trial + 1e-9))
-    return max(1, min(fit, resources.max_concurrent or fit, units))
+    return {"CPU": float(cpus), "GPU": float(torch.cuda.device_count())}
 
 
 def describe(space: Space, overrides: dict[str, Any], resources: Resources, *, results_dir: str,

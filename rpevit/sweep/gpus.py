@@ -1,4 +1,5 @@
-"""Spread fractional-GPU trials over all GPUs of a node, instead of Ray's fill-GPU-0-first.
+"""A trial's place on its node (`place_on_devices`: torch threads = its CPU share, its GPU), and
+fractional-GPU trials spread over all GPUs of a node, instead of Ray's fill-GPU-0-first.
 
 Ray accounts fractional GPUs per node correctly (never more than the node's total), but it
 packs them onto the lowest-numbered GPU: four 0.25-GPU trials on a 4-GPU node all share GPU 0.
@@ -14,7 +15,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 from pathlib import Path
+from typing import Any
 
 from rpevit.sweep.session import private_temp_dir
 
@@ -78,3 +81,41 @@ def claim_least_loaded_gpu(fraction: float, num_devices: int, *, pid: int | None
         with atomic_file(claims_file) as handle:
             handle.write(json.dumps(claims).encode())
     return device
+
+
+_claimed: dict[str, int | None] = {"gpu": None}  # the GPU this worker process claimed first
+
+
+def place_on_devices(cpus: float, gpus: float) -> dict[str, Any]:
+    """Threads = the CPU share; a fractional GPU is the least-loaded visible one, capped in memory.
+
+    A reused worker keeps the GPU it claimed first (its CUDA context lives there). Returns where
+    the trial ran, recorded in its summary row. Called in the trial's worker (rpevit.sweep.trainable).
+    """
+    import ray
+    import torch
+
+    torch.set_num_threads(max(1, int(cpus)))
+    ctx = ray.get_runtime_context()
+    ray_gpu_ids = [str(i) for i in ctx.get_accelerator_ids().get("GPU", [])]
+    cuda_device = -1
+    if gpus > 0 and torch.cuda.is_available():
+        if gpus < 1:
+            # Ray was told not to set CUDA_VISIBLE_DEVICES (runner): every GPU of the node is
+            # visible, pick the least loaded and cap this process at its share of the memory.
+            if _claimed["gpu"] is None:
+                _claimed["gpu"] = claim_least_loaded_gpu(gpus, torch.cuda.device_count())
+            cuda_device = _claimed["gpu"]
+            torch.cuda.set_device(cuda_device)
+            torch.cuda.set_per_process_memory_fraction(gpus, cuda_device)
+        else:
+            # whole GPUs are exclusive: use exactly the ones Ray assigned
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+            cuda_device = ids.index(ray_gpu_ids[0]) if ray_gpu_ids and ray_gpu_ids[0] in ids else 0
+            torch.cuda.set_device(cuda_device)
+            if torch.cuda.is_initialized():
+                torch.cuda.set_per_process_memory_fraction(1.0, cuda_device)
+    return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
+            "ray_gpu_ids": ",".join(ray_gpu_ids), "cuda_device": cuda_device,
+            "torch_threads": torch.get_num_threads()}

@@ -1,13 +1,13 @@
 """The two messages of a sweep, typed: what the runner hands a trial, and what a trial reports back.
 
-Driver (tune_run.py, writer.py) and worker (trainable.py) run in different processes and talk
+Driver (launch_plan.py, tune_run.py, writer.py) and worker (trainable.py) run in different processes and talk
 through Tune: the runner puts one `TrialSpec` per Tune trial into Tune's config under `SPEC_KEY`,
 and the trial sends `Report`s through `tune.report`, which the driver's ParquetResults callback
 reads back. Tune carries plain dicts (its experiment state, dashboard and retries copy them), so
 each record converts to a dict at the boundary and is rebuilt on the other side; nothing else in
 the package spells those keys.
 
-    tune_run.tune_trials -> TrialSpec.to_dict() -> Tune -> TrialSpec.from_tune_config() -> trainable
+    launch_plan.tune_trials -> TrialSpec.to_dict() -> Tune -> TrialSpec.from_tune_config() -> trainable
     trainable -> Report(...).to_tune() -> tune.report -> Report.from_tune() -> ParquetResults
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Member:
 
 @dataclass(frozen=True)
 class TrialSpec:
-    """What one Tune trial runs (built by tune_run.tune_trials).
+    """What one Tune trial runs (built by launch_plan.tune_trials).
 
     `members` holds one sweep trial, except in an interleaved timing trial (every pending variant,
     timed in rounds in one worker), in a fused group (`fused`: the seeds of one recipe, trained as

@@ -59,7 +59,7 @@ from rpevit.registry import TaskMetrics
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 SPACE_FILE = "space.json"
-TENSORBOARD_DIR = "tensorboard"  # <sweep>/tensorboard/<trial_key>/: one event file per trial (trainable.EpochBoard)
+TENSORBOARD_DIR = "tensorboard"  # <sweep>/tensorboard/<trial_key>/: one event file per trial (tensorboard_events.EpochBoard)
 KEY_SCHEME = "resolved"  # space.json's "key_scheme" once a folder's keys hash resolved configs (migrate.py)
 STORED_KEY = "stored_trial_key"  # in memory only: the key a row was stored under (migrate.resolved_frame)
 

@@ -2,10 +2,13 @@
 
 - the lock: one driver per sweep folder (lock.py; taken here, nowhere else, before Ray is imported,
   so a second driver stops at once);
-- the plan: resume bookkeeping and resources, decided before Ray starts (plan.py);
+- the plan: resume bookkeeping and resources, decided before Ray starts (plan.py); the Tune trials
+  (fused groups, ladders, interleaved timing runs), what each reserves and, with --deadline, which
+  start: planned by code that imports no Ray (launch_plan.py), on the nodes the started Ray lists,
+  and before Ray starts for a deadline that nothing can meet;
 - the Ray session: embedded on loopback or joined, the reaper, SIGTERM, shutdown (session.py);
-- the Tune run: the pending trials as Tune trials, in reused workers, with the Parquet writer and
-  progress; with --deadline only those that fit (tune_run.py, deadline.py);
+- the Tune run: the planned Tune trials on the started Ray, in reused workers, with the Parquet
+  writer and progress; with --deadline in rounds, each planned when the last has ended (tune_run.py);
 - the summary, computed from the Parquet rows apart from its printing (summary.py).
 
 Nothing here imports Ray: tune_run.py does, once the lock is held and loopback asked for.
@@ -22,6 +25,7 @@ from pathlib import Path
 from rpevit import sigterm
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import declaration, migrate, session
+from rpevit.sweep.launch_plan import nothing_fits
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import plan_sweep, write_space_file
@@ -80,18 +84,17 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
                   f"and in the dashboard under its actor's STDOUT log (Logs, or Actors -> ImplicitFunc)", flush=True)
         if not plan.pending:
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info())
+        idle = nothing_fits(space, plan, out_dir, deadline, opts.deadline_estimate) if deadline is not None else None
+        if idle is not None:  # a Ray that would run nothing is not started (nor imported)
+            return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info(), deadline=idle)
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)
         session.import_ray()
-        from rpevit.sweep.tune_run import nothing_fits, run_before_deadline, run_tuner
-
-        idle = nothing_fits(space, plan, opts, out_dir, deadline) if deadline is not None else None
-        if idle is not None:  # a Ray that would run nothing is not started
-            return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info(), deadline=idle)
+        from rpevit.sweep.tune_run import run_before_deadline, run_sweep_trials
         with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
             fixed_cluster = started_ray and not session.cluster_address(opts.address)
             session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)
             if deadline is None:
-                slots, t0 = run_tuner(space, plan, opts, out_dir)
+                slots, t0 = run_sweep_trials(space, plan, opts, out_dir)
                 report = None
             else:
                 slots, t0, report = run_before_deadline(space, plan, opts, out_dir, deadline)

@@ -338,24 +338,9 @@ def check_fits(cpus: float, gpus: float, fixed_cluster: bool) -> None:
                              f"(--{name.replace('_', '-')}, or join a bigger cluster with --address)")
 
 
-def node_cpus(gpus: float) -> float:
-    """CPUs of the largest live node that has the trial's GPUs: what a timing trial reserves, so no
-    other trial of the sweep shares its node (on a mixed cluster timing trials run on the largest
-    such nodes only, which keeps their rows comparable)."""
+def live_nodes() -> list[dict[str, float]]:
+    """The resources of every live node of the started Ray ({"CPU": 16.0, "GPU": 2.0, ...}): what the
+    planner (rpevit.sweep.launch_plan) places Tune trials on."""
     import ray
 
-    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    fitting = [r for r in nodes if r.get("GPU", 0.0) >= gpus] or nodes
-    return max(r.get("CPU", 0.0) for r in fitting)
-
-
-def slots(bundle: dict[str, float], max_concurrent: int, n_trials: int) -> int:
-    """How many Tune trials run at once: bundles that fit per live node, summed, capped."""
-    import ray
-
-    fit = 0
-    for node in ray.nodes():
-        if node.get("Alive"):
-            have = node["Resources"]
-            fit += min(int(have.get(r, 0.0) / need + 1e-9) for r, need in bundle.items() if need > 0)
-    return max(1, min(fit, max_concurrent or fit, n_trials))
+    return [dict(node["Resources"]) for node in ray.nodes() if node.get("Alive")]

@@ -384,7 +384,49 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     `only` ({field: value}, `sweep.py --only`) keeps the trials whose final config has every one
     of those values, e.g. the CIFAR-10 half of all12.yaml. Their keys are the ones the whole space
     gives them, and `whole_keys` keeps the whole space's, so a part and the whole resume into one
-    another."""
+    another. The steps: read the keys (`_read_spec`), refuse a space too big before building it
+    (`_check_size`), expand grid x samples x seeds, exclude and include (`_value_sets`), validate,
+    resolve and key every trial (`_resolved_trials`), check what the trials must hold together
+    (`_check_trials`)."""
+    parts = _read_spec(spec, source, default_name)
+    overrides = dict(overrides or {})
+    _check_fields(overrides, "--set", source)
+    only = dict(only or {})
+    _check_fields(only, "--only", source)
+    _check_size(parts, max_trials, source)
+    values = _value_sets(parts, source)
+    kept = _resolved_trials(values, parts.fixed, overrides, only, source)
+    space = Space(name=parts.name, task=parts.task, source=source, trials=kept.configs, keys=kept.keys,
+                  resources=parts.resources, duplicates_dropped=len(values) - len(kept.whole_keys),
+                  timing=parts.timing, whole_keys=kept.whole_keys if only else None, fuse=parts.fuse,
+                  branch=parts.branch, declaration=parts.declaration, legacy_keys=kept.legacy)
+    _check_trials(space, parts.declaration, whole=not only)
+    return space
+
+
+@dataclass
+class _SpecParts:
+    """A space file's keys, each read and checked (expand_space's first step)."""
+
+    name: str
+    task: str
+    fixed: dict[str, Any]  # with the task
+    grids: list[dict[str, list]]
+    samplers: dict[str, tuple[str, list]]
+    num_samples: int
+    sample_seed: int
+    seeds: list[int] | None
+    exclude: list[dict[str, Any]]
+    include: list[dict[str, Any]]
+    resources: Resources
+    timing: Timing
+    fuse: str | None
+    branch: str | None
+    declaration: Declaration | None
+
+
+def _read_spec(spec: Any, source: str, default_name: str) -> _SpecParts:
+    """Every top-level key of a parsed space, checked on its own (SpaceError naming the key otherwise)."""
     if not isinstance(spec, dict):
         raise SpaceError(f"{source}: the file holds {type(spec).__name__}; allowed: a mapping with "
                          f"keys {', '.join(TOP_LEVEL_KEYS)}")
@@ -392,14 +434,11 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
         if key not in TOP_LEVEL_KEYS:
             raise SpaceError(f"{source}: unknown key {key!r}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
     name = check_name(str(spec.get("name", default_name)), f"{source}: 'name'")
-
     fixed = _mapping(spec.get("fixed", {}), "fixed", source)
     task = spec.get("task", fixed.get("task", "train"))
     if "task" in fixed and fixed["task"] != task:
         raise SpaceError(f"{source}: 'task' is {task!r} but fixed.task is {fixed['task']!r}; give it once")
-    fixed = {**fixed, "task": task}
-
-    grids = _grids(spec.get("grid", {}), source)
+    grids = _grids(spec.get("grid", {}), source)  # each key checked in the order the messages are expected
     samplers = _samplers(spec.get("sample", {}), source)
     num_samples = _count(spec.get("num_samples", 1), "num_samples", source)
     if samplers and "num_samples" not in spec:
@@ -416,42 +455,66 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
         declaration = parse_declaration(spec["declare"], source) if spec.get("declare") is not None else None
     except DeclarationError as err:
         raise SpaceError(str(err)) from err
-    overrides = dict(overrides or {})
-    _check_fields(overrides, "--set", source)
-    only = dict(only or {})
-    _check_fields(only, "--only", source)
-    total = count_trials(grids, num_samples, seeds, include)
-    if total > max_trials:
-        sizes = " + ".join("x".join(str(len(v)) for v in g.values()) or "1" for g in grids)
-        raise SpaceError(f"{source}: the space expands to {total:,} trials (num_samples {num_samples} x grid "
-                         f"points {sizes} x {len(seeds) if seeds else 1} seed(s), + {len(include)} include); "
-                         f"allowed: at most {max_trials:,} (raise the limit with --max-trials)")
+    return _SpecParts(name, task, {**fixed, "task": task}, grids, samplers, num_samples, sample_seed, seeds, exclude,
+                      include, resources, timing, fuse, branch, declaration)
 
-    rng = random.Random(sample_seed)
+
+def _check_size(parts: _SpecParts, max_trials: int, source: str) -> None:
+    """Refuse a space that expands to more than max_trials trials, counted before anything is built."""
+    total = count_trials(parts.grids, parts.num_samples, parts.seeds, parts.include)
+    if total > max_trials:
+        sizes = " + ".join("x".join(str(len(v)) for v in g.values()) or "1" for g in parts.grids)
+        raise SpaceError(f"{source}: the space expands to {total:,} trials (num_samples {parts.num_samples} x grid "
+                         f"points {sizes} x {len(parts.seeds) if parts.seeds else 1} seed(s), + "
+                         f"{len(parts.include)} include); allowed: at most {max_trials:,} (raise the limit with "
+                         f"--max-trials)")
+
+
+def _value_sets(parts: _SpecParts, source: str) -> list[dict[str, Any]]:
+    """The trials' values before validation: per sample, each grid point (fixed < grid < sample < seeds),
+    crossed with the seeds; the excluded ones dropped (an entry that matches nothing is refused: a
+    typo); then the included ones (over `fixed`, crossed with the seeds unless they give one)."""
+    rng = random.Random(parts.sample_seed)
     grid_trials: list[dict[str, Any]] = []
-    for _ in range(num_samples):
-        for grid in grids:
+    for _ in range(parts.num_samples):
+        for grid in parts.grids:
             for point in _product(grid):
-                sampled = {k: _draw(rng, kind, args) for k, (kind, args) in samplers.items()}
-                grid_trials.extend(_with_seeds({**fixed, **point, **sampled}, seeds))
-    for entry in exclude:
+                sampled = {k: _draw(rng, kind, args) for k, (kind, args) in parts.samplers.items()}
+                grid_trials.extend(_with_seeds({**parts.fixed, **point, **sampled}, parts.seeds))
+    for entry in parts.exclude:
         if not any(_matches(t, entry) for t in grid_trials):
             raise SpaceError(f"{source}: exclude entry {entry} matches no trial; allowed: values "
                              f"that occur in the grid (check for typos)")
-    trials = [t for t in grid_trials if not any(_matches(t, e) for e in exclude)]
-    for entry in include:
-        trials.extend(_with_seeds({**fixed, **entry}, seeds if "seed" not in entry else None))
+    trials = [t for t in grid_trials if not any(_matches(t, e) for e in parts.exclude)]
+    for entry in parts.include:
+        trials.extend(_with_seeds({**parts.fixed, **entry}, parts.seeds if "seed" not in entry else None))
     if not trials:
         raise SpaceError(f"{source}: the space expands to no trials; allowed: at least one")
+    return trials
 
-    configs, keys, whole_keys, seen, legacy = [], [], [], set(), {}
+
+@dataclass
+class _Resolved:
+    """The trials a space keeps, validated and resolved, with their keys (expand_space)."""
+
+    configs: list[dict[str, Any]] = field(default_factory=list)  # resolved TrialConfig dicts, `only` applied
+    keys: list[str] = field(default_factory=list)
+    whole_keys: list[str] = field(default_factory=list)  # every distinct trial's key, before `only`
+    legacy: dict[str, str] = field(default_factory=dict)  # key -> the key of its unresolved config, where they differ
+
+
+def _resolved_trials(values: list[dict[str, Any]], fixed: dict[str, Any], overrides: dict[str, Any],
+                     only: dict[str, Any], source: str) -> _Resolved:
+    """Each value set with the --set overrides, validated (TrialConfig), resolved and keyed; duplicates
+    (an equal resolved config) dropped; with `only`, the trials holding every one of its values kept."""
+    kept, seen = _Resolved(), set()
     occurring: dict[str, set[str]] = {k: set() for k in only}  # for the message if `only` keeps none
-    for i, values in enumerate(trials):
-        values = {**values, **overrides}
+    for i, trial in enumerate(values):
+        trial = {**trial, **overrides}
         try:
-            cfg = TrialConfig.from_dict(values, source=source)
+            cfg = TrialConfig.from_dict(trial, source=source)
         except ConfigError:  # again, for the message: naming the trial costs time, so only on error
-            cfg = TrialConfig.from_dict(values, source=f"{source}: trial #{i} {_short(values, fixed)}")
+            cfg = TrialConfig.from_dict(trial, source=f"{source}: trial #{i} {_short(trial, fixed)}")
         requested = cfg.to_dict()
         full = resolve_values(requested)  # what runs: keys and rows hold resolved values, not placeholders
         key = trial_key(full)
@@ -459,42 +522,44 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
             continue
         seen.add(key)
         if full != requested:
-            legacy[key] = trial_key(requested)
-        whole_keys.append(key)
+            kept.legacy[key] = trial_key(requested)
+        kept.whole_keys.append(key)
         for k in only:
             occurring[k].add(str(full[k]))
         if any(full[k] != v for k, v in only.items()):
             continue
-        configs.append(full)
-        keys.append(key)
-    if not configs:  # only `only` can empty the list here: the space itself was checked above
+        kept.configs.append(full)
+        kept.keys.append(key)
+    if not kept.configs:  # only `only` can empty the list here: the space itself was checked before
         asked = " ".join(f"{k}={v}" for k, v in only.items())
         found = "; ".join(f"{k}: {', '.join(sorted(v))}" for k, v in occurring.items())
         raise SpaceError(f"{source}: --only {asked} matches no trial; allowed: values that occur in the space "
                          f"({found})")
-    space = Space(name=name, task=task, source=source, trials=configs, keys=keys, resources=resources,
-                  duplicates_dropped=len(trials) - len(whole_keys), timing=timing,
-                  whole_keys=whole_keys if only else None, fuse=fuse, branch=branch, declaration=declaration,
-                  legacy_keys=legacy)
-    if declaration is not None and not only:  # with --only the space is a part: its trials need not hold every cell
+    return kept
+
+
+def _check_trials(space: Space, declaration: Declaration | None, whole: bool) -> None:
+    """What the trials must hold together: the declared cells (for the whole space only: with --only
+    the space is a part, whose trials need not hold every cell), each fused group, each budget ladder."""
+    source, configs = space.source, space.trials
+    if declaration is not None and whole:
         try:
             check_against_space(declaration, configs, source)
         except DeclarationError as err:
             raise SpaceError(str(err)) from err
-    if fuse is not None:
+    if space.fuse is not None:
         for members in space.groups():
             try:
                 check_group([TrialConfig.from_dict(configs[i], source=source) for i in members])
             except ConfigError as err:
-                raise SpaceError(f"{source}: 'fuse' has value {fuse!r} but {err}") from err
-    if branch is not None:
+                raise SpaceError(f"{source}: 'fuse' has value {space.fuse!r} but {err}") from err
+    if space.branch is not None:
         for ladder in space.ladders():
             try:
                 check_ladder([TrialConfig.from_dict(configs[i], source=source) for i in ladder],
-                             source=f"{source}: 'branch' has value {branch!r} but trial #{ladder[0]}'s ladder")
+                             source=f"{source}: 'branch' has value {space.branch!r} but trial #{ladder[0]}'s ladder")
             except ConfigError as err:
                 raise SpaceError(str(err)) from err
-    return space
 
 
 # ---- pieces ----

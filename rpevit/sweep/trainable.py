@@ -24,24 +24,16 @@ Checkpoints are read with weights_only=True and only by the config that wrote th
 (rpevit.checkpoint), so a planted or foreign checkpoint fails the trial with a message instead of
 running code or being continued under another config.
 
-TensorBoard (issue 31, item 3): every epoch row a trial reports also goes, as scalars at step =
-epoch, into an event file of its own, `results/<sweep>/tensorboard/<trial_key>/` (a fused group:
-one folder per member), written here in the worker (`EpochBoard`): `tensorboard --logdir
-results/<sweep>/tensorboard`. The folder is rewritten from the checkpointed history whenever the
-trial (re)starts, so a resumed or retried trial shows each epoch once. TensorBoard is optional for
-a trial: without the `tensorboard` package, or when the folder cannot be written (a symbolic link
-there: nothing is written through it), the trial trains on, and says why in one line in its log.txt
-and in the sweep's output (a protocol NOTE the driver prints once).
+Beside the trial body: each epoch row also goes to the trial's TensorBoard event file
+(rpevit.sweep.tensorboard_events), and a trial is placed on its CPUs and GPU by
+rpevit.sweep.gpus.place_on_devices.
 """
 from __future__ import annotations
 
 import errno
 import gc
-import math
-import numbers
 import os
 import random
-import socket
 import time
 import traceback
 from contextlib import ExitStack, contextmanager
@@ -56,19 +48,20 @@ from ray import tune
 from rpevit import checkpoint, data, metrics, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.sweep.gpus import claim_least_loaded_gpu
+from rpevit.sweep.gpus import place_on_devices
 from rpevit.sweep.protocol import EPOCH, NOTE, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
-from rpevit.sweep.results import TENSORBOARD_DIR, trial_folder
+from rpevit.sweep.results import trial_folder
+from rpevit.sweep.tensorboard_events import EpochBoard, tensorboard_dir
 from rpevit.tasks.bench import combine_repeats
 from rpevit.tasks.budget_ladder import Branch
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
 WARMUP_TIMEOUT_S = 60.0  # how long warm-up trials wait for the other slots' workers
-_process: dict[str, Any] = {"gpu": None, "timed_runs": 0}  # what this worker process already did
+_process: dict[str, Any] = {"timed_runs": 0}  # what this worker process already did
 
 
 def run_trial(config: dict[str, Any]) -> None:
-    """Tune entry point: the config holds one protocol.TrialSpec (built by tune_run.tune_trials)."""
+    """Tune entry point: the config holds one protocol.TrialSpec (built by launch_plan.tune_trials)."""
     spec = TrialSpec.from_tune_config(config)
     if spec.barrier:
         wait_for_workers(spec.barrier)
@@ -252,19 +245,12 @@ def report_epoch(key: str, row: dict) -> None:
     tune.report(Report(EPOCH, key, dict(row)).to_tune())
 
 
-EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event files
-
-
-def tensorboard_dir(spec: TrialSpec, key: str) -> Path:
-    """results/<sweep>/tensorboard/<trial_key> (checkpoint_root is results/<sweep>/trials)."""
-    return trial_folder(Path(spec.checkpoint_root).parent / TENSORBOARD_DIR, key)
-
-
 @contextmanager
 def epoch_reporter(spec: TrialSpec, member: Member) -> Iterator[Callable[[dict], None]]:
     """report(row): one epoch row to the driver (epochs.parquet) and to the member's TensorBoard folder."""
-    board = EpochBoard(tensorboard_dir(spec, member.trial_key), member.trial_key, member.label,
-                       log_dir=trial_folder(Path(spec.checkpoint_root), member.trial_key))
+    board = EpochBoard(tensorboard_dir(spec.checkpoint_root, member.trial_key), member.trial_key, member.label,
+                       say=lambda line: say_note(member, trial_folder(Path(spec.checkpoint_root), member.trial_key),
+                                                 line))
     try:
         def report(row: dict) -> None:
             board.add(row)
@@ -275,75 +261,16 @@ def epoch_reporter(spec: TrialSpec, member: Member) -> Iterator[Callable[[dict],
         board.close()
 
 
-class EpochBoard:
-    """The TensorBoard event file of one trial: each epoch row's finite numbers as scalars, step = epoch.
-
-    Opened at the trial's first epoch row (a task without epochs leaves no folder). Idempotent across
-    restarts: opening removes the event files an earlier start of the trial left in its folder, and
-    the trial writes its checkpointed history before its new epochs (run_single / run_fused), so a
-    resumed or retried trial holds every epoch once. Only `events.out.tfevents.*` files are removed,
-    and nothing is written through a symbolic link. Never fails the trial: without the `tensorboard`
-    package, or when the folder cannot be written, it says so in one line (`skipped`) and writes
-    nothing more."""
-
-    def __init__(self, folder: Path, key: str, label: str = "", log_dir: Path | None = None) -> None:
-        self.folder, self.key, self.label, self.log_dir = Path(folder), key, label, log_dir
-        self.writer, self.tried = None, False
-
-    def skipped(self, why: str, this_trial: bool = True) -> None:
-        """One line on why this trial writes no events: the trial's log.txt (log_dir), the worker's
-        output, and the sweep's output (a NOTE report; the driver prints each distinct line once, so a
-        reason common to every trial, `this_trial` False, is printed once)."""
-        line = f"no TensorBoard events for {f'trial {self.key}' if this_trial else 'the trials'}: {why}"
-        print(line, flush=True)
-        if self.log_dir is not None:
-            try:
-                with trial_log(self.log_dir, echo=False) as log:
-                    log(line)
-            except (ConfigError, OSError):  # the trial's own log refuses it too: the trial says so when it runs
-                pass
-        tune.report(Report(NOTE, self.key, label=self.label, error=line).to_tune())
-
-    def _open(self) -> None:
-        self.tried = True
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # needs the `tensorboard` package
-        except ImportError as err:
-            self.skipped(f"{err}; `pip install tensorboard` for them", this_trial=False)
-            return
-        try:
-            for path in (self.folder.parent, self.folder):
-                if path.is_symlink():
-                    raise OSError(f"{path} is a symbolic link")
-            self.folder.mkdir(parents=True, exist_ok=True)
-            with os.scandir(self.folder) as entries:
-                stale = [Path(e.path) for e in entries if e.name.startswith(EVENTS_PREFIX)
-                         and e.is_file(follow_symlinks=False)]
-            for path in stale:  # an earlier start's epochs: this start writes them all again
-                path.unlink()
-            self.writer = SummaryWriter(log_dir=str(self.folder), flush_secs=5)
-            if self.label:
-                self.writer.add_text("trial", f"{self.label} (trial_key {self.key})", 0)
-        except OSError as err:
-            self.skipped(f"{self.folder} cannot take them ({err}); the trial trains on without them")
-            self.writer = None
-
-    def add(self, row: dict) -> None:
-        if not self.tried:
-            self._open()
-        if self.writer is None or "epoch" not in row:
-            return
-        step = int(row["epoch"])
-        for name, value in row.items():
-            if name != "epoch" and isinstance(value, numbers.Real) and not isinstance(value, bool) \
-                    and math.isfinite(value):
-                self.writer.add_scalar(name, float(value), step)
-        self.writer.flush()  # once per epoch: a live tensorboard sees the epoch now
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+def say_note(member: Member, log_dir: Path, line: str) -> None:
+    """A line about something the trial does without (no TensorBoard events, ...): the worker's output,
+    the trial's log.txt, and the sweep's output (a NOTE report; the driver prints each distinct line once)."""
+    print(line, flush=True)
+    try:
+        with trial_log(log_dir, echo=False) as log:
+            log(line)
+    except (ConfigError, OSError):  # the trial's own log refuses it too: the trial says so when it runs
+        pass
+    tune.report(Report(NOTE, member.trial_key, label=member.label, error=line).to_tune())
 
 
 def report_summary(member: Member, row: dict) -> None:
@@ -442,37 +369,3 @@ def checkpointed_history(ckpt_dir: Path, cfg: TrialConfig) -> list[dict]:
     state = checkpoint.load(path)
     checkpoint.check_matches(state, cfg, path)
     return [dict(row) for row in state["history"]]
-
-
-def place_on_devices(cpus: float, gpus: float) -> dict[str, Any]:
-    """Threads = the CPU share; a fractional GPU is the least-loaded visible one, capped in memory.
-
-    A reused worker keeps the GPU it claimed first (its CUDA context lives there). Returns where
-    the trial ran, recorded in its summary row.
-    """
-    import ray
-
-    torch.set_num_threads(max(1, int(cpus)))
-    ctx = ray.get_runtime_context()
-    ray_gpu_ids = [str(i) for i in ctx.get_accelerator_ids().get("GPU", [])]
-    cuda_device = -1
-    if gpus > 0 and torch.cuda.is_available():
-        if gpus < 1:
-            # Ray was told not to set CUDA_VISIBLE_DEVICES (runner): every GPU of the node is
-            # visible, pick the least loaded and cap this process at its share of the memory.
-            if _process["gpu"] is None:
-                _process["gpu"] = claim_least_loaded_gpu(gpus, torch.cuda.device_count())
-            cuda_device = _process["gpu"]
-            torch.cuda.set_device(cuda_device)
-            torch.cuda.set_per_process_memory_fraction(gpus, cuda_device)
-        else:
-            # whole GPUs are exclusive: use exactly the ones Ray assigned
-            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-            ids = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-            cuda_device = ids.index(ray_gpu_ids[0]) if ray_gpu_ids and ray_gpu_ids[0] in ids else 0
-            torch.cuda.set_device(cuda_device)
-            if torch.cuda.is_initialized():
-                torch.cuda.set_per_process_memory_fraction(1.0, cuda_device)
-    return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
-            "ray_gpu_ids": ",".join(ray_gpu_ids), "cuda_device": cuda_device,
-            "torch_threads": torch.get_num_threads()}

@@ -22,7 +22,7 @@ The conditions, each refused with the field that breaks it:
 
 A space asks for it with `branch: epochs` (rpevit/sweep/space.py): trials that differ only in
 `epochs` form one ladder; the longest pending one runs first and carries the others as branches
-(rpevit/sweep/tune_run.py). docs/budget_ladder.md says how to read a ladder's results.
+(rpevit/sweep/launch_plan.py). docs/budget_ladder.md says how to read a ladder's results.
 """
 from __future__ import annotations
 

@@ -1,0 +1,189 @@
+"""What a run launches, decided without Ray (Hydra's sweeper apart from its launcher): the pending
+trials (plan.py) as Tune trials, what each reserves, how many run at once, and with --deadline which
+of them a round starts. tune_run.py turns a `Launch` into Tune trials and runs them; `sweep.py
+--dry-run` estimates from the same Tune trials, so the groups it plans are the groups that run.
+
+- The Tune trials (`tune_trials`): one per pending trial, except one per group of pending seeds of
+  one recipe (`fuse: seeds`, Space.groups), one for every pending variant of an interleaved timing
+  space (rounds inside one worker), and each budget ladder's trunk first, carrying its shorter
+  trials (`branch: epochs`, Space.ladders).
+- Resources (`bundle`, `slots_on`): a Tune trial reserves its CPUs and GPUs, a timing trial the
+  whole of the largest node that has its GPUs (`node_cpus`); slots are the bundles that fit on the
+  nodes, capped by max_concurrent and the number of Tune trials. Nodes are plain resource mappings
+  (`Node`): the launcher reads them from the started Ray, the dry run describes this machine.
+- The deadline (`plan_deadline_round`): which Tune trials of the pending ones end before it on the
+  slots (rpevit.sweep.deadline.plan_units), as a Launch of the admitted ones and the trials left.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from rpevit.sweep import deadline as deadlines
+from rpevit.sweep.plan import SweepPlan
+from rpevit.sweep.protocol import Member, TrialSpec
+from rpevit.sweep.space import Resources, Space
+from rpevit.sweep.summary import DeadlineReport
+
+Node = Mapping[str, float]  # one live node's resources, as Ray lists them: {"CPU": 16.0, "GPU": 2.0}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """The Tune trials one run (or one deadline round) starts, in the order Tune is given them."""
+
+    specs: list[TrialSpec]
+    bundle: dict[str, float]  # the placement bundle each Tune trial reserves
+    slots: int  # how many run at once
+    max_concurrent: int = 0  # Tune's cap (resources.max_concurrent; 0: as many as the resources fit)
+
+    @property
+    def reserved_cpus(self) -> float:
+        return self.bundle["CPU"]
+
+    def trial_indices(self, space: Space) -> list[int]:
+        """The sweep trials these Tune trials report rows for, in space order."""
+        index = {key: i for i, key in enumerate(space.keys)}
+        return sorted(index[m.trial_key] for spec in self.specs for m in spec.members)
+
+    def trial_configs(self, space: Space) -> dict[str, dict[str, Any]]:
+        """trial_key -> config of the sweep trials these Tune trials report rows for, in space order."""
+        configs = {m.trial_key: m.cfg for spec in self.specs for m in spec.members}
+        return {space.keys[i]: configs[space.keys[i]] for i in self.trial_indices(space)}
+
+
+def plan_launch(space: Space, plan: SweepPlan, checkpoint_root: Path, nodes: Sequence[Node] | None,
+                pending: Sequence[int] | None = None) -> Launch:
+    """The Tune trials of the pending trials (default: the plan's) on `nodes`. Without nodes (nothing is
+    started from such a plan: a dry run away from the cluster, the check before Ray starts) a timing
+    trial reserves its own CPUs and the slots are max_concurrent, else one per Tune trial."""
+    res = plan.resources
+    reserved, bundle_ = bundle(space, res, nodes)
+    specs = tune_trials(space, plan.configs, list(plan.pending if pending is None else pending),
+                        checkpoint_root=checkpoint_root, cpus=res.cpus_per_trial, gpus=res.gpus_per_trial,
+                        reserved_cpus=reserved)
+    slots = slots_on(nodes, bundle_, res.max_concurrent, len(specs)) if nodes is not None else \
+        res.max_concurrent or len(specs)
+    return Launch(specs, bundle_, slots, res.max_concurrent)
+
+
+def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path | str,
+                cpus: float, gpus: float, reserved_cpus: float) -> list[TrialSpec]:
+    """The Tune trials (grid points) for the pending trials: one each, except that an interleaved
+    timing space runs all its pending variants in one Tune trial (rounds inside one worker), and a
+    `fuse: seeds` space one per group of pending seeds of one recipe (space.groups)."""
+    member = {i: Member(space.keys[i], space.label(i), configs[i]) for i in pending}
+    timing = space.timing if space.exclusive else None
+    if timing and timing.interleave:
+        groups = [[member[i] for i in pending]]
+    else:
+        groups = [[member[i] for i in g] for g in space.groups(pending)]
+    fused = space.fuse is not None
+    branches: dict[str, tuple[Member, ...]] = {}
+    if space.branch is not None:  # each ladder's longest pending trial first, carrying the shorter ones
+        ladders = space.ladders(pending)
+        branches = {space.keys[ladder[0]]: tuple(member[i] for i in ladder[1:]) for ladder in ladders}
+        trunks = [[member[ladder[0]]] for ladder in ladders]
+        groups = trunks + [g for g in groups if g[0].trial_key not in branches]
+    return [TrialSpec(name=_spec_name(g, fused, timing), members=tuple(g), checkpoint_root=str(checkpoint_root),
+                      cpus_per_trial=cpus, gpus_per_trial=gpus, reserved_cpus=reserved_cpus, timing=timing,
+                      fused=fused, branches=branches.get(g[0].trial_key, ())) for g in groups]
+
+
+def _spec_name(members: list[Member], fused: bool, timing: Any) -> str:
+    """The Tune trial's name and folder: the sweep trial's key, or what a group holds."""
+    if fused:
+        seeds = "-".join(str(m.cfg["seed"]) for m in members)
+        return f"fused-{members[0].trial_key}-seeds-{seeds}"[:120]
+    return members[0].trial_key if len(members) == 1 else f"interleaved-{len(members)}-{members[0].trial_key}"
+
+
+def deadline_units(specs: Sequence[TrialSpec]) -> list[deadlines.Unit]:
+    """Each Tune trial as the deadline planner estimates it: its members, and how they run together."""
+    return [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
+                           "fused" if spec.fused else "interleaved" if len(spec.members) > 1 else "single")
+            for spec in specs]
+
+
+# ---- resources ----
+def node_cpus(nodes: Sequence[Node], gpus: float) -> float:
+    """CPUs of the largest node that has the trial's GPUs: what a timing trial reserves, so no other
+    trial of the sweep shares its node (on a mixed cluster timing trials run on the largest such nodes
+    only, which keeps their rows comparable)."""
+    fitting = [n for n in nodes if n.get("GPU", 0.0) >= gpus] or list(nodes)
+    return max((n.get("CPU", 0.0) for n in fitting), default=0.0)
+
+
+def bundle(space: Space, res: Resources, nodes: Sequence[Node] | None) -> tuple[float, dict[str, float]]:
+    """(CPUs a Tune trial reserves, its placement bundle): a timing trial reserves a whole node."""
+    reserved = node_cpus(nodes, res.gpus_per_trial) if space.exclusive and nodes else res.cpus_per_trial
+    return reserved, {"CPU": reserved, **({"GPU": res.gpus_per_trial} if res.gpus_per_trial > 0 else {})}
+
+
+def slots_on(nodes: Sequence[Node], bundle_: Mapping[str, float], max_concurrent: int, n_trials: int) -> int:
+    """How many Tune trials run at once: bundles that fit per node, summed, capped."""
+    fit = sum(min(int(node.get(r, 0.0) / need + 1e-9) for r, need in bundle_.items() if need > 0) for node in nodes)
+    return max(1, min(fit, max_concurrent or fit, n_trials))
+
+
+# ---- the deadline ----
+@dataclass(frozen=True)
+class DeadlineRound:
+    """One round of a --deadline run: the decision, the Tune trials it starts, the sweep trials it
+    starts and leaves (indices into the space)."""
+
+    decision: deadlines.DeadlinePlan
+    launch: Launch
+    admitted: list[int]
+    left: list[int]
+
+
+def plan_deadline_round(space: Space, plan: SweepPlan, out_dir: Path, deadline: deadlines.Deadline,
+                        pending: Sequence[int], *, nodes: Sequence[Node] | None, probe: bool,
+                        estimate_s: float | None = None, startup_s: float = deadlines.STARTUP_S,
+                        slots: int | None = None, now: float | None = None) -> DeadlineRound:
+    """Which Tune trials of the pending trials start in this round: those the estimates from the
+    folder's rows (or `estimate_s`, --deadline-estimate) end before the deadline on the nodes' slots
+    (`slots`: that many instead)."""
+    everything = plan_launch(space, plan, out_dir / "trials", nodes, pending)
+    estimator = deadlines.Estimator.from_folder(out_dir, space.task, estimate_s)
+    decision = deadlines.plan_units(deadline_units(everything.specs), estimator,
+                                    slots=everything.slots if slots is None else slots,
+                                    now=time.time() if now is None else now, deadline=deadline,
+                                    checkpoint_root=out_dir / "trials", probe=probe, startup_s=startup_s)
+    started = [everything.specs[u] for u in decision.admitted]
+    slots_now = slots_on(nodes, everything.bundle, plan.resources.max_concurrent, len(started)) \
+        if nodes is not None else everything.slots
+    launch = Launch(started, everything.bundle, slots_now, plan.resources.max_concurrent)
+    admitted = launch.trial_indices(space)
+    left = Launch([everything.specs[u] for u in decision.left], everything.bundle, 0).trial_indices(space)
+    return DeadlineRound(decision, launch, admitted, left)
+
+
+def deadline_plan_line(decision: deadlines.DeadlinePlan, admitted: Sequence[int], round_number: int = 1) -> str:
+    """One line: how many Tune trials (and trials) start, when the last should end, the estimate."""
+    units = len(decision.admitted) + len(decision.left)
+    finish = (f", the last predicted to end at {time.strftime('%H:%M:%S', time.localtime(decision.finish_at))}"
+              if math.isfinite(decision.finish_at) else "")
+    what = "deadline plan" if round_number == 1 else f"deadline plan, round {round_number} (after the last finished)"
+    estimate = decision.estimate_text() if decision.probe else decision.estimate_text(decision.admitted or decision.left)
+    return (f"{what}: starting {len(decision.admitted)} of {units} Tune trial(s) ({len(admitted)} trial(s)){finish}; "
+            f"leaving {len(decision.left)} that would not end before the deadline; estimate: {estimate}")
+
+
+def nothing_fits(space: Space, plan: SweepPlan, out_dir: Path, deadline: deadlines.Deadline,
+                 estimate_s: float | None = None) -> DeadlineReport | None:
+    """Before Ray starts: the report of a run that starts nothing, when even as many slots as trials
+    would admit none (the deadline is too near for the start-up, or every trial is longer than the
+    time left); None when something may fit (Ray then starts and the rounds decide)."""
+    first = plan_deadline_round(space, plan, out_dir, deadline, plan.pending, nodes=None, probe=True,
+                                estimate_s=estimate_s, slots=max(1, len(plan.pending)))
+    if first.admitted:
+        return None
+    print(deadline_plan_line(first.decision, first.admitted), flush=True)
+    print("nothing fits before the deadline, even with every Tune trial on a slot of its own: Ray is not started",
+          flush=True)
+    return DeadlineReport(deadline, [], first.left, first.decision.estimate_text(first.decision.left))
