@@ -73,11 +73,16 @@ def colours(kind: str, names: Iterable[str]) -> dict[str, str]:
         else:
             out[name] = declared
     for name in undeclared:
-        start = zlib.crc32(f"{kind}:{name}".encode())
+        start = FALLBACK.index(fallback_colour(kind, name))
         free = [c for c in (FALLBACK[(start + i) % len(FALLBACK)] for i in range(len(FALLBACK)))
                 if c not in out.values()]
-        out[name] = free[0] if free else FALLBACK[start % len(FALLBACK)]
+        out[name] = free[0] if free else FALLBACK[start]
     return out
+
+
+def fallback_colour(kind: str, name: str) -> str:
+    """The FALLBACK colour of an undeclared name: at a CRC-32 hash of kind and name (the same in every process)."""
+    return FALLBACK[zlib.crc32(f"{kind}:{name}".encode()) % len(FALLBACK)]
 
 
 def colour(kind: str, name: str) -> str:
