@@ -5,8 +5,10 @@ Every module in `rpevit.attention`, `rpevit.pe` and `rpevit.tasks` is imported b
 and the sweep's Parquet schema reads each task's declared metrics (`TaskMetrics`). What a registered
 layer class takes (`init_parameters`: layer context and options) is read here too, from its
 `__init__`, so the config and the analysis learn a variant's options without the model code
-(rpevit.models, which imports timm). This module imports nothing of rpevit at its top: it sits below
-the config (docs/architecture.md, "Layers").
+(rpevit.models, which imports timm). How the analysis names, groups, orders and colours a backend or
+an encoding (`Display`) is declared where it registers, as keyword arguments of `register_attention` /
+`register_pe`, and read here (`display`) with no model built. This module imports nothing of rpevit at
+its top: it sits below the config (docs/architecture.md, "Layers").
 """
 from __future__ import annotations
 
@@ -42,6 +44,61 @@ class TaskMetrics:
     epoch: dict[str, type] = field(default_factory=dict)
 
 
+UNORDERED = 1000  # Display.order of a variant that declares none: after those that do
+
+
+@dataclass(frozen=True)
+class Display:
+    """How the analysis shows a registered backend or encoding, declared beside its class
+    (`@register_pe("rope", colour="C2", family="rope and circulant", groups=("string",), order=3)`) so
+    that every figure and table picks up a new variant with no analysis file touched
+    (rpevit.analysis.variants reads it; docs/analysis.md, "Names, groups and colours").
+
+    label: its name in legends (the registered name when not given). colour: a matplotlib colour, the
+    same in every figure; None: the analysis's fallback, a fixed colour chosen from a hash of the name
+    (stable when other variants are added, but two undeclared names may share one). family: the panel
+    it is drawn in beside its relatives (the token-scaling plot); its label when not given. groups:
+    tags that studies select by ("string": an encoding RoPE(r) P of the STRING family, in the STRING
+    study and timed against softmax+rope; "string_study": compared in the STRING study without being a
+    STRING). order: its place in legends and panel rows, smaller first, ties by name. identity_colour
+    (backends only): the colour of "<name>-identity", a random-feature backend configured to draw no
+    features (rpevit.analysis.common.with_variant)."""
+
+    name: str
+    label: str
+    colour: str | None = None
+    family: str = ""
+    groups: tuple[str, ...] = ()
+    order: int = UNORDERED
+    identity_colour: str | None = None
+
+    def __post_init__(self) -> None:
+        for key, kind in (("label", str), ("family", str), ("order", int)):
+            value = getattr(self, key)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"variant {self.name!r}: {key} = {value!r}; allowed: a {kind.__name__}")
+        for key in ("colour", "identity_colour"):
+            value = getattr(self, key)
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise ValueError(f"variant {self.name!r}: {key} = {value!r}; allowed: a matplotlib colour name "
+                                 f"('C3', 'tab:red', '#1f77b4') or None")
+        if not isinstance(self.groups, tuple) or not all(isinstance(g, str) and g for g in self.groups):
+            raise ValueError(f"variant {self.name!r}: groups = {self.groups!r}; allowed: a tuple of tag names")
+        if not self.label:
+            object.__setattr__(self, "label", self.name)
+        if not self.family:
+            object.__setattr__(self, "family", self.label)
+
+
+def display(kind: str, name: str) -> Display | None:
+    """The Display of a registered backend (kind "attention") or encoding ("pe"); None for a name not
+    registered (a composite 'ape+rope', a label with options, a name no longer registered). The
+    tables must be loaded (load_all) for the package's own names."""
+    table = {"attention": ATTENTIONS, "pe": POSITION_ENCODINGS}[kind]
+    cls = table.get(name)
+    return None if cls is None else vars(cls).get("display")
+
+
 CONTEXT = ("dim", "heads", "head_dim", "grid", "layer", "seed")  # what a layer may take besides its options
 
 
@@ -71,15 +128,29 @@ def _register(table: dict, kind: str, name: str) -> Callable[[T], T]:
     return add
 
 
-def register_attention(name: str) -> Callable[[T], T]:
-    return _register(ATTENTIONS, "attention", name)
+def register_attention(name: str, *, label: str = "", colour: str | None = None, family: str = "",
+                       groups: tuple[str, ...] = (), order: int = UNORDERED,
+                       identity_colour: str | None = None) -> Callable[[T], T]:
+    """An attention backend; the keywords are how the analysis shows it (`Display`), recorded on the
+    class as `display`."""
+    shown = Display(name, label, colour, family, groups, order, identity_colour)
+
+    def add(cls: T) -> T:
+        cls.display = shown  # type: ignore[attr-defined]
+        return _register(ATTENTIONS, "attention", name)(cls)
+
+    return add
 
 
-def register_pe(name: str) -> Callable[[T], T]:
-    """Also records the name on the class as `pe_name`, for its error messages."""
+def register_pe(name: str, *, label: str = "", colour: str | None = None, family: str = "",
+                groups: tuple[str, ...] = (), order: int = UNORDERED) -> Callable[[T], T]:
+    """A position encoding; the keywords are how the analysis shows it (`Display`), recorded on the
+    class as `display`. Also records the name on the class as `pe_name`, for its error messages."""
+    shown = Display(name, label, colour, family, groups, order)
 
     def add(cls: T) -> T:
         cls.pe_name = name  # type: ignore[attr-defined]
+        cls.display = shown  # type: ignore[attr-defined]
         return _register(POSITION_ENCODINGS, "pe", name)(cls)
 
     return add

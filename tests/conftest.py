@@ -42,7 +42,7 @@ def _seeded_rngs() -> None:
 @pytest.fixture
 def figures(monkeypatch) -> list:
     """Every figure the analysis saves, kept for inspection (saved as before)."""
-    from rpevit.analysis import common, efficiency, gap_closure, kernel_mse, string_study
+    from rpevit.analysis import budget_ladder, common, efficiency, gap_closure, kernel_mse, string_study, token_scaling
 
     kept = []
 
@@ -50,6 +50,6 @@ def figures(monkeypatch) -> list:
         kept.append(fig)
         return common.save_figure(fig, path)
 
-    for module in (gap_closure, efficiency, string_study, kernel_mse):
+    for module in (gap_closure.figure, efficiency.figure, string_study, kernel_mse, token_scaling, budget_ladder):
         monkeypatch.setattr(module, "save_figure", keep)
     return kept

@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
-from rpevit.analysis import stats
+from rpevit.analysis import stats, variants
 from rpevit.analysis.common import (fmt, judged_accuracy, markdown_table, pyplot, read_trials, save_figure,
                                     script_main, with_variant)
 
@@ -95,7 +95,7 @@ def plot(table: pd.DataFrame, path: Path, device_note: str) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     styles = {"softmax": "-", "favor": "--", "relu": ":"}
     encodings = sorted({v.split("+", 1)[1] for v in table["variant"]})
-    colours = {pe: f"C{i}" for i, pe in enumerate(encodings)}
+    colours = variants.colours(variants.PE, encodings)  # each encoding's colour of every figure
     for variant, g in table.sort_values("images").groupby("variant"):
         attention, pe = variant.split("+", 1)
         lo = [iv.lo for iv in g["interval"]]

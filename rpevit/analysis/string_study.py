@@ -5,7 +5,8 @@ accuracy moves with the sparsity f of sparse-S Cayley-STRING.
 
 From the current `train` trials under exact softmax attention (qk_norm none) whose encoding is a
 STRING or the rotation-invariant RPE (rope, circulant_string, cayley_string, reflection_string,
-sparse_cayley_string at each f and solver, rotinv), per dataset:
+sparse_cayley_string at each f and solver, rotinv: the encodings whose registration declares the group
+"string" or "string_study", `string_pes`), per dataset:
 
 - accuracy per variant, mean [95% t interval] (n seeds), and the difference to rope with its 95%
   Welch interval (the seeds of the two variants are independent samples), judged by Holm over the
@@ -31,13 +32,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from rpevit.analysis import variants
 from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main, with_variant
 from rpevit.analysis.efficiency import (SHAPE_FIELDS, cost_bench_rows, field_matches, model_field_names, model_fields,
                                         with_resolved_shape)
 from rpevit.analysis.stats import Interval, Judged, judge_family, mean_interval, welch
 
-REFERENCE = "rope"
-STRING_PES = ("rope", "circulant_string", "cayley_string", "reflection_string", "sparse_cayley_string", "rotinv")
+REFERENCE = variants.STRING_REFERENCE
 SPARSE = "sparse_cayley_string"
 
 # Per-epoch training time relative to RoPE measured by the reference notebook (plain PyTorch on a
@@ -48,6 +49,12 @@ NOTEBOOK_X_ROPE: dict[tuple[str | None, str, float | None], str] = {
     ("cifar10", "cayley_string", None): "18.7",
     (None, SPARSE, 1.0): "up to 221",
 }
+
+
+def string_pes() -> tuple[str, ...]:
+    """The encodings of the study: those that declare the group "string" (a STRING, rope among them) or
+    "string_study" (compared beside them: rotinv) where they register (rpevit.analysis.variants)."""
+    return variants.in_group(variants.STRING) + variants.in_group(variants.STRING_STUDY)
 
 
 def notebook_ratio(dataset: str, pe: str, f: float | None) -> str:
@@ -62,7 +69,7 @@ def string_rows(train: pd.DataFrame) -> pd.DataFrame:
     """Softmax rows (qk_norm none) of the STRING encodings, with `variant` (pe and its defining options)."""
     if train.empty:
         return train
-    rows = train[(train["attention"] == "softmax") & train["pe"].isin(STRING_PES)]
+    rows = train[(train["attention"] == "softmax") & train["pe"].isin(string_pes())]
     rows = rows[rows.get("qk_norm", pd.Series("none", index=rows.index)).fillna("none") == "none"]
     out = with_resolved_shape(rows)
     out["variant"] = with_variant(rows)["pe"].to_numpy()
@@ -86,7 +93,7 @@ def bench_ratios(bench: pd.DataFrame) -> pd.DataFrame:
     bench = cost_bench_rows(bench)
     if bench.empty:
         return pd.DataFrame()
-    b = with_resolved_shape(bench[(bench["attention"] == "softmax") & bench["pe"].isin(STRING_PES)])
+    b = with_resolved_shape(bench[(bench["attention"] == "softmax") & bench["pe"].isin(string_pes())])
     b = b[b.get("qk_norm", pd.Series("none", index=b.index)).fillna("none") == "none"]
     keys = ["dataset", "pe", *(c for c in model_field_names() if c in b.columns)]
     times = b.groupby(keys, dropna=False)[["train_step_ms", "infer_ms_per_sample"]].median().reset_index()
@@ -206,16 +213,17 @@ def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
     if not curves:
         return None
     plt = pyplot()
+    colour = variants.colour(variants.PE, SPARSE)  # the curve is sparse-S Cayley's, as in every figure
     fig, axes = plt.subplots(1, len(curves), figsize=(4.8 * len(curves), 4.2), squeeze=False)
     with_interval = False
     for ax, (dataset, dense) in zip(axes[0], curves.items()):
         intervals = [mean_interval(v) for v in dense["values"]]
         f, acc = dense["f"].to_numpy(float), 100 * dense["acc"].to_numpy(float)
-        ax.plot(f, acc, "o-", color="C0")
+        ax.plot(f, acc, "o-", color=colour)
         bounded = [i for i, iv in enumerate(intervals) if iv.bounded]
         if bounded:
             with_interval = True
-            ax.errorbar(f[bounded], acc[bounded], fmt="none", ecolor="C0", capsize=3,
+            ax.errorbar(f[bounded], acc[bounded], fmt="none", ecolor=colour, capsize=3,
                         yerr=[[100 * (intervals[i].point - intervals[i].lo) for i in bounded],
                               [100 * (intervals[i].hi - intervals[i].point) for i in bounded]])
         ax.set_xscale("log")

@@ -13,7 +13,8 @@ linear variant's training step per image stays below its counterpart's at every 
 interpolated log-log between the two bracketing sizes; where it never does, the ratio at the
 largest N and, when the exponents allow, the N their fitted lines would cross (extrapolated, and
 said so). Counterparts: softmax+ape for the ape rows, softmax+luo_rpe for every Luo row, softmax+
-rope for rope and the STRINGs, softmax+rotinv in the same mode for rotinv.
+rope for rope and the STRINGs (the encodings that declare the group "string" where they register:
+rpevit.analysis.variants), softmax+rotinv in the same mode for rotinv.
 
 `--write-crossover` writes the luo_rpe dense/FFT table of these rows into rpevit/pe/luo_crossover.json
 (one entry per device kind), the table `luo_path: auto` reads (rpevit/pe/relative_bias.py).
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rpevit.analysis import variants
 from rpevit.analysis.common import (column, fmt, markdown_table, pyplot, read_trials, require_trials, results_parser,
                                     save_figure, write_study, write_text_file)
 
@@ -41,10 +43,7 @@ TIME = "train_ms_per_image"
 INFER = "infer_ms_per_sample"
 MEMORY = "step_mem_mb_per_image"
 COSTS = ((TIME, "train step ms / image"), (INFER, "inference ms / image"), (MEMORY, "step memory MiB / image"))
-STRINGS = ("circulant_string", "cayley_string", "reflection_string", "sparse_cayley_string")
-FAMILIES = (("ape", ("ape",)), ("luo_rpe", ("luo_rpe",)), ("rope and circulant", ("rope", "circulant_string")),
-            ("Cayley and reflection STRING", ("cayley_string", "reflection_string")), ("rotinv", ("rotinv",)))
-ATTENTION_COLOURS = {"softmax": "C0", "favor": "C1", "relu": "C2"}
+LINE_STYLES = ("-", "--", ":", "-.")  # by an encoding's place in its family's panel, then by its option
 CROSSOVER_FILE = Path(__file__).resolve().parents[1] / "pe" / "luo_crossover.json"
 
 
@@ -80,8 +79,8 @@ def counterpart(attention: str, pe: str, rotinv_mode: str) -> str | None:
         return "softmax+luo_rpe"
     if pe == "rotinv":
         return f"softmax+rotinv ({rotinv_mode})"
-    if pe == "rope" or pe in STRINGS:
-        return "softmax+rope"
+    if pe in variants.in_group(variants.STRING):
+        return f"softmax+{variants.STRING_REFERENCE}"
     return f"softmax+{pe}"
 
 
@@ -210,24 +209,25 @@ def luo_path_table(table: pd.DataFrame) -> dict[str, dict]:
 
 
 def plot(table: pd.DataFrame, path: Path) -> Path:
-    """Training step and step memory per image against N, log-log, one column per encoding family,
-    colour by attention, line style by the variant's option (dense / fft, exact / random)."""
+    """Training step and step memory per image against N, log-log, one column per encoding family present
+    (each encoding's declared family: rpevit.analysis.variants), colour by attention (the one colour map),
+    line style by the encoding's place in its family and the variant's option (dense / fft, exact / random)."""
     plt = pyplot()
     devices = sorted(table["device"].unique())
-    fig, axes = plt.subplots(2 * len(devices), len(FAMILIES), figsize=(3.3 * len(FAMILIES), 6.2 * len(devices)),
+    panels = variants.families(table["pe"])
+    colours = variants.colours(variants.ATTENTION, table["attention"])
+    fig, axes = plt.subplots(2 * len(devices), len(panels), figsize=(3.3 * len(panels), 6.2 * len(devices)),
                              squeeze=False)
     for d, device in enumerate(devices):
         rows = table[table["device"] == device]
-        for f, (family, pes) in enumerate(FAMILIES):
+        for f, (family, pes) in enumerate(panels):
             for r, (cost, label) in enumerate((COSTS[0], COSTS[2])):
                 ax = axes[2 * d + r, f]
                 for variant, g in rows[rows["pe"].isin(pes)].groupby("variant"):
+                    attention, pe = str(g["attention"].iloc[0]), str(g["pe"].iloc[0])
                     g = g[~g["out_of_memory"]].sort_values("tokens")
-                    style = "--" if ("(fft)" in variant or "(random)" in variant or "circulant" in variant
-                                     or "reflection" in variant) else "-"
-                    ax.loglog(g["tokens"], g[cost], ls=style, marker="o", ms=3.5,
-                              color=ATTENTION_COLOURS.get(str(g["attention"].iloc[0]) if len(g) else "", "C3"),
-                              label=variant)
+                    ax.loglog(g["tokens"], g[cost], ls=line_style(variant, pes.index(pe)), marker="o", ms=3.5,
+                              color=colours[attention], label=variant)
                 ax.set_title(f"{family}" + (f"\n{device}" if f == 0 and r == 0 else ""), fontsize=10)
                 ax.set_xlabel("tokens N", fontsize=9)
                 if f == 0:
@@ -237,6 +237,12 @@ def plot(table: pd.DataFrame, path: Path) -> Path:
                 if r == 0 and ax.get_lines():
                     ax.legend(fontsize=7, loc="upper left")
     return save_figure(fig, path)
+
+
+def line_style(variant: str, place: int) -> str:
+    """LINE_STYLES by the encoding's place in its family's panel (0: the first), one step further for the
+    second algorithm of an encoding (luo_rpe's fft path, rotinv's random mode)."""
+    return LINE_STYLES[(place + ("(fft)" in variant or "(random)" in variant)) % len(LINE_STYLES)]
 
 
 def describe_crossovers(cross: pd.DataFrame) -> list[str]:

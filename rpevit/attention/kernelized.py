@@ -129,7 +129,7 @@ class KernelizedAttention(RandomFeatureBackend):
         return modulation.linear_attention(phi_q, phi_k, v)
 
 
-@register_attention("favor")
+@register_attention("favor", colour="C1", order=1)
 class FavorAttention(KernelizedAttention):
     """FAVOR+ (Choromanski et al. 2021): positive orthogonal random features of the softmax kernel."""
 
@@ -137,7 +137,7 @@ class FavorAttention(KernelizedAttention):
         return positive_random_features(x, self.projection.to(x.dtype), stabilizer="query" if is_query else "key")
 
 
-@register_attention("relu")
+@register_attention("relu", colour="C2", identity_colour="C3", order=2)
 class ReluAttention(KernelizedAttention):
     """Performer-ReLU: phi(x) = ReLU(W x) + eps with random W, or ReLU(x) + eps (`relu_projection: identity`)."""
 

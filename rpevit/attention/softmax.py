@@ -8,7 +8,7 @@ from rpevit.attention.base import AttentionBackend, Modulation, exact_softmax_at
 from rpevit.registry import register_attention
 
 
-@register_attention("softmax")
+@register_attention("softmax", colour="C0", order=0)
 class SoftmaxAttention(AttentionBackend):
     """softmax(q k^T / sqrt(d)) v, or with weights e_ij c_ij as the score hook's modulation applies itself."""
 

@@ -10,12 +10,12 @@ from rpevit.pe.base import PositionEncoding
 from rpevit.registry import register_pe
 
 
-@register_pe("none")
+@register_pe("none", colour="C7", order=0)
 class NoPosition(PositionEncoding):
     hook = "none"
 
 
-@register_pe("ape")
+@register_pe("ape", colour="C0", order=1)
 class LearnedAbsolute(PositionEncoding):
     """x_i + e_i with a learned e per patch position (ViT's APE, trunc-normal std 0.02 as in timm)."""
 

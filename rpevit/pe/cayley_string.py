@@ -41,7 +41,8 @@ class _StringBase(AxialRoPE):
         return self.orthogonal()
 
 
-@register_pe("cayley_string")
+@register_pe("cayley_string", colour="C4", family="Cayley and reflection STRING", groups=("string",),
+             order=6)
 class CayleyString(_StringBase):
 
     def __init__(self, **context: Any) -> None:
@@ -63,7 +64,8 @@ SPARSE_SOLVE_NOT_FUNCTIONAL = ("the sparse CG solve works on sparse tensors for 
                                "iterations and logs them, so it has no vmap rule and breaks a compiled graph")
 
 
-@register_pe("sparse_cayley_string")
+@register_pe("sparse_cayley_string", colour="C5", family="Cayley and reflection STRING",
+             groups=("string",), order=7)
 class SparseCayleyString(_StringBase):
 
     def __init__(self, *, string_sparsity: float = 0.1, cayley_solver: str = "auto", **context: Any) -> None:

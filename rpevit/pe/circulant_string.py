@@ -79,7 +79,7 @@ def rope_like_coefficients(heads: int, head_dim: int, base: float) -> Tensor:
     return columns.to(torch.get_default_dtype()).expand(heads, 2, head_dim).clone()  # the trial's dtype
 
 
-@register_pe("circulant_string")
+@register_pe("circulant_string", colour="C3", family="rope and circulant", groups=("string",), order=5)
 class CirculantString(PositionEncoding):
     hook = "qk"
 

@@ -51,7 +51,8 @@ def householder_product(x: Tensor, vectors: Tensor) -> Tensor:
     return rearrange(x, "... h k n s -> ... h n (k s)")
 
 
-@register_pe("reflection_string")
+@register_pe("reflection_string", colour="C6", family="Cayley and reflection STRING",
+             groups=("string",), order=8)
 class ReflectionString(AxialRoPE):
 
     def __init__(self, *, reflection_block: int = 0, reflection_count: int = 2, **context: Any) -> None:

@@ -169,7 +169,7 @@ def _fft_chunk(phi_q: Tensor, phi_k: Tensor, v_one: Tensor, weights: Tensor, gri
     return einsum(phi_q, summed, "b h n m, b h n m e -> b h n e")
 
 
-@register_pe("luo_rpe")
+@register_pe("luo_rpe", colour="C1", order=2)
 class LuoRelativeBias(PositionEncoding):
     hook = "score"
 

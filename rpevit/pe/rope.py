@@ -48,7 +48,7 @@ def _check_head_dim(cls: type, cfg: TrialConfig, source: str, multiple: int) -> 
         )
 
 
-@register_pe("rope")
+@register_pe("rope", colour="C2", family="rope and circulant", groups=("string",), order=3)
 class AxialRoPE(PositionEncoding):
     hook = "qk"
 
@@ -79,7 +79,7 @@ def mixed_frequencies(head_dim: int, heads: int, base: float, generator: torch.G
     return torch.stack([magnitudes * torch.cos(angles), magnitudes * torch.sin(angles)], dim=-1)
 
 
-@register_pe("rope_mixed")
+@register_pe("rope_mixed", colour="C8", order=4)
 class MixedRoPE(PositionEncoding):
     hook = "qk"
 

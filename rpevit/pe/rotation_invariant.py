@@ -153,7 +153,7 @@ def _random_combine(a: Tensor, neg_pow: Tensor, z_pow: Tensor, selector: Tensor)
     return rearrange(f, "h n m r -> h n (m r)"), rearrange(z_pow, "h n m r -> h n (m r)")
 
 
-@register_pe("rotinv")
+@register_pe("rotinv", colour="C9", groups=("string_study",), order=9)
 class RotationInvariantRPE(PositionEncoding):
     hook = "score"
 

@@ -1,0 +1,231 @@
+"""What each variant costs, computed (efficiency's tables; the prose is text.py's, the figure figure.py's).
+
+Mean cost per variant over seeds, times from bench rows of the same model where there are any, ratios to
+softmax+ape and softmax+rope, the bench cost tables, whether train trials overlapped, and the Pareto front.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pandas as pd
+
+from rpevit.analysis.common import VARIANT, column, cost_options, judged_accuracy, with_variant
+from rpevit.analysis.stats import mean_interval
+from rpevit.analysis.token_scaling import scaling_rows
+
+from rpevit import registry
+from rpevit.config import TrialConfig
+from rpevit.data import DATASET_SPECS
+from rpevit.sweep.results import is_missing, unix_seconds
+
+TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # measured: bench rows when there are
+JUDGED_ACC = "judged_acc"  # common.judged_accuracy: the draw mean for random-feature models, else test_acc
+JUDGED_LO, JUDGED_HI = "judged_acc_lo", "judged_acc_hi"  # its 95% t interval over seeds (NaN with one seed)
+COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc", "test_acc_draw_mean", JUDGED_ACC)
+# config fields that change what one image costs: a bench row stands for a train variant when all the
+# ones that apply to it agree (shape fields always; an option only if the variant's classes take it)
+SHAPE_FIELDS = ("image_size", "patch_size", "dim", "depth", "heads", "mlp_ratio", "amp")
+BENCH_TIMING = "bench (alone)"
+CONTENDED = "train, contended (trials ran side by side)"
+ONE_AT_A_TIME = "train (one trial at a time)"
+UNKNOWN_TIMES = "train, possibly contended (no start/end times)"
+# (label, attention, pe) of the rows each variant's times are divided by, per dataset
+REFERENCES = (("softmax+ape", "softmax", "ape"), ("rope", "softmax", "rope"))
+RATIO_TIMES = (("train", "train_s_per_epoch"), ("infer", "infer_ms_per_sample"))
+
+
+def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
+    """Boolean mask of the points no other point dominates (cost <= and acc >=, one strictly); a point
+    without a cost or an accuracy (NaN) is never on the front."""
+    keep = np.isfinite(cost) & np.isfinite(acc)
+    for i in range(len(cost)):
+        dominated = (cost <= cost[i]) & (acc >= acc[i]) & ((cost < cost[i]) | (acc > acc[i]))
+        keep[i] = keep[i] and not dominated.any()
+    return keep
+
+
+def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Mean cost per variant (dataset, attention, pe, qk_norm, redraw): qk_norm and redraw schedules are
+    separate variants, so their costs and accuracies are not averaged together. TIME_COLUMNS come from
+    `bench` rows of the variant's model where there are any; `timing` says where they came from."""
+    frame = with_resolved_shape(with_variant(frame))
+    frame["overlapped"] = overlapped(frame)
+    frame[JUDGED_ACC] = judged_accuracy(frame)
+    cols = [c for c in COST_COLUMNS if c in frame.columns]
+    groups = frame.groupby(list(VARIANT))
+    table = groups[cols].mean()
+    table["seeds"] = groups["seed"].nunique()  # a seed trained in two sweeps (MNIST rope) counts once
+    judged = groups[JUDGED_ACC].agg(lambda v: mean_interval(v.to_numpy(float)))  # the plot's whiskers
+    table[JUDGED_LO], table[JUDGED_HI] = judged.map(lambda iv: iv.lo), judged.map(lambda iv: iv.hi)
+    if "n_train" in frame.columns:  # images per epoch: turns a bench step time into seconds per epoch
+        table["n_train"] = groups["n_train"].mean()
+    table["timing"] = groups["overlapped"].agg(lambda o: UNKNOWN_TIMES if o.isna().any() else
+                                               CONTENDED if o.astype(bool).any() else ONE_AT_A_TIME)
+    table = table.reset_index()
+    bench = cost_bench_rows(bench) if bench is not None else None
+    if bench is not None and not bench.empty:
+        measured = bench_costs(bench)
+        shapes = groups[[c for c in model_field_names() if c in frame.columns]].agg(lambda v: tuple(v.unique()))
+        for i, row in table.iterrows():
+            found = matching_bench(measured, row, shapes.loc[tuple(row[list(VARIANT)])])
+            if found is not None:
+                table.loc[i, "train_s_per_epoch"] = found["train_ms_per_image"] * row.get("n_train", np.nan) / 1e3
+                table.loc[i, ["infer_ms_per_sample", "peak_mem_mb"]] = found[["infer_ms_per_sample", "peak_mem_mb"]]
+                table.loc[i, "timing"] = BENCH_TIMING
+    return table
+
+
+def cost_ratios(costs: pd.DataFrame) -> pd.DataFrame:
+    """Per row: train s/epoch and inference ms/sample divided by those of the same dataset's
+    softmax+ape and softmax+rope (qk_norm none), as columns "train x softmax+ape", ...; NaN unless
+    both times come from bench trials (contended times are not comparable between variants)."""
+    out = costs.copy()
+    for label, attention, pe in REFERENCES:
+        for kind, col in RATIO_TIMES:
+            name = f"{kind} x {label}"
+            out[name] = np.nan
+            if col not in out.columns:
+                continue
+            for dataset, g in out.groupby("dataset"):
+                ref = g[(g["attention"] == attention) & (g["pe"] == pe) & (g["qk_norm"] == "none")]
+                if len(ref) != 1 or ref["timing"].iloc[0] != BENCH_TIMING:
+                    continue
+                timed = g["timing"] == BENCH_TIMING
+                out.loc[g.index[timed], name] = g.loc[timed, col] / ref[col].iloc[0]
+    return out
+
+
+BENCH_COST_COLUMNS = ("train_step_ms", "train_ms_per_image", "infer_ms_per_sample", "flops", "params", "peak_mem_mb")
+
+
+def cost_bench_rows(bench: pd.DataFrame) -> pd.DataFrame:
+    """The bench rows of cost sweeps (one model size per sweep: bench_*_cpu.yaml), without those of
+    token-scaling sweeps, whose batches and sizes are chosen for the scaling, not for a study's model."""
+    return bench[~bench.index.isin(scaling_rows(bench).index)] if not bench.empty else bench
+
+
+def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
+    """Per cost-bench sweep (one model size: bench_mnist_cpu.yaml, ...) and variant: median training-step
+    time, its time per image, inference ms per sample, FLOPs, params, peak memory, and the step and
+    inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none)."""
+    cost = cost_bench_rows(bench)
+    if cost.empty:
+        return pd.DataFrame()
+    b = with_variant(cost)
+    b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
+    keys = ["sweep", *VARIANT]
+    values = [c for c in BENCH_COST_COLUMNS if c in b.columns]
+    table = b.groupby(keys, dropna=False)[values].median().reset_index()
+    table["batch"] = b.groupby(keys, dropna=False)["bench_batch"].first().to_numpy()
+    table["N"] = b.groupby(keys, dropna=False)["tokens"].first().to_numpy()
+    for label, attention, pe in REFERENCES:
+        for kind, col in (("train", "train_step_ms"), ("infer", "infer_ms_per_sample")):
+            table[f"{kind} x {label}"] = np.nan
+            for _, g in table.groupby("sweep"):
+                ref = g[(g["attention"] == attention) & (g["pe"] == pe) & (g["qk_norm"] == "none")]
+                if len(ref) == 1:
+                    table.loc[g.index, f"{kind} x {label}"] = g[col] / ref[col].iloc[0]
+    return table
+
+
+
+def with_resolved_shape(frame: pd.DataFrame) -> pd.DataFrame:
+    """image_size / patch_size 0 (the dataset's default) replaced by the default, so that a bench
+    row giving 28 / 7 matches a train row leaving MNIST's defaults."""
+    out = frame.copy()
+    for name in ("image_size", "patch_size"):
+        if name in out.columns:
+            default = out["dataset"].map(lambda d, n=name: getattr(DATASET_SPECS[d], n) if d in DATASET_SPECS else 0)
+            out[name] = out[name].where(out[name].fillna(0) > 0, default)
+    return out
+
+
+def overlapped(frame: pd.DataFrame) -> pd.Series:
+    """Per row: whether another trial of these results ran on its host at the same time (True),
+    not (False), or unknown (NaN: no start/end times)."""
+    out = pd.Series(np.nan, index=frame.index, dtype=object)
+    if "started_at" not in frame.columns or "finished_at" not in frame.columns:
+        return out
+    host = column(frame, "hostname", "").astype(object).fillna("")  # a column of NaNs only is float64
+    for _, g in frame[frame["started_at"].notna() & frame["finished_at"].notna()].groupby(host):
+        start, end = unix_seconds(g["started_at"]).to_numpy(), unix_seconds(g["finished_at"]).to_numpy()
+        out[g.index] = (overlaps(start, end) > 1).tolist()  # each row overlaps itself
+    return out
+
+
+def overlaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per interval i, how many j (itself included) have start_j < end_i and start_i < end_j. Where every
+    interval has start < end, that is #(start_j < end_i) - #(end_j <= start_i) (two binary searches,
+    O(n log n) for 10^5 trials); otherwise pair by pair, in blocks."""
+    if np.all(start < end):
+        starts, ends = np.sort(start), np.sort(end)
+        return np.searchsorted(starts, end, side="left") - np.searchsorted(ends, start, side="right")
+    counts = np.empty(len(start), dtype=np.int64)
+    for lo in range(0, len(start), 1024):
+        s, e = start[lo:lo + 1024, None], end[lo:lo + 1024, None]
+        counts[lo:lo + 1024] = ((s < end[None, :]) & (start[None, :] < e)).sum(axis=1)
+    return counts
+
+
+def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:
+    """Median training ms per image, inference ms per sample and peak memory per bench model."""
+    b = with_resolved_shape(with_variant(bench))
+    b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
+    keys = [*VARIANT, *(c for c in model_field_names() if c in b.columns)]
+    values = [c for c in ("train_ms_per_image", "infer_ms_per_sample", "peak_mem_mb") if c in b.columns]
+    return b.groupby(keys, dropna=False)[values].median().reset_index()
+
+
+def model_field_names() -> tuple[str, ...]:
+    """Config fields that change what one image costs: the shape, and every option a registered backend
+    or encoding takes that is not `cost_free` (common.cost_options), so a bench row stands for a train
+    variant when the ones that apply to it agree."""
+    return (*SHAPE_FIELDS, *cost_options())
+
+
+@functools.lru_cache(maxsize=None)
+def model_fields(attention: str, pe: str) -> tuple[str, ...]:
+    """The model_field_names() that change the cost of (attention, pe): the shape, and the options that the
+    backend's and the encodings' classes declare (rpevit.registry.init_parameters), so that a
+    rotinv option recorded differently in two sweeps does not keep softmax+ape rows apart."""
+    registry.load_all()
+    classes = [registry.ATTENTIONS.get(attention.removesuffix("-identity"))]
+    classes += [registry.POSITION_ENCODINGS.get(name) for name in pe.split(" (")[0].split("+")]
+    declared = {name for cls in classes if cls is not None for name in registry.init_parameters(cls)}
+    return tuple(f for f in model_field_names() if f in SHAPE_FIELDS or f in declared)
+
+
+def matching_bench(measured: pd.DataFrame, variant: pd.Series, shape: pd.Series) -> pd.Series | None:
+    """The bench row of a train variant's model: same VARIANT and the model fields that apply to it
+    (the variant's rows must all have one model: a variant averaged over several sizes has no
+    single bench row)."""
+    relevant = model_fields(variant["attention"], variant["pe"])
+    shape = shape[[name for name in shape.index if name in relevant]]
+    if any(len(values) != 1 for values in shape):
+        return None
+    mask = np.ones(len(measured), dtype=bool)
+    for name in VARIANT:
+        mask &= (measured[name] == variant[name]).to_numpy()
+    for name, values in shape.items():
+        mask &= field_matches(measured, name, values[0])
+    return measured[mask].iloc[0] if mask.any() else None
+
+
+@functools.cache
+def field_defaults() -> dict[str, object]:
+    return {f.name: f.default for f in dataclasses.fields(TrialConfig)}
+
+
+def field_matches(rows: pd.DataFrame, name: str, wanted: object) -> np.ndarray:
+    """Per row: whether its config field `name` equals `wanted`, where a value a row lacks (no such
+    column, or NaN: the row was written before the field existed) is the field's default, which is
+    what such a row ran (a new field's default keeps the old behaviour). Without this, a sweep that
+    records a newer field beside older ones would stop its neighbours' bench rows from matching."""
+    default = field_defaults().get(name)
+    wanted = default if is_missing(wanted) else wanted
+    if name not in rows.columns:
+        return np.full(len(rows), wanted == default)
+    return (rows[name].where(rows[name].notna(), default) == wanted).to_numpy(bool)
+

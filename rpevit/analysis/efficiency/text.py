@@ -1,0 +1,80 @@
+"""The prose and Markdown tables of efficiency (numbers from compute.py; the figure is figure.py's)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from rpevit.analysis.common import VARIANT, column, fmt, markdown_table
+from rpevit.analysis.efficiency.compute import (BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED, COST_COLUMNS,
+                                                ONE_AT_A_TIME, RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES)
+from rpevit.analysis.efficiency.figure import CONTENDED_MARK, PARETO_Y_SPAN
+
+NOTEBOOK_REFERENCE = ("For comparison, the reference notebook this project started from (plain PyTorch on a laptop "
+                      "CPU) "
+                      "measured Cayley-STRING at 5.5x RoPE's time per epoch on MNIST and 18.7x on CIFAR-10, and "
+                      "sparse Cayley-STRING at f = 1 up to 221x.")
+
+
+def timing_note(labels: set[str]) -> str:
+    """What the `timing` values of a table mean, for those it shows."""
+    meaning = {
+        BENCH_TIMING: "bench trials of the same model, each with its node to itself (train s/epoch = "
+                      "training-step time per image x the train rows' images per epoch)",
+        CONTENDED: "the train trials' own times, measured while other trials of these results ran on the same "
+                   "machine: not comparable between variants (run a bench space of the same models for that)",
+        ONE_AT_A_TIME: "the train trials' own times; no other trial of these results overlapped them",
+        UNKNOWN_TIMES: "the train trials' own times; the rows have no start/end times to tell whether trials "
+                       "overlapped",
+    }
+    return f"`timing`: where {', '.join(TIME_COLUMNS)} come from. " + " ".join(
+        f"_{label}_: {meaning[label]}." for label in meaning if label in labels)
+
+
+
+def cost_section(costs: pd.DataFrame) -> list[str]:
+    """Per dataset, the cost of each variant (variant_costs with cost_ratios), and what its columns mean."""
+    ratios = [f"{kind} x {label}" for label, _, _ in REFERENCES for kind, _ in RATIO_TIMES]
+    ratios = [c for c in ratios if costs[c].notna().any()]
+    show = [*VARIANT[1:], *(c for c in ("seeds", *COST_COLUMNS, *ratios, "timing") if c in costs.columns)]
+    parts = []
+    for dataset, g in costs.groupby("dataset"):
+        parts += [f"### {dataset}: cost per variant (means over seeds)", "",
+                  markdown_table(show, g[show].itertuples(index=False)), ""]
+    parts += [timing_note(set(costs["timing"])), ""]
+    if ratios:
+        parts += [f"`train x` / `infer x` columns: this variant's train s/epoch / inference ms per sample divided "
+                  f"by those of the dataset's softmax+ape or softmax+rope (bench times only). {NOTEBOOK_REFERENCE}",
+                  ""]
+    return parts
+
+
+def pareto_caption() -> list[str]:
+    """What the accuracy-vs-cost figure shows, and the figure."""
+    return ["Accuracy (the mean over fresh draws for random-feature models) against cost. Colour: "
+            "attention; marker: encoding; light: qk_norm l2; black rim: random features never redrawn. "
+            "Ringed, numbered and named above each panel: the Pareto front (no variant is both at least "
+            f"as accurate and at most as costly). Variants more than {fmt(PARETO_Y_SPAN)} points below "
+            "the best sit in the strip under each panel (a broken accuracy axis); markers that would "
+            "cover each other are set side by side by a marker width, not moved in cost. Whiskers: the "
+            "95% t interval of the accuracy over seeds. A time axis says where its times come from: bench "
+            f"trials, each alone, or the sweep's own trials ({CONTENDED_MARK} beside a point whose time is "
+            "the sweep's own among bench times).", "",
+            "![accuracy vs cost](efficiency_pareto.png)", ""]
+
+
+def bench_section(alone: pd.DataFrame, bench: pd.DataFrame) -> list[str]:
+    """Per cost-bench sweep and dataset, the bench_cost_table rows, and what they are."""
+    parts = []
+    for (sweep, dataset), g in alone.groupby(["sweep", "dataset"]):
+        show = ["attention", "pe", "qk_norm", "redraw", "N", "batch", *BENCH_COST_COLUMNS,
+                *(c for c in g.columns if " x " in c and g[c].notna().any())]
+        parts += [f"### {dataset}: cost per variant, bench trials alone ({sweep})", "",
+                  markdown_table(show, g[show].itertuples(index=False)), ""]
+    parts += ["Medians of interleaved timed runs of each variant, each bench trial with the machine to itself, "
+              "at the study's model and batch, with the threads its trials train with (`torch_threads` in the "
+              "rows). `x softmax+ape` / `x rope`: training-step and inference time divided by those of the "
+              f"same sweep's softmax+ape and softmax+rope. {NOTEBOOK_REFERENCE}", ""]
+    if (column(bench, "peak_mem_kind", "") == "process_max_rss").any():
+        parts += ["`peak_mem_mb` on CPU is the worker process's maximum resident memory (`peak_mem_kind` "
+                  "process_max_rss), reset before each run but floored by what the process already holds: "
+                  "differences below that floor do not show.", ""]
+    return parts

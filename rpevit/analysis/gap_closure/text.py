@@ -1,0 +1,203 @@
+"""Gap closure in words and Markdown tables: the verdict per dataset, generated from the numbers of
+compute.py, and the accuracy, fidelity and gap tables."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from rpevit.analysis.common import VARIANT, column, fmt, markdown_table, with_variant
+from rpevit.analysis.gap_closure.compute import (ACCURACY_COLUMNS, DRAW_MEAN, EFFECT_ORDER, FIDELITY, GAP_OUTCOME,
+                                                 PER_LAYER, SOURCES, TRAIN_DRAW, Assessment, Closure, Config, Gap,
+                                                 effect_phrase, float_list)
+from rpevit.analysis.stats import Judged, mean_interval
+
+SOURCE_NOTE = ("Draw mean: mean accuracy over fresh draws (softmax and relu-identity: their exact test_acc); "
+               "random-feature backends are judged on it. Training draw: accuracy with the random features the "
+               "model finished training with. Gaps and gains in accuracy points; every interval is 95% (t-based: "
+               "Welch for differences, Fieller for G) with the seed counts n of its groups (G: b+pe, b+ape, "
+               "softmax+ape). The Holm columns judge each comparison at its Holm level within the family of its "
+               "configuration and accuracy (k comparisons): an effect is claimed only where that interval "
+               "excludes 0.")
+
+
+def closure_item(pe: str, closure: Closure, gap: Gap) -> str:
+    """'rope (G -2 [-3.2, -1] (n=3,3,3; 99.5%))', or the gain where G is not defined."""
+    if gap.state == "resolved" and closure.G_holm is not None:
+        return f"{pe} (G {closure.G_holm.interval.text()})"
+    return f"{pe} (gain in points {closure.gain_holm.text(scale=100)})"
+
+
+def same_encoding_text(assessment: Assessment, backend: str) -> str:
+    """'same-encoding gap softmax+pe − favor+pe (points): rope 1.4 [..] (n=3,3; 99.5%): softmax+rope ahead; ...'."""
+    items = []
+    for pe, c in assessment.closures.items():
+        if c.same_holm is None:
+            continue
+        ref = c.same_ref.split(" ")[0]
+        word = c.same_holm.word(f"{ref} ahead", f"{backend}+{pe} ahead")
+        items.append(f"{pe} {c.same_holm.interval.text(scale=100)}: {word}")
+    return f"same-encoding gap softmax+pe − {backend}+pe (points): " + "; ".join(items) if items else ""
+
+
+SUB = "\n    - "  # a sub-bullet under an accuracy's bullet of the verdict
+
+
+def effect_list(assessment: Assessment, backend: str) -> str:
+    """The gap and each encoding's effect at its Holm level, or why they are not measured."""
+    gap = assessment.gap
+    if gap.state == "missing":
+        return f"not measured ({gap.why})."
+    head = {"resolved": f"{gap.text(backend)}: a gap",
+            "ahead": f"no gap to close: {backend}+ape is ahead of softmax+ape, {gap.text(backend)}",
+            "not resolved": f"{gap.text(backend)}: {gap.why.split(':')[0]}, so G is not defined",
+            "one seed": f"{gap.text(backend)}: one seed, no interval"}[gap.state]
+    head = (f"Holm over k = {assessment.k}: {head}" if assessment.k else
+            f"no comparison has an interval (one seed), so nothing is Holm-corrected: {head}")
+    groups: dict[str, list[str]] = {}
+    for pe, c in sorted(assessment.closures.items(), key=lambda kv: EFFECT_ORDER.index(
+            next(e for e in EFFECT_ORDER if kv[1].effect.startswith(e)))):
+        groups.setdefault(effect_phrase(c.effect, backend), []).append(closure_item(pe, c, gap))
+    said = [f"{phrase}: {', '.join(items)}" for phrase, items in groups.items()]
+    same = same_encoding_text(assessment, backend)
+    body = "; ".join(said) if said else "no encoding other than ape measured"
+    return f"{head}.{SUB}encodings: {body}." + (f"{SUB}{same}." if same else "")
+
+
+def outcome(assessment: Assessment, backend: str, pe: str | None = None) -> str:
+    """Short label of the gap (pe None) or of one encoding's effect, for spotting disagreements."""
+    if pe is None:
+        return GAP_OUTCOME[assessment.gap.state].format(backend=backend)
+    return assessment.closures[pe].effect
+
+
+def disagreement(first: Assessment, second: Assessment, backend: str) -> str:
+    """Where the draw-mean (first) and training-draw (second) verdicts differ, in words."""
+    if first.gap.state == "missing" or second.gap.state == "missing":
+        return "draw mean not measured: nothing to compare"
+    gap_first, gap_second = outcome(first, backend), outcome(second, backend)
+    if gap_first != gap_second:
+        return f"the two disagree on the gap: {gap_first} on the draw mean, {gap_second} on the training draw"
+    differ = [f"{pe} ({outcome(first, backend, pe)} vs {outcome(second, backend, pe)})" for pe in first.closures
+              if outcome(first, backend, pe) != outcome(second, backend, pe)]
+    if differ:
+        return "the two disagree (draw mean vs training draw) on: " + ", ".join(differ)
+    return "draw mean and training draw agree"
+
+
+def count_text(values: list, unit: str) -> str:
+    """'3 seeds', '1 seed', '2–3 seeds' (unit given in the plural); for the verdict header."""
+    if not values:
+        return f"{unit} not recorded"
+    lo, hi = min(values), max(values)
+    if lo == hi:
+        return f"{fmt(lo)} {unit[:-1] if lo == 1 else unit}"
+    return f"{fmt(lo)}–{fmt(hi)} {unit}"
+
+
+def verdict(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame, assessed: dict[str, dict[Config, Assessment]]
+            ) -> str:
+    """Plain-language verdict for one dataset, every sentence generated from the numbers."""
+    ds_seeds = seeds[seeds["dataset"] == dataset]
+    n_seeds = ds_seeds.dropna(subset=[TRAIN_DRAW]).groupby(list(VARIANT)).size().tolist()
+    epochs = pd.to_numeric(column(frame[frame["dataset"] == dataset], "epochs"), errors="coerce").dropna()
+    lines = [f"### {dataset}: verdict ({count_text(n_seeds, 'seeds')} per variant, "
+             f"{count_text(sorted(set(epochs.astype(int))), 'epochs')})", "",
+             "Each accuracy's bullet is one Holm family of k comparisons (the gap, and per encoding G and the "
+             "same-encoding gap); its intervals are at each comparison's Holm level (shown beside n, the seed "
+             "counts of the groups), and an effect is claimed only where that interval excludes 0.", ""]
+    configs = [c for c in assessed[TRAIN_DRAW] if c[0] == dataset]
+    if not configs:
+        return "\n".join(lines + ["No Performer variant in these rows: nothing to compare with softmax.", ""])
+    for config in configs:
+        _, backend, qk_norm, redraw = config
+        draw, train = assessed[DRAW_MEAN][config], assessed[TRAIN_DRAW][config]
+        lines += [f"- **{backend}, qk_norm {qk_norm}, redraw {redraw}** (baseline {train.gap.baseline})",
+                  f"  - {SOURCES[DRAW_MEAN]}, {effect_list(draw, backend)}",
+                  f"  - {SOURCES[TRAIN_DRAW]}, {effect_list(train, backend)}",
+                  f"  - {disagreement(draw, train, backend)}."]
+    return "\n".join(lines + [""])
+
+
+# ---------------------------------------------------------------- tables
+def accuracy_table(seeds: pd.DataFrame) -> str:
+    """Per variant: every accuracy, mean [95% t interval] (n seeds), in %."""
+    rows = [[*key[1:], int(g[TRAIN_DRAW].notna().sum()),
+             *(mean_interval(g[c].to_numpy(float)).text(scale=100, digits=4) for c in ACCURACY_COLUMNS)]
+            for key, g in seeds.groupby(list(VARIANT))]
+    return markdown_table([*VARIANT[1:], "seeds", *(f"{label} %" for label in ACCURACY_COLUMNS.values())], rows)
+
+
+def per_layer_text(values: pd.Series) -> str:
+    """Per-layer TV averaged over the variant's rows, e.g. '0.12, 0.3'; — when no row has it."""
+    arrays = [a for a in map(float_list, values) if a is not None]
+    if not arrays:
+        return "—"
+    if len({len(a) for a in arrays}) > 1:
+        return "layer counts differ"
+    return ", ".join(fmt(x, 2) for x in np.nanmean(np.vstack(arrays), axis=0))
+
+
+def fidelity_table(frame: pd.DataFrame, seeds: pd.DataFrame) -> str:
+    """Per variant: mean TV distance of the attention rows to exact softmax rows (0 = softmax itself)."""
+    if not seeds[FIDELITY].notna().any():
+        return f"_no {FIDELITY} in these rows (written before attention fidelity was measured)_"
+    layers = with_variant(frame).assign(**{PER_LAYER: column(frame, PER_LAYER)}).groupby(list(VARIANT))[PER_LAYER]
+    rows = [[*key[1:], int(g[FIDELITY].notna().sum()), mean_interval(g[FIDELITY].to_numpy(float)).text(),
+             per_layer_text(layers.get_group(key)) if key in layers.groups else "—"]
+            for key, g in seeds.groupby(list(VARIANT))]
+    return markdown_table([*VARIANT[1:], "seeds", "TV to softmax [95%] (n)", "TV per layer (mean)"], rows)
+
+
+def G_cell(closure: Closure, gap: Gap) -> str:
+    """G [95%] (n), or why it is not defined."""
+    if math.isfinite(closure.G.point):
+        return closure.G.text()
+    if gap.state == "missing" or closure.G_holm is None:
+        return "—"
+    return f"— ({GAP_OUTCOME[gap.state].format(backend='b')})"
+
+
+def holm_cell(judged: Judged | None, word: str) -> str:
+    return "—" if judged is None else f"{word} (k={judged.k})"
+
+
+def gap_table(assessed: dict[Config, Assessment]) -> str:
+    """One row per (configuration, pe) on one accuracy: gap, G, gain, same-encoding gap, Holm verdicts."""
+    rows = []
+    for config, a in assessed.items():
+        for pe, c in a.closures.items():
+            same_word = c.same_holm.word("softmax ahead", "b ahead") if c.same_holm else ""
+            G_word = effect_phrase(c.effect, "b").split(" (")[0]
+            if c.effect.startswith("not resolved") and a.gap.state != "resolved":
+                G_word += "; G undefined: " + GAP_OUTCOME[a.gap.state].format(backend="b")
+            rows.append([*config, pe, a.gap.baseline, a.gap.nominal.text(scale=100), G_cell(c, a.gap),
+                         c.gain.text(scale=100), c.same_ref, c.same.text(scale=100),
+                         holm_cell(c.G_holm, G_word), holm_cell(c.same_holm, same_word)])
+    return markdown_table(["dataset", "backend b", "qk_norm", "redraw", "pe", "baseline",
+                           "gap softmax+ape − b+ape [95%] (n)", "G [95%] (n)", "gain b+pe − b+ape [95%] (n)",
+                           "same-encoding reference", "same-encoding gap softmax+pe − b+pe [95%] (n)",
+                           "Holm: G (gain)", "Holm: same-encoding gap"], rows)
+
+
+
+
+def dataset_section(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame,
+                    assessed: dict[str, dict[Config, Assessment]]) -> list[str]:
+    """One dataset's verdict, accuracy table and attention-fidelity table."""
+    ds = seeds[seeds["dataset"] == dataset]
+    return [verdict(dataset, frame, seeds, assessed),
+            f"### {dataset}: accuracy per variant (%), mean [95% t interval] (n seeds)", "",
+            accuracy_table(ds), "",
+            f"### {dataset}: attention fidelity, mean total-variation distance to exact softmax rows", "",
+            fidelity_table(frame[frame["dataset"] == dataset], ds), ""]
+
+
+def closure_section(assessed: dict[str, dict[Config, Assessment]]) -> list[str]:
+    """The gap-closure tables on each accuracy, what they hold, and the figure."""
+    parts = ["### Gap closure G = (acc[b+pe] - acc[b+ape]) / (acc[softmax+ape] - acc[b+ape]), "
+             "beside the same-encoding gap acc[softmax+pe] - acc[b+pe]", "", SOURCE_NOTE, ""]
+    for metric, label in SOURCES.items():
+        parts += [f"#### On the {label}", "", gap_table(assessed[metric]), ""]
+    return parts + ["![gap closure](gap_closure.png)", ""]
