@@ -274,6 +274,7 @@ class TrialConfig:
             for value in names:
                 if value not in getattr(registry, table):
                     raise bad(name, value, registered_names(name))
+        self._check_layer_arguments(bad)
         hooks = [registry.POSITION_ENCODINGS[n].hook for n in self.pe_names]
         if hooks.count("score") > 1:
             raise bad("pe", self.pe, "at most one score-hook encoding in a combination")
@@ -290,6 +291,19 @@ class TrialConfig:
         for name in self.pe_names:
             registry.POSITION_ENCODINGS[name].check_config(self, source)
         registry.ATTENTIONS[self.attention].check_config(self, source)
+
+    def _check_layer_arguments(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
+        """Every keyword a chosen layer's `__init__` takes is layer context or a field of its config section,
+        so a variant whose option has no TrialConfig field fails here (at `--dry-run`), not in every trial."""
+        chosen = [("attention", self.attention, registry.ATTENTIONS[self.attention])]
+        chosen += [("pe", name, registry.POSITION_ENCODINGS[name]) for name in self.pe_names]
+        for section, name, cls in chosen:
+            undeclared = registry.undeclared_arguments(cls, section_fields()[section])
+            if undeclared:
+                raise bad(section, name, f"a registered {section} whose __init__ takes only layer context "
+                          f"({', '.join(registry.CONTEXT)}) and fields of the config section {section!r}: "
+                          f"{cls.__qualname__}.__init__ also takes {', '.join(map(repr, undeclared))}; declare "
+                          f"{'it' if len(undeclared) == 1 else 'them'} as TrialConfig field(s) in section {section!r}")
 
     @property
     def spec(self) -> "DatasetSpec":

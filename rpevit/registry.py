@@ -17,7 +17,7 @@ import importlib
 import inspect
 import pkgutil
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
 T = TypeVar("T")
 
@@ -116,6 +116,14 @@ def init_parameters(cls: type) -> tuple[str, ...]:
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
     return tuple(dict.fromkeys(names))
+
+
+def undeclared_arguments(cls: type, options: Iterable[str]) -> list[str]:
+    """The keywords `cls(...)` takes that are neither layer context (CONTEXT) nor one of `options` (the
+    fields of its config section): what the factory could not pass. Config validation refuses such a
+    class at `--dry-run`, and the factory raises on it, from this one rule."""
+    known = set(CONTEXT) | set(options)
+    return [name for name in init_parameters(cls) if name not in known]
 
 
 def _register(table: dict, kind: str, name: str) -> Callable[[T], T]:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rpevit import registry
-from rpevit.config import TrialConfig
+from rpevit.config import ConfigError, TrialConfig
 from rpevit.evaluation import attention_fidelity
 from rpevit.models import build_model
 
@@ -287,3 +287,51 @@ def test_the_report_groups_a_new_encodings_options_and_judges_a_new_random_featu
         text = gap_closure.build(out)
         assert "throwaway_based (rope_base=50)" in text and "throwaway_based (rope_base=200)" in text
         assert "| throwaway_trig | ape | none | every 100 until 0.8 | 2 |" in text
+
+
+UNDECLARED_OPTION = textwrap.dedent('''
+    """A throwaway encoding and backend whose __init__ take an option no TrialConfig field declares."""
+    from torch import Tensor
+
+    from rpevit.attention.softmax import SoftmaxAttention
+    from rpevit.pe.base import PositionEncoding
+    from rpevit.registry import register_attention, register_pe
+
+
+    @register_pe("throwaway_scaled")
+    class Scaled(PositionEncoding):
+        hook = "token"
+
+        def __init__(self, *, throwaway_alpha: float = 0.5, **context) -> None:
+            super().__init__(**context)
+            self.alpha = throwaway_alpha
+
+        def add_to_tokens(self, x: Tensor) -> Tensor:
+            return x * self.alpha
+
+
+    @register_attention("throwaway_tempered")
+    class Tempered(SoftmaxAttention):
+        def __init__(self, *, throwaway_temperature: float = 2.0, **context) -> None:
+            super().__init__(**context)
+''')
+
+
+def test_an_option_without_a_config_field_is_refused_at_the_dry_run(tmp_path, capsys):
+    """Such a variant used to pass validation and `--dry-run`, and then fail every trial in the factory: now the
+    config refuses it in one line naming the field, the value and the option to declare."""
+    from tests.test_dry_run import run_dry
+
+    tables = (registry.POSITION_ENCODINGS, registry.ATTENTIONS)
+    with imported_file(tmp_path, "throwaway_options", UNDECLARED_OPTION, tables):
+        with pytest.raises(ConfigError, match=r"field 'pe' has value 'throwaway_scaled'; allowed: .*"
+                                              r"also takes 'throwaway_alpha'; declare it as TrialConfig field"):
+            TrialConfig(pe="ape+throwaway_scaled").validate()
+        with pytest.raises(ConfigError, match=r"field 'attention' has value 'throwaway_tempered'.*"
+                                              r"'throwaway_temperature'"):
+            TrialConfig(attention="throwaway_tempered").validate()
+        space = tmp_path / "space.yaml"
+        space.write_text("name: options\ntask: train\nfixed: {dataset: digits, epochs: 1}\n"
+                         "grid:\n  - pe: [ape, throwaway_scaled]\nseeds: [0]\n")
+        code, out, err = run_dry(capsys, "--space", str(space), "--results-dir", str(tmp_path / "out"))
+        assert code == 2 and "throwaway_alpha" in err and len(err.strip().splitlines()) == 1, (code, out, err)

@@ -20,7 +20,7 @@ from torch import nn
 from rpevit import registry
 from rpevit.attention.base import AttentionBackend
 from rpevit.config import TrialConfig
-from rpevit.registry import CONTEXT, init_parameters
+from rpevit.registry import CONTEXT, init_parameters, undeclared_arguments
 
 if TYPE_CHECKING:
     from rpevit.models.vit import ViT
@@ -35,19 +35,14 @@ def layer_context(cfg: TrialConfig, layer: int) -> dict[str, Any]:
 def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> dict[str, Any]:
     """The keyword arguments for `cls`: the context it declares, and its options from cfg's `section`."""
     context, options = layer_context(cfg, layer), cfg.section(section)
-    arguments = {}
-    for name in init_parameters(cls):
-        if name in context:
-            arguments[name] = context[name]
-        elif name in options:
-            arguments[name] = options[name]
-        else:
-            raise TypeError(
-                f"{cls.__qualname__}.__init__ takes {name!r}, which is neither layer context ({', '.join(CONTEXT)}) "
-                f"nor a field of the config section {section!r} ({', '.join(options)}): name an option like "
-                f"its TrialConfig field"
-            )
-    return arguments
+    undeclared = undeclared_arguments(cls, options)
+    if undeclared:
+        raise TypeError(
+            f"{cls.__qualname__}.__init__ takes {undeclared[0]!r}, which is neither layer context "
+            f"({', '.join(CONTEXT)}) nor a field of the config section {section!r} ({', '.join(options)}): name an "
+            f"option like its TrialConfig field"
+        )
+    return {name: context[name] if name in context else options[name] for name in init_parameters(cls)}
 
 
 def build_attention(cfg: TrialConfig, layer: int, *, name: str | None = None) -> AttentionBackend:
