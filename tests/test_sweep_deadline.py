@@ -245,7 +245,9 @@ def test_the_plan_is_made_again_when_the_trials_started_have_finished(tmp_path, 
     (tmp_path / "again").mkdir()
     old = [row({**TINY, "pe": pe, "seed": 100}, 100.0, key=f"{i:016x}") for i, pe in enumerate(("ape", "rope"))]
     write_table_atomic(to_table(old, trials_schema("train")), tmp_path / "again" / TRIALS_FILE)
-    deadline = time.time() + dl.STARTUP_S + (dl.PER_TRIAL_S + 100.0) + 60  # the first plan: one of four
+    # the first plan: one of four (a second needs 5 s more); the rest of the time is left for round 2, so that
+    # a loaded machine (a slow first trial) still leaves room for one more
+    deadline = time.time() + dl.STARTUP_S + 2 * (dl.PER_TRIAL_S + 100.0) - 5
     outcome = execute_sweep(space, SweepOptions(results_dir=tmp_path, dashboard=False, resume=True, max_concurrent=1,
                                                 deadline=deadline, progress_every_s=1e9))
     out = capsys.readouterr().out
