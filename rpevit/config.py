@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import threading
 import typing
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
@@ -532,6 +533,7 @@ def _check_values(cfg: "TrialConfig", bad: Any) -> None:
 
 # ---- TrialConfig: the core fields and the registered variants' options, built once on first use ----
 _BUILDING: list[bool] = []
+_BUILD_LOCK = threading.RLock()  # one build per process even if two threads first use TrialConfig together
 
 
 def trial_config_class() -> type:
@@ -544,17 +546,21 @@ def trial_config_class() -> type:
     built = globals().get("TrialConfig")
     if built is not None:
         return built
-    if _BUILDING:
-        raise ImportError("rpevit.config.TrialConfig was used while it is built from the registered backends and "
-                          "encodings: a module of rpevit.attention or rpevit.pe must not use TrialConfig at import "
-                          "time (import it under `if TYPE_CHECKING:` for type hints)")
-    _BUILDING.append(True)
-    try:
-        cls = _build_trial_config()
-    finally:
-        _BUILDING.clear()
-    globals()["TrialConfig"] = cls
-    return cls
+    with _BUILD_LOCK:  # re-entrant: the building thread gets back in (and is refused below), another waits
+        built = globals().get("TrialConfig")
+        if built is not None:
+            return built
+        if _BUILDING:
+            raise ImportError("rpevit.config.TrialConfig was used while it is built from the registered backends "
+                              "and encodings: a module of rpevit.attention or rpevit.pe must not use TrialConfig at "
+                              "import time (import it under `if TYPE_CHECKING:` for type hints)")
+        _BUILDING.append(True)
+        try:
+            cls = _build_trial_config()
+        finally:
+            _BUILDING.clear()
+        globals()["TrialConfig"] = cls
+        return cls
 
 
 _HINTS = {"int": int, "float": float, "str": str}

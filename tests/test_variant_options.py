@@ -235,3 +235,16 @@ def test_the_package_variants_declare_every_option_field_and_the_core_keeps_the_
         assert set(section_fields()[section]) == core | options and not core & options
     assert core_section_fields()["attention"] == ("attention", "redraw_interval", "redraw_until", "qk_norm")
     assert core_section_fields()["pe"] == ("pe",)
+
+
+def test_a_layer_module_using_trial_config_while_it_is_built_gets_one_clear_error(monkeypatch):
+    """The build imports the backends and encodings; one that used TrialConfig at its import time would re-enter
+    the build: refused with what to do, not a recursion."""
+    from rpevit import config
+
+    trial_config_class()
+    monkeypatch.delitem(vars(config), "TrialConfig")  # as during the build: not yet bound
+    monkeypatch.setattr(config, "_BUILDING", [True])
+    with pytest.raises(ImportError, match=r"^rpevit.config.TrialConfig was used while it is built .* must not use "
+                                          r"TrialConfig at import time \(import it under `if TYPE_CHECKING:`"):
+        from rpevit.config import TrialConfig  # noqa: F401
