@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import math
 import numbers
+import threading
 import typing
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
@@ -86,14 +87,10 @@ class RecipeDefault(Generic[V]):
         return getattr(cfg.spec, self.field) if self.recipe_when(value) else value
 
 
-@dataclass
-class TrialConfig:
-    """Every knob of one trial, flat (one CLI flag, sweep key and Parquet column per field).
-
-    Each field's metadata names its section (`section()` returns one as a dict), its help text
-    and its allowed values; validate() checks those generically and the cross-field rules
-    explicitly.
-    """
+class _CoreFields:
+    """The fields of TrialConfig that are no variant's option: what the tasks, the training loop, the
+    model wrapper and the data read. Not a dataclass: `_build_trial_config` reads these annotations and
+    `_field`s in order and inserts the registered backends' and encodings' options after OPTIONS_AFTER."""
 
     # what to run
     task: str = _field("train", "task", "what to run: train a model, benchmark it, or measure kernel estimator MSE")
@@ -118,8 +115,9 @@ class TrialConfig:
                        "biases) or torch_default (nn.Linear's own: uniform, scaled by 1/sqrt(fan_in))",
                        choices=("trunc_normal", "torch_default"))
 
-    # attention options
-    num_features: int = _field(64, "attention", "m, random features of FAVOR+ / ReLU", gt=0)
+    # attention: what the training loop and the model wrapper read too (redraw_* also reach the kernelized
+    # backends' __init__, as core fields of their section); each backend's own options follow here
+    # (OPTIONS_AFTER), declared beside it (registry.Option)
     # 1 (until redraw_until): what MNIST validation chose (results/redraw_val_mnist: every step and every
     # 10 steps beat the earlier 100 in every favor cell, every step had the highest mean); with one draw (0)
     # a model learns its own kernel and collapses on fresh draws (MNIST favor+ape: 98.7 % on its draw,
@@ -133,40 +131,6 @@ class TrialConfig:
                                  ge=0, le=1, cost_free=True)
     qk_norm: str = _field("none", "attention", "l2: unit q and k with a learned per-head temperature "
                           "(Luo et al. 2021, section 3.3)", choices=("none", "l2"))
-    feature_type: str = _field("orthogonal", "attention", "random projection rows: orthogonal blocks or iid "
-                               "Gaussian", choices=("orthogonal", "iid"))
-    relu_projection: str = _field("random", "attention", "Performer-ReLU features: ReLU(W x) with random W, or "
-                                  "ReLU(x)", choices=("random", "identity"))
-    kernel_eps: float = _field(1e-3, "attention", "eps added to Performer-ReLU features", gt=0, cost_free=True)
-
-    # position encoding options
-    rope_base: float = _field(100.0, "pe", "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0,
-                              cost_free=True)
-    rope_mixed_base: float = _field(10.0, "pe", "RoPE-Mixed initial frequency magnitudes base^(-4k/d) (10: Heo et "
-                                    "al.'s reference code; rpevit/pe/rope.py)", gt=0, cost_free=True)
-    luo_path: str = _field("auto", "pe", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense "
-                           "matrix (auto: by token count)", choices=("auto", "fft", "dense"))
-    # 1000: what digits validation chose for favor and relu (results/luo_scale_val_digits; 3000 diverged),
-    # softmax flat from 30 to 3000; the earlier 10 was chosen on test
-    luo_scale: float = _field(1000.0, "pe", "the Luo bias table is luo_scale x a raw parameter "
-                              "(rpevit/pe/relative_bias.py)", gt=0, cost_free=True)
-    string_sparsity: float = _field(0.1, "pe", "f, fraction of learned above-diagonal entries of S "
-                                    "(sparse_cayley_string)", gt=0, le=1)
-    cayley_solver: str = _field("auto", "pe", "sparse_cayley_string solve: dense LU or sparse CG (auto: the "
-                                "measured faster)", choices=("auto", "dense", "sparse"))
-    reflection_block: int = _field(0, "pe", "coordinates per Householder block (reflection_string)",
-                                   ge=0, note="0 = the whole head")
-    reflection_count: int = _field(2, "pe", "Householder reflections per block (reflection_string)", gt=0)
-    rotinv_mode: str = _field("exact", "pe", "rotinv: exact low-rank expansion or random Gaussian projections",
-                              choices=("exact", "random"))
-    rotinv_degree: int = _field(2, "pe", "rotinv: degree of p in |c_i - c_j|^2", ge=0,
-                                le=16)  # exact mode: C(degree + 4, 4) factors per token, 4845 at 16
-    rotinv_basis: str = _field("auto", "pe", "rotinv: form of p (auto: bernstein in exact mode, monomial in "
-                               "random mode)", choices=("auto", "monomial", "bernstein"))
-    rotinv_draws: int = _field(16, "pe", "rotinv: Gaussian projections of the random mode", gt=0)
-    rotinv_path: str = _field("lowrank", "pe", "rotinv on kernelized backends: the modulation folded into the "
-                              "features (linear in N) or the dense N x N matrix (fewer operations below "
-                              "a few hundred tokens: docs/mechanisms.md)", choices=("lowrank", "dense"))
 
     # optimisation
     epochs: int = _field(10, "optim", "training epochs", ge=1, le=MAX_EPOCHS)
@@ -227,6 +191,21 @@ class TrialConfig:
     kmse_angle: float = _field(0.5, "kernel_mse", "angle between x and y in radians", ge=0)
     kmse_draws: int = _field(2000, "kernel_mse", "Monte Carlo repetitions", gt=0)
 
+
+
+OPTIONS_AFTER = "qk_norm"  # the options of the attention layers, then of the pe layers, follow this core field
+
+
+class _TrialConfigMethods:
+    """Every knob of one trial, flat (one CLI flag, sweep key and Parquet column per field).
+
+    Each field's metadata names its section (`section()` returns one as a dict), its help text
+    and its allowed values; validate() checks those generically and the cross-field rules
+    explicitly. The fields are the core ones (`_CoreFields`) and the options the registered backends
+    and encodings declare (registry.Option): TrialConfig is built from both on first use
+    (`trial_config_class`), a dataclass with these methods.
+    """
+
     # ---- construction and validation ----
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> "TrialConfig":
@@ -245,7 +224,7 @@ class TrialConfig:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> "TrialConfig":
-        return TrialConfig.from_dict({**self.to_dict(), **changes})
+        return type(self).from_dict({**self.to_dict(), **changes})
 
     def resolved(self) -> "TrialConfig":
         """This config with every "use the recipe" placeholder replaced by what runs (resolve_values):
@@ -293,17 +272,23 @@ class TrialConfig:
         registry.ATTENTIONS[self.attention].check_config(self, source)
 
     def _check_layer_arguments(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
-        """Every keyword a chosen layer's `__init__` takes is layer context or a field of its config section,
-        so a variant whose option has no TrialConfig field fails here (at `--dry-run`), not in every trial."""
+        """Every keyword a chosen layer's `__init__` takes is layer context, a core field of its config section
+        or an option the variant declares (registry.undeclared_arguments), so a variant with an undeclared
+        option fails here (at `--dry-run`), not in every trial."""
         chosen = [("attention", self.attention, registry.ATTENTIONS[self.attention])]
         chosen += [("pe", name, registry.POSITION_ENCODINGS[name]) for name in self.pe_names]
         for section, name, cls in chosen:
-            undeclared = registry.undeclared_arguments(cls, section_fields()[section])
+            undeclared = registry.undeclared_arguments(cls, core_section_fields()[section])
             if undeclared:
+                owners = [f"{option!r}: the Option of {registry.declared_by(option)}" for option in undeclared
+                          if registry.declared_by(option)]
                 raise bad(section, name, f"a registered {section} whose __init__ takes only layer context "
-                          f"({', '.join(registry.CONTEXT)}) and fields of the config section {section!r}: "
-                          f"{cls.__qualname__}.__init__ also takes {', '.join(map(repr, undeclared))}; declare "
-                          f"{'it' if len(undeclared) == 1 else 'them'} as TrialConfig field(s) in section {section!r}")
+                          f"({', '.join(registry.CONTEXT)}), core fields of the config section {section!r} and the "
+                          f"options it declares: {cls.__qualname__}.__init__ also takes "
+                          f"{', '.join(map(repr, undeclared))}; declare {'it' if len(undeclared) == 1 else 'them'} "
+                          f"as an Option of the variant (register_{section}(..., options=(Option(...), ...)), "
+                          f"rpevit.registry.Option)" + (f", naming the one declaration where another variant "
+                                                        f"has it ({'; '.join(owners)})" if owners else ""))
 
     @property
     def spec(self) -> "DatasetSpec":
@@ -355,7 +340,8 @@ def resolve_values(values: dict[str, Any]) -> dict[str, Any]:
     from rpevit.data import DATASET_SPECS
 
     load_registry()
-    out = {**_DEFAULT_VALUES, **{k: v for k, v in values.items() if k in _DEFAULT_VALUES}}
+    defaults = _default_values()
+    out = {**defaults, **{k: v for k, v in values.items() if k in defaults}}
     spec = DATASET_SPECS.get(out["dataset"])
     if spec is not None:
         for name in RECIPE_FIELDS:
@@ -363,7 +349,7 @@ def resolve_values(values: dict[str, Any]) -> dict[str, Any]:
             placeholder = value == "auto" if name == "augment" else (value < 0 if name == "warmup_epochs" else value == 0)
             if placeholder:
                 out[name] = getattr(spec, name)
-    out.update({option: _DEFAULT_VALUES[option] for option in unused_encoding_options(out["pe"])})
+    out.update({option: defaults[option] for option in unused_encoding_options(out["pe"])})
     for name in (part.strip() for part in str(out["pe"]).split("+")):
         encoding = registry.POSITION_ENCODINGS.get(name)
         if encoding is not None:
@@ -385,13 +371,15 @@ _ENCODING_OPTIONS: dict[tuple[str, ...], dict[str, tuple[str, ...]]] = {}
 
 
 def encoding_options() -> dict[str, tuple[str, ...]]:
-    """pe name -> the config fields its class takes (registry.init_parameters), cached per set of
-    registered encodings (a throwaway one registered later gets its own entry)."""
+    """pe name -> the config fields its class takes (registry.init_parameters) that are fields (its
+    declared options, once validated), cached per set of registered encodings (a throwaway one
+    registered later gets its own entry)."""
     load_registry()
     key = tuple(registry.POSITION_ENCODINGS)
     if key not in _ENCODING_OPTIONS:
+        defaults = _default_values()
         _ENCODING_OPTIONS[key] = {
-            name: tuple(p for p in registry.init_parameters(cls) if p in _DEFAULT_VALUES and p not in registry.CONTEXT)
+            name: tuple(p for p in registry.init_parameters(cls) if p in defaults and p not in registry.CONTEXT)
             for name, cls in registry.POSITION_ENCODINGS.items()}
     return _ENCODING_OPTIONS[key]
 
@@ -399,10 +387,14 @@ def encoding_options() -> dict[str, tuple[str, ...]]:
 @functools.lru_cache(maxsize=1)
 def field_types() -> dict[str, Any]:
     """Field name -> type (int, float, str) of TrialConfig, resolved once (sweeps validate 10^4+ trials)."""
-    return typing.get_type_hints(TrialConfig)
+    return typing.get_type_hints(trial_config_class())
 
 
-_DEFAULT_VALUES = {f.name: f.default for f in fields(TrialConfig)}
+@functools.lru_cache(maxsize=1)
+def _default_values() -> dict[str, Any]:
+    return {f.name: f.default for f in fields(trial_config_class())}
+
+
 _REGISTRY_LOADED: list[bool] = []
 
 
@@ -426,8 +418,17 @@ def registered_names(name: str) -> str:
 def section_fields() -> dict[str, tuple[str, ...]]:
     """Section -> the names of its fields, in declaration order (every section of SECTIONS present)."""
     grouped: dict[str, list[str]] = {name: [] for name in SECTIONS}
-    for f in fields(TrialConfig):
+    for f in fields(trial_config_class()):
         grouped[f.metadata["section"]].append(f.name)
+    return {name: tuple(names) for name, names in grouped.items()}
+
+
+@functools.lru_cache(maxsize=1)
+def core_section_fields() -> dict[str, tuple[str, ...]]:
+    """Section -> the names of its core fields (`_CoreFields`: not a variant's option), in order."""
+    grouped: dict[str, list[str]] = {name: [] for name in SECTIONS}
+    for name in _CoreFields.__annotations__:
+        grouped[getattr(_CoreFields, name).metadata["section"]].append(name)
     return {name: tuple(names) for name, names in grouped.items()}
 
 
@@ -486,7 +487,7 @@ def _in_range(value: float, rule: _Rule) -> bool:
 def _field_rules() -> tuple[_Rule, ...]:
     """Every field's rule, resolved once: validate() runs for each of 10^5 sweep trials."""
     types, rules = field_types(), []
-    for f in fields(TrialConfig):
+    for f in fields(trial_config_class()):
         m = f.metadata
         rules.append(_Rule(f.name, types[f.name], m, m.get("ge", m.get("gt", -math.inf)), "gt" in m,
                            m.get("le", m.get("lt", math.inf)), "lt" in m, m.get("dataset_default")))
@@ -495,7 +496,7 @@ def _field_rules() -> tuple[_Rule, ...]:
 
 def field_help(name: str) -> str:
     """One line for a CLI: the field's help text, default and allowed values (from its metadata)."""
-    f = {f.name: f for f in fields(TrialConfig)}[name]
+    f = {f.name: f for f in fields(trial_config_class())}[name]
     if name in dict(_REGISTRY_FIELDS):
         load_registry()
         allowed = registered_names(name) + (" (joined by '+')" if name == "pe" else "")
@@ -528,3 +529,67 @@ def _check_values(cfg: "TrialConfig", bad: Any) -> None:
     if cfg.dataset == "digits" and cfg.data_dir:
         raise bad("data_dir", cfg.data_dir, "'' for dataset 'digits' (bundled with scikit-learn, it reads no "
                   "data folder: leave data_dir / --data-dir out)")
+
+
+# ---- TrialConfig: the core fields and the registered variants' options, built once on first use ----
+_BUILDING: list[bool] = []
+_BUILD_LOCK = threading.RLock()  # one build per process even if two threads first use TrialConfig together
+
+
+def trial_config_class() -> type:
+    """TrialConfig, built on first use (PEP 562: `from rpevit.config import TrialConfig` calls this) from
+    the core fields and the options the registered backends and encodings declare, then cached as the
+    module's `TrialConfig` for the rest of the process. Building imports the backends and encodings
+    (registry.load_layers: torch, not timm), which is why `import rpevit.config` alone imports neither; they
+    must not use TrialConfig at their import time (type hints under TYPE_CHECKING). A variant registered
+    after the build may declare no new option (registry.close_options)."""
+    built = globals().get("TrialConfig")
+    if built is not None:
+        return built
+    with _BUILD_LOCK:  # re-entrant: the building thread gets back in (and is refused below), another waits
+        built = globals().get("TrialConfig")
+        if built is not None:
+            return built
+        if _BUILDING:
+            raise ImportError("rpevit.config.TrialConfig was used while it is built from the registered backends "
+                              "and encodings: a module of rpevit.attention or rpevit.pe must not use TrialConfig at "
+                              "import time (import it under `if TYPE_CHECKING:` for type hints)")
+        _BUILDING.append(True)
+        try:
+            cls = _build_trial_config()
+        finally:
+            _BUILDING.clear()
+        globals()["TrialConfig"] = cls
+        return cls
+
+
+_HINTS = {"int": int, "float": float, "str": str}
+
+
+def _build_trial_config() -> type:
+    """The dataclass TrialConfig: `_CoreFields` in order, with every declared Option (registry.collect_options,
+    a fixed order) as a field of its variant's section inserted after OPTIONS_AFTER; the methods of
+    `_TrialConfigMethods`. Type hints stay the names 'int', 'float', 'str', as the core's are."""
+    core = [(name, hint, getattr(_CoreFields, name)) for name, hint in _CoreFields.__annotations__.items()]
+    assert all(hint in _HINTS for _, hint, _ in core), core
+    registry.load_layers()
+    sections = {name: f.metadata["section"] for name, _, f in core}
+    options = registry.collect_options(sections)
+    declared = [(option.name, option.type.__name__,
+                 _field(option.default, kind, option.help, choices=option.choices, ge=option.ge, gt=option.gt,
+                        le=option.le, lt=option.lt, dataset_default=option.dataset_default, note=option.note,
+                        cost_free=option.cost_free))
+                for kind, option in options]
+    at = [name for name, _, _ in core].index(OPTIONS_AFTER) + 1
+    specs = [(name, hint, field(default=f.default, metadata=f.metadata))
+             for name, hint, f in core[:at] + declared + core[at:]]
+    cls = dataclasses.make_dataclass("TrialConfig", specs, bases=(_TrialConfigMethods,),
+                                     namespace={"__module__": __name__, "__doc__": _TrialConfigMethods.__doc__})
+    registry.close_options((option.name for _, option in options), sections)
+    return cls
+
+
+def __getattr__(name: str) -> Any:
+    if name == "TrialConfig":
+        return trial_config_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

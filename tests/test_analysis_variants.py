@@ -31,7 +31,7 @@ PLAIN_BACKEND = textwrap.dedent('''
 DECLARED = textwrap.dedent('''
     """A throwaway backend and encoding that declare their label, colour, family, groups and order."""
     from rpevit.attention.softmax import SoftmaxAttention
-    from rpevit.pe.rope import AxialRoPE
+    from rpevit.pe.rope import ROPE_BASE, AxialRoPE
     from rpevit.registry import register_attention, register_pe
 
 
@@ -40,7 +40,7 @@ DECLARED = textwrap.dedent('''
         pass
 
 
-    @register_pe("throwaway_string", label="throwaway STRING", colour="tab:olive", family="throwaway family",
+    @register_pe("throwaway_string", options=(ROPE_BASE,), label="throwaway STRING", colour="tab:olive", family="throwaway family",
                  groups=("string",), order=50)
     class ThrowawayString(AxialRoPE):
         pass

@@ -220,19 +220,20 @@ def test_one_file_adds_a_task_whose_metrics_reach_the_cli_and_the_parquet_schema
 
 # ---- the analysis reads what variants declare: an encoding's options and a backend's random draws
 OPTIONED_ENCODING = textwrap.dedent('''
-    """A throwaway encoding with an option (an existing config field), in one file."""
+    """A throwaway encoding with an option another encoding declares (rope's), in one file."""
     import torch
     from torch import Tensor
 
     from rpevit.pe.base import PositionEncoding
+    from rpevit.pe.rope import ROPE_BASE
     from rpevit.registry import register_pe
 
 
-    @register_pe("throwaway_based")
+    @register_pe("throwaway_based", options=(ROPE_BASE,))
     class Based(PositionEncoding):
         hook = "token"
 
-        def __init__(self, *, rope_base: float = 100.0, **context) -> None:
+        def __init__(self, *, rope_base: float = ROPE_BASE.default, **context) -> None:
             super().__init__(**context)
             self.base = rope_base
 
@@ -246,11 +247,11 @@ RANDOM_FEATURE_BACKEND = textwrap.dedent('''
     from torch import Tensor
 
     from rpevit.attention.features import trig_random_features
-    from rpevit.attention.kernelized import KernelizedAttention
+    from rpevit.attention.kernelized import KERNELIZED_OPTIONS, KernelizedAttention
     from rpevit.registry import register_attention
 
 
-    @register_attention("throwaway_trig")
+    @register_attention("throwaway_trig", options=KERNELIZED_OPTIONS)
     class TrigAttention(KernelizedAttention):
         def feature_map(self, x: Tensor, is_query: bool) -> Tensor:
             return trig_random_features(x, self.projection.to(x.dtype)) ** 2 + 1e-3
@@ -290,7 +291,7 @@ def test_the_report_groups_a_new_encodings_options_and_judges_a_new_random_featu
 
 
 UNDECLARED_OPTION = textwrap.dedent('''
-    """A throwaway encoding and backend whose __init__ take an option no TrialConfig field declares."""
+    """A throwaway encoding and backend whose __init__ take an option they do not declare."""
     from torch import Tensor
 
     from rpevit.attention.softmax import SoftmaxAttention
@@ -314,22 +315,37 @@ UNDECLARED_OPTION = textwrap.dedent('''
     class Tempered(SoftmaxAttention):
         def __init__(self, *, throwaway_temperature: float = 2.0, **context) -> None:
             super().__init__(**context)
+
+
+    @register_pe("throwaway_borrower")
+    class Borrower(PositionEncoding):
+        """Takes rope's option without naming it in its own `options`."""
+        hook = "token"
+
+        def __init__(self, *, rope_base: float = 100.0, **context) -> None:
+            super().__init__(**context)
 ''')
 
 
-def test_an_option_without_a_config_field_is_refused_at_the_dry_run(tmp_path, capsys):
+def test_an_undeclared_option_is_refused_at_the_dry_run(tmp_path, capsys):
     """Such a variant used to pass validation and `--dry-run`, and then fail every trial in the factory: now the
-    config refuses it in one line naming the field, the value and the option to declare."""
+    config refuses it in one line naming the field, the value and the option to declare; so is a variant
+    taking another variant's option (rope_base) without naming it in its own `options`."""
     from tests.test_dry_run import run_dry
 
     tables = (registry.POSITION_ENCODINGS, registry.ATTENTIONS)
     with imported_file(tmp_path, "throwaway_options", UNDECLARED_OPTION, tables):
         with pytest.raises(ConfigError, match=r"field 'pe' has value 'throwaway_scaled'; allowed: .*"
-                                              r"also takes 'throwaway_alpha'; declare it as TrialConfig field"):
+                                              r"also takes 'throwaway_alpha'; declare it as an Option of the "
+                                              r"variant \(register_pe\(\.\.\., options="):
             TrialConfig(pe="ape+throwaway_scaled").validate()
         with pytest.raises(ConfigError, match=r"field 'attention' has value 'throwaway_tempered'.*"
                                               r"'throwaway_temperature'"):
             TrialConfig(attention="throwaway_tempered").validate()
+        with pytest.raises(ConfigError, match=r"field 'pe' has value 'throwaway_borrower'.*also takes 'rope_base'.*"
+                                              r"naming the one declaration where another variant has it "
+                                              r"\('rope_base': the Option of pe '\w+'\)$"):
+            TrialConfig(pe="throwaway_borrower").validate()
         space = tmp_path / "space.yaml"
         space.write_text("name: options\ntask: train\nfixed: {dataset: digits, epochs: 1}\n"
                          "grid:\n  - pe: [ape, throwaway_scaled]\nseeds: [0]\n")

@@ -173,10 +173,11 @@ class AttentionBackend(nn.Module):
     """Base class of the backends; subclasses define forward(q, k, v, modulation=None).
 
     Constructed with keyword arguments only: the layer context (`heads`, `head_dim`, `layer`, and
-    `seed` where a subclass declares it) and the subclass's own options, each named like the
-    TrialConfig field it comes from, so `rpevit.models.factory.build_attention` can fill them from
-    a config while tests and benchmarks build a backend without one. A subclass declares its
-    options with defaults equal to the field defaults and passes the rest on as `**context`.
+    `seed` where a subclass declares it) and the subclass's own options, each declared as an
+    `rpevit.registry.Option` in `@register_attention(name, options=...)` (a TrialConfig field of that
+    name), so `rpevit.models.factory.build_attention` can fill them from a config while tests and
+    benchmarks build a backend without one. A subclass takes its options with the Options' defaults
+    and passes the rest on as `**context`.
     `layer` lets random features differ per layer while all come from the trial seed.
     """
 

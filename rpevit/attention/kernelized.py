@@ -15,7 +15,16 @@ from torch import Tensor
 
 from rpevit.attention.base import Modulation, RandomFeatureBackend, linear_attention, normalize_rows
 from rpevit.attention.features import iid_gaussian, orthogonal_gaussian, positive_random_features
-from rpevit.registry import register_attention
+from rpevit.registry import Option, register_attention
+
+# the options of every kernelized backend (KernelizedAttention.__init__); a subclass names them in its `options`
+NUM_FEATURES = Option("num_features", int, 64, "m, random features of FAVOR+ / ReLU", gt=0)
+FEATURE_TYPE = Option("feature_type", str, "orthogonal", "random projection rows: orthogonal blocks or iid Gaussian",
+                      choices=("orthogonal", "iid"))
+KERNELIZED_OPTIONS = (NUM_FEATURES, FEATURE_TYPE)
+RELU_PROJECTION = Option("relu_projection", str, "random", "Performer-ReLU features: ReLU(W x) with random W, or "
+                         "ReLU(x)", choices=("random", "identity"))
+KERNEL_EPS = Option("kernel_eps", float, 1e-3, "eps added to Performer-ReLU features", gt=0, cost_free=True)
 
 
 def projection_seed(seed: int, layer: int, draw: int, salt: int = 0) -> int:
@@ -51,8 +60,9 @@ class KernelizedAttention(RandomFeatureBackend):
     linear_time = True
     uses_projection = True
 
-    def __init__(self, *, seed: int = 0, num_features: int = 64, feature_type: str = "orthogonal",
-                 redraw_interval: int = 1, redraw_until: float = 0.8, **context: Any) -> None:
+    def __init__(self, *, seed: int = 0, num_features: int = NUM_FEATURES.default,
+                 feature_type: str = FEATURE_TYPE.default, redraw_interval: int = 1, redraw_until: float = 0.8,
+                 **context: Any) -> None:
         super().__init__(**context)
         self.seed = seed
         self.num_features = num_features
@@ -129,7 +139,7 @@ class KernelizedAttention(RandomFeatureBackend):
         return modulation.linear_attention(phi_q, phi_k, v)
 
 
-@register_attention("favor", colour="C1", order=1)
+@register_attention("favor", options=KERNELIZED_OPTIONS, colour="C1", order=1)
 class FavorAttention(KernelizedAttention):
     """FAVOR+ (Choromanski et al. 2021): positive orthogonal random features of the softmax kernel."""
 
@@ -137,11 +147,13 @@ class FavorAttention(KernelizedAttention):
         return positive_random_features(x, self.projection.to(x.dtype), stabilizer="query" if is_query else "key")
 
 
-@register_attention("relu", colour="C2", identity_colour="C3", order=2)
+@register_attention("relu", options=(*KERNELIZED_OPTIONS, RELU_PROJECTION, KERNEL_EPS), colour="C2", identity_colour="C3",
+                    order=2)
 class ReluAttention(KernelizedAttention):
     """Performer-ReLU: phi(x) = ReLU(W x) + eps with random W, or ReLU(x) + eps (`relu_projection: identity`)."""
 
-    def __init__(self, *, relu_projection: str = "random", kernel_eps: float = 1e-3, **context: Any) -> None:
+    def __init__(self, *, relu_projection: str = RELU_PROJECTION.default, kernel_eps: float = KERNEL_EPS.default,
+                 **context: Any) -> None:
         self.uses_projection = self.projects(relu_projection)
         super().__init__(**context)
         self.eps = kernel_eps

@@ -1,13 +1,15 @@
 """The one place where a TrialConfig becomes layers: backends, encodings and the ViT.
 
 Layers take explicit keyword arguments, as timm's `Attention(dim, num_heads, ...)` does: the
-layer context (`dim`, `heads`, `head_dim`, `grid`, `layer`, `seed`) and their own options, named
-like the TrialConfig fields they come from. This module fills exactly those a registered class
-declares (rpevit.registry.init_parameters: its `__init__` signatures up the `**context` chain): context
-from the config and the layer index, options from the class's own config section (`attention`
-for backends, `pe` for encodings). So a new variant stays one file: it declares its options, and
-neither the config, the model nor this module changes; a name that is neither context nor a field
-of its section is refused when the layer is built.
+layer context (`dim`, `heads`, `head_dim`, `grid`, `layer`, `seed`) and their own options, each
+declared beside the class (rpevit.registry.Option, `register_pe(..., options=...)`), which the config
+makes TrialConfig fields of the same names. This module fills exactly those a registered class takes
+(rpevit.registry.init_parameters: its `__init__` signatures up the `**context` chain): context from
+the config and the layer index, options from the class's own config section (`attention` for
+backends, `pe` for encodings). So a new variant stays one file: it declares its options, and
+neither the config, the model nor this module changes; a name that is neither context, nor a core
+field of its section, nor an option the class declares is refused when the layer is built (and,
+by the same rule, when its config is validated).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from torch import nn
 
 from rpevit import registry
 from rpevit.attention.base import AttentionBackend
-from rpevit.config import TrialConfig
+from rpevit.config import TrialConfig, core_section_fields
 from rpevit.registry import CONTEXT, init_parameters, undeclared_arguments
 
 if TYPE_CHECKING:
@@ -35,12 +37,12 @@ def layer_context(cfg: TrialConfig, layer: int) -> dict[str, Any]:
 def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> dict[str, Any]:
     """The keyword arguments for `cls`: the context it declares, and its options from cfg's `section`."""
     context, options = layer_context(cfg, layer), cfg.section(section)
-    undeclared = undeclared_arguments(cls, options)
+    undeclared = undeclared_arguments(cls, core_section_fields()[section])
     if undeclared:
         raise TypeError(
             f"{cls.__qualname__}.__init__ takes {undeclared[0]!r}, which is neither layer context "
-            f"({', '.join(CONTEXT)}) nor a field of the config section {section!r} ({', '.join(options)}): name an "
-            f"option like its TrialConfig field"
+            f"({', '.join(CONTEXT)}), nor a core field of the config section {section!r}, nor an option it declares: "
+            f"declare it as an Option of the variant (rpevit.registry.Option)"
         )
     return {name: context[name] if name in context else options[name] for name in init_parameters(cls)}
 

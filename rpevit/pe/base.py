@@ -15,10 +15,11 @@ Positions are integer patch coordinates (x, y) on the H x W grid, row-major toke
 
 An encoding is constructed with keyword arguments only: the layer context (`grid`, `heads`,
 `head_dim`, `layer`, `seed`, and `dim` where a subclass declares it) and its own options, each
-named like the TrialConfig field it comes from (`rope_base`, `luo_scale`, ...), with defaults
-equal to the field defaults. `rpevit.models.factory.build_encodings` reads a subclass's `__init__`
-signature and passes exactly those, so a new encoding declares what it needs and nothing else
-(its options pass through `**context` up to this class).
+declared beside it as an `rpevit.registry.Option` (`@register_pe(name, options=(ROPE_BASE,))`), which
+becomes the TrialConfig field of that name, and taken under that name with the Option's default
+(`rope_base: float = ROPE_BASE.default`). `rpevit.models.factory.build_encodings` reads a subclass's
+`__init__` signature and passes exactly those, so a new encoding declares what it needs and nothing
+else (its options pass through `**context` up to this class).
 """
 from __future__ import annotations
 

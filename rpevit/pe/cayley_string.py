@@ -18,9 +18,14 @@ import torch
 from torch import Tensor, nn
 
 from rpevit.config import ConfigError
-from rpevit.pe.rope import AxialRoPE
+from rpevit.pe.rope import ROPE_BASE, AxialRoPE
 from rpevit.pe.sparse_solve import SolveInfo, cayley_solve_sparse, skew_from_entries
-from rpevit.registry import register_pe
+from rpevit.registry import Option, register_pe
+
+STRING_SPARSITY = Option("string_sparsity", float, 0.1, "f, fraction of learned above-diagonal entries of S "
+                         "(sparse_cayley_string)", gt=0, le=1)
+CAYLEY_SOLVER = Option("cayley_solver", str, "auto", "sparse_cayley_string solve: dense LU or sparse CG (auto: the "
+                       "measured faster)", choices=("auto", "dense", "sparse"))
 
 
 def cayley_orthogonal(skew: Tensor) -> Tensor:
@@ -41,8 +46,8 @@ class _StringBase(AxialRoPE):
         return self.orthogonal()
 
 
-@register_pe("cayley_string", colour="C4", family="Cayley and reflection STRING", groups=("string",),
-             order=6)
+@register_pe("cayley_string", options=(ROPE_BASE,), colour="C4", family="Cayley and reflection STRING",
+             groups=("string",), order=6)
 class CayleyString(_StringBase):
 
     def __init__(self, **context: Any) -> None:
@@ -64,11 +69,12 @@ SPARSE_SOLVE_NOT_FUNCTIONAL = ("the sparse CG solve works on sparse tensors for 
                                "iterations and logs them, so it has no vmap rule and breaks a compiled graph")
 
 
-@register_pe("sparse_cayley_string", colour="C5", family="Cayley and reflection STRING",
-             groups=("string",), order=7)
+@register_pe("sparse_cayley_string", options=(ROPE_BASE, STRING_SPARSITY, CAYLEY_SOLVER), colour="C5",
+             family="Cayley and reflection STRING", groups=("string",), order=7)
 class SparseCayleyString(_StringBase):
 
-    def __init__(self, *, string_sparsity: float = 0.1, cayley_solver: str = "auto", **context: Any) -> None:
+    def __init__(self, *, string_sparsity: float = STRING_SPARSITY.default, cayley_solver: str = CAYLEY_SOLVER.default,
+                 **context: Any) -> None:
         super().__init__(**context)
         d, h = self.head_dim, self.heads
         upper_rows, upper_cols = torch.triu_indices(d, d, offset=1)

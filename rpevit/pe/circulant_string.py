@@ -21,15 +21,19 @@ alternate bins (x on even, y on odd rotating bins), i.e. RoPE in the Fourier bas
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import einsum
 from torch import Tensor, nn
 
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import ConfigError
 from rpevit.pe.base import PositionEncoding
+from rpevit.pe.rope import ROPE_BASE
 from rpevit.registry import register_pe
+
+if TYPE_CHECKING:
+    from rpevit.config import TrialConfig
 
 
 def real_dft_tables(d: int, dtype: torch.dtype, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
@@ -79,11 +83,12 @@ def rope_like_coefficients(heads: int, head_dim: int, base: float) -> Tensor:
     return columns.to(torch.get_default_dtype()).expand(heads, 2, head_dim).clone()  # the trial's dtype
 
 
-@register_pe("circulant_string", colour="C3", family="rope and circulant", groups=("string",), order=5)
+@register_pe("circulant_string", options=(ROPE_BASE,), colour="C3", family="rope and circulant", groups=("string",),
+             order=5)
 class CirculantString(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, *, rope_base: float = 100.0, **context: Any) -> None:
+    def __init__(self, *, rope_base: float = ROPE_BASE.default, **context: Any) -> None:
         super().__init__(**context)
         self.coefficients = nn.Parameter(rope_like_coefficients(self.heads, self.head_dim, rope_base))
 

@@ -12,15 +12,22 @@ Init: v ~ N(0, I) from the global (seeded) RNG, so P starts as a random orthogon
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from rpevit.config import ConfigError, TrialConfig
-from rpevit.pe.rope import AxialRoPE
-from rpevit.registry import register_pe
+from rpevit.config import ConfigError
+from rpevit.pe.rope import ROPE_BASE, AxialRoPE
+from rpevit.registry import Option, register_pe
+
+if TYPE_CHECKING:
+    from rpevit.config import TrialConfig
+
+REFLECTION_BLOCK = Option("reflection_block", int, 0, "coordinates per Householder block (reflection_string)", ge=0,
+                          note="0 = the whole head")
+REFLECTION_COUNT = Option("reflection_count", int, 2, "Householder reflections per block (reflection_string)", gt=0)
 
 
 def householder_wy_rows(vectors: Tensor) -> Tensor:
@@ -51,11 +58,12 @@ def householder_product(x: Tensor, vectors: Tensor) -> Tensor:
     return rearrange(x, "... h k n s -> ... h n (k s)")
 
 
-@register_pe("reflection_string", colour="C6", family="Cayley and reflection STRING",
-             groups=("string",), order=8)
+@register_pe("reflection_string", options=(ROPE_BASE, REFLECTION_BLOCK, REFLECTION_COUNT), colour="C6",
+             family="Cayley and reflection STRING", groups=("string",), order=8)
 class ReflectionString(AxialRoPE):
 
-    def __init__(self, *, reflection_block: int = 0, reflection_count: int = 2, **context: Any) -> None:
+    def __init__(self, *, reflection_block: int = REFLECTION_BLOCK.default,
+                 reflection_count: int = REFLECTION_COUNT.default, **context: Any) -> None:
         super().__init__(**context)
         block = reflection_block or self.head_dim
         self.reflection_vectors = nn.Parameter(

@@ -31,12 +31,19 @@ from rpevit.attention.base import (Modulation, dense_linear_attention, relative_
                                    written_out_softmax_attention)
 from rpevit.attention.toeplitz import fast_fft_size, toeplitz_dense_matrix, toeplitz_fft_matvec
 from rpevit.pe.base import PositionEncoding
-from rpevit.registry import register_pe
+from rpevit.registry import Option, register_pe
 
 # `luo_path: auto` follows measurements: luo_crossover.json beside this file holds, per device kind
 # (cpu, cuda), the N from which the FFT path's training step was faster than the dense path's in the
 # token-scaling study (analysis/token_scaling.py --write-crossover writes it; docs/mechanisms.md).
 CROSSOVER_FILE = Path(__file__).with_name("luo_crossover.json")
+LUO_PATH = Option("luo_path", str, "auto", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense matrix "
+                  "(auto: by token count)", choices=("auto", "fft", "dense"))
+# 1000: what digits validation chose for favor and relu (results/luo_scale_val_digits; 3000 diverged),
+# softmax flat from 30 to 3000; the earlier 10 was chosen on test
+LUO_SCALE = Option("luo_scale", float, 1000.0, "the Luo bias table is luo_scale x a raw parameter "
+                   "(rpevit/pe/relative_bias.py)", gt=0, cost_free=True)
+
 # A device kind the table has no entry for takes the FFT path from this many tokens on (the rule before
 # the table: an extrapolated CPU crossing at head dim 32; docs/mechanisms.md has the measurements).
 LUO_FFT_MIN_TOKENS = 10_000
@@ -169,11 +176,12 @@ def _fft_chunk(phi_q: Tensor, phi_k: Tensor, v_one: Tensor, weights: Tensor, gri
     return einsum(phi_q, summed, "b h n m, b h n m e -> b h n e")
 
 
-@register_pe("luo_rpe", colour="C1", order=2)
+@register_pe("luo_rpe", options=(LUO_PATH, LUO_SCALE), colour="C1", order=2)
 class LuoRelativeBias(PositionEncoding):
     hook = "score"
 
-    def __init__(self, *, luo_scale: float = 1000.0, luo_path: str = "auto", **context: Any) -> None:
+    def __init__(self, *, luo_scale: float = LUO_SCALE.default, luo_path: str = LUO_PATH.default,
+                 **context: Any) -> None:
         super().__init__(**context)
         h, w = self.grid
         self.scale = luo_scale

@@ -9,15 +9,23 @@ Rotation plane k of a head turns (x_{2k}, x_{2k+1}) by the angle w_k . r_i, so t
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import ConfigError
 from rpevit.pe.base import PositionEncoding
-from rpevit.registry import register_pe
+from rpevit.registry import Option, register_pe
+
+if TYPE_CHECKING:
+    from rpevit.config import TrialConfig
+
+ROPE_BASE = Option("rope_base", float, 100.0, "RoPE / STRING frequency base: theta_k = base^(-4k/d)", gt=0,
+                   cost_free=True)  # also the STRING encodings' (circulant, Cayley, reflection)
+ROPE_MIXED_BASE = Option("rope_mixed_base", float, 10.0, "RoPE-Mixed initial frequency magnitudes base^(-4k/d) (10: "
+                         "Heo et al.'s reference code; rpevit/pe/rope.py)", gt=0, cost_free=True)
 
 
 def axial_frequencies(head_dim: int, base: float) -> Tensor:
@@ -48,11 +56,11 @@ def _check_head_dim(cls: type, cfg: TrialConfig, source: str, multiple: int) -> 
         )
 
 
-@register_pe("rope", colour="C2", family="rope and circulant", groups=("string",), order=3)
+@register_pe("rope", options=(ROPE_BASE,), colour="C2", family="rope and circulant", groups=("string",), order=3)
 class AxialRoPE(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, *, rope_base: float = 100.0, **context: Any) -> None:
+    def __init__(self, *, rope_base: float = ROPE_BASE.default, **context: Any) -> None:
         super().__init__(**context)
         angles = self.positions @ axial_frequencies(self.head_dim, rope_base).T  # n, d/2
         self.register_buffer("angles", angles, persistent=False)
@@ -79,11 +87,11 @@ def mixed_frequencies(head_dim: int, heads: int, base: float, generator: torch.G
     return torch.stack([magnitudes * torch.cos(angles), magnitudes * torch.sin(angles)], dim=-1)
 
 
-@register_pe("rope_mixed", colour="C8", order=4)
+@register_pe("rope_mixed", options=(ROPE_MIXED_BASE,), colour="C8", order=4)
 class MixedRoPE(PositionEncoding):
     hook = "qk"
 
-    def __init__(self, *, rope_mixed_base: float = 10.0, **context: Any) -> None:
+    def __init__(self, *, rope_mixed_base: float = ROPE_MIXED_BASE.default, **context: Any) -> None:
         super().__init__(**context)
         frequencies = mixed_frequencies(self.head_dim, self.heads, rope_mixed_base, self.seed_generator())
         self.frequencies = nn.Parameter(frequencies.to(torch.get_default_dtype()))

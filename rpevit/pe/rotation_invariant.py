@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +41,23 @@ from einops import einsum, rearrange
 from torch import Tensor, nn
 
 from rpevit.attention.base import LowRankModulation
-from rpevit.config import ConfigError, TrialConfig
+from rpevit.config import ConfigError
 from rpevit.pe.base import PositionEncoding
-from rpevit.registry import register_pe
+from rpevit.registry import Option, register_pe
+
+if TYPE_CHECKING:
+    from rpevit.config import TrialConfig
+
+ROTINV_MODE = Option("rotinv_mode", str, "exact", "rotinv: exact low-rank expansion or random Gaussian projections",
+                     choices=("exact", "random"))
+ROTINV_DEGREE = Option("rotinv_degree", int, 2, "rotinv: degree of p in |c_i - c_j|^2", ge=0,
+                       le=16)  # exact mode: C(degree + 4, 4) factors per token, 4845 at 16
+ROTINV_BASIS = Option("rotinv_basis", str, "auto", "rotinv: form of p (auto: bernstein in exact mode, monomial in "
+                      "random mode)", choices=("auto", "monomial", "bernstein"))
+ROTINV_DRAWS = Option("rotinv_draws", int, 16, "rotinv: Gaussian projections of the random mode", gt=0)
+ROTINV_PATH = Option("rotinv_path", str, "lowrank", "rotinv on kernelized backends: the modulation folded into the "
+                     "features (linear in N) or the dense N x N matrix (fewer operations below a few hundred tokens: "
+                     "docs/mechanisms.md)", choices=("lowrank", "dense"))
 
 
 def centred_coordinates(grid: tuple[int, int]) -> Tensor:
@@ -153,12 +167,14 @@ def _random_combine(a: Tensor, neg_pow: Tensor, z_pow: Tensor, selector: Tensor)
     return rearrange(f, "h n m r -> h n (m r)"), rearrange(z_pow, "h n m r -> h n (m r)")
 
 
-@register_pe("rotinv", colour="C9", groups=("string_study",), order=9)
+@register_pe("rotinv", options=(ROTINV_MODE, ROTINV_DEGREE, ROTINV_BASIS, ROTINV_DRAWS, ROTINV_PATH), colour="C9",
+             groups=("string_study",), order=9)
 class RotationInvariantRPE(PositionEncoding):
     hook = "score"
 
-    def __init__(self, *, rotinv_mode: str = "exact", rotinv_degree: int = 2, rotinv_basis: str = "auto",
-                 rotinv_draws: int = 16, rotinv_path: str = "lowrank", **context: Any) -> None:
+    def __init__(self, *, rotinv_mode: str = ROTINV_MODE.default, rotinv_degree: int = ROTINV_DEGREE.default,
+                 rotinv_basis: str = ROTINV_BASIS.default, rotinv_draws: int = ROTINV_DRAWS.default,
+                 rotinv_path: str = ROTINV_PATH.default, **context: Any) -> None:
         super().__init__(**context)
         self.mode = rotinv_mode
         self.path = rotinv_path
