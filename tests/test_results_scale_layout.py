@@ -33,7 +33,8 @@ def trial(i: int) -> tuple[str, dict, dict, list[dict]]:
     return key, {}, {"test_acc": float(i)}, [{"epoch": e, "train_loss": float(i)} for e in range(2)]
 
 
-@pytest.mark.parametrize("flushes", [1, 7, 8, 9, 63, 64, 77, 520]  # 520 = 8^3 + 8: a level-3 part beside a level-1 one)
+# 520 = 8^3 + 8: a level-3 part beside a level-1 one
+@pytest.mark.parametrize("flushes", [1, 7, 8, 9, 63, 64, 77, 520])
 def test_the_laid_out_sweep_is_the_parts_the_tiered_merge_leaves(tmp_path: Path, flushes: int) -> None:
     bench = benchmark_module()
     chosen = [trial(i) for i in range(1, flushes + 1)]
