@@ -143,7 +143,7 @@ def test_without_a_declared_study_every_answer_is_exploratory(tmp_path):
     study(tmp_path / "results", "old", declared=False)
     sources = answers.Sources(tmp_path / "results")
     (line,) = answers.declared_section(sources, detail=True)
-    assert line.startswith("No committed study declared its comparisons")
+    assert line.startswith("No published study declared its comparisons")
     assert "`old` declared no comparisons" in answers.exploratory(["old"], sources.results_dir)
     assert confirmatory.exploratory_note([tmp_path / "results" / "old"]).startswith("_Exploratory: no study")
 
@@ -157,6 +157,20 @@ def test_a_declared_study_gets_its_confirmatory_section_when_it_lands(tmp_path):
     assert "gap: attention=softmax pe=ape − attention=favor pe=ape = 10 [" in text
     assert "resolved: attention=softmax pe=ape higher" in text and "not resolved with 3 seeds" in text
     assert "#### `headline`: its confirmatory table" in text and "Rows set aside: 2 (a seed outside" in text
+
+
+def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
+    """results/in_progress/<study>/ holds a running study's rows so far (committed at each stop): its
+    declared comparisons are not judged, and the README's front door gets one line, not one per pair."""
+    results = tmp_path / "results"
+    study(results / answers.IN_PROGRESS, "headline", declared=True)
+    assert answers.confirmatory_studies(results) == []
+    assert answers.confirmatory_studies(results, running=True) == [results / answers.IN_PROGRESS / "headline"]
+    lines = answers.declared_section(answers.Sources(results), detail=True)
+    assert lines[0].startswith("No published study declared its comparisons")
+    (running,) = [line for line in lines if "in_progress/headline" in line]
+    assert running.startswith("- Running, declared before its first trial:") and "no comparison is judged" in running
+    assert not any(line.startswith("  - ") or "resolved" in line for line in lines)  # no comparison lines
 
 
 def test_only_declared_studies_are_labelled_confirmatory(tmp_path):

@@ -314,20 +314,38 @@ def epochs_of(sources: Sources, dataset: str) -> str:
 
 
 # ---------------------------------------------------------------- sections
-def confirmatory_studies(results_dir: Path) -> list[Path]:
-    """Every sweep folder under results_dir (any depth) whose study declared its comparisons."""
-    return sorted(p.parent for p in Path(results_dir).rglob(DECLARATION_FILE)
-                  if p.is_file() and not p.is_symlink() and (p.parent / TRIALS_FILE).exists())
+def confirmatory_studies(results_dir: Path, *, running: bool = False) -> list[Path]:
+    """Every sweep folder under results_dir (any depth) whose study declared its comparisons: the published
+    ones, or with `running` those still running (results/in_progress/, rows so far, not published)."""
+    found = sorted(p.parent for p in Path(results_dir).rglob(DECLARATION_FILE)
+                   if p.is_file() and not p.is_symlink() and (p.parent / TRIALS_FILE).exists())
+    return [f for f in found if (f.relative_to(results_dir).parts[0] == IN_PROGRESS) == running]
+
+
+def running_lines(results_dir: Path) -> list[str]:
+    """One line per declared study still running: what it declared, and that no comparison is judged yet
+    (its verdicts appear once it is complete and published out of results/in_progress/)."""
+    lines = []
+    for folder in confirmatory_studies(results_dir, running=True):
+        decl, _, families, _ = confirmatory.judge(folder)
+        pairs = sum(len(outcomes) for _, outcomes in families)
+        lines.append(f"- Running, declared before its first trial: `{folder.relative_to(results_dir).as_posix()}` "
+                     f"({decl.question or 'no question stated'}; {pairs} comparisons in {len(families)} families, "
+                     f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete.")
+    return lines
 
 
 def declared_section(sources: Sources, detail: bool) -> list[str]:
     """The confirmatory answers: per declared study, each declared comparison with its verdict
-    (confirmatory.judge); detail adds the study's whole confirmatory table (confirmatory.build)."""
+    (confirmatory.judge); detail adds the study's whole confirmatory table (confirmatory.build). A declared
+    study still running (results/in_progress/) gets one line (running_lines), no verdicts."""
     folders = confirmatory_studies(sources.results_dir)
+    running = running_lines(sources.results_dir)
     if not folders:
-        return ["No committed study declared its comparisons before it ran (no `declaration.json` in any study "
-                "folder), so there is no confirmatory answer yet: every figure that follows is exploratory."]
-    lines = []
+        return ["No published study declared its comparisons before it ran (no `declaration.json` in any published "
+                "study folder), so there is no confirmatory answer yet: every figure that follows is exploratory.",
+                *([""] + running if running else [])]
+    lines = [*running]
     for folder in folders:
         rel = folder.relative_to(sources.results_dir).as_posix()
         decl, _, families, _ = confirmatory.judge(folder)
