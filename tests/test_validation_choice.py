@@ -107,7 +107,7 @@ def test_the_recipe_is_one_choice_for_every_variant(tmp_path):
     assert "Validation chooses 0.002, torch_default, 1 for every variant, not the earlier 0.002, trunc_normal, 1" in text
     joint = text.split("### One choice for every variant alike")[1]
     assert joint.index("0.002, torch_default, 1 **chosen on validation**") < joint.index("0.004, torch_default, 1")
-    assert validation_choice.joint_choice([]) is None
+    assert validation_choice.joint_choice(validation_choice.RECIPE, []) is None
 
 
 def test_a_recipe_that_fails_in_one_cell_brackets_the_joint_choice(tmp_path):
@@ -129,3 +129,21 @@ def test_a_recipe_that_fails_in_one_cell_brackets_the_joint_choice(tmp_path):
     assert "not bracketed" not in verdict
     assert ("0.008, torch_default, 1 was tried in every cell and cannot be chosen for every variant: it failed in "
             "mnist / favor / ape (2 of 2 seeds).") in verdict
+
+
+def test_the_redraw_schedule_is_also_one_choice_for_every_encoding(tmp_path):
+    """The redraw_val_cifar10 shape: per cell favor+ape prefers every step and favor+rope every 10 steps;
+    one schedule for both (so that comparing the encodings does not also compare schedules) is the one
+    with the highest mean over the two cells, every 10 steps (0.5817 against 0.5802 and 0.5578)."""
+    val = {("ape", 1): [0.60, 0.601], ("ape", 10): [0.596, 0.5974], ("ape", 100): [0.578, 0.5796],
+           ("rope", 1): [0.559, 0.5608], ("rope", 10): [0.566, 0.5674], ("rope", 100): [0.536, 0.5376]}
+    rows = [{**config_row(attention="favor", pe=pe, redraw_interval=interval, redraw_until=0.8, seed=seed,
+                          dataset="cifar10"),
+             "test_acc": 0.5, "test_acc_draw_mean": 0.5, "final_val_acc": 0.1, "val_acc_draw_mean": value}
+            for (pe, interval), values in val.items() for seed, value in enumerate(values)]
+    text = validation_choice.build(write_sweep(tmp_path / "redraw", "redraw", rows))
+    assert "- cifar10 / favor / ape: validation chooses 1, 0.8, not the earlier 100, 0.8" in text
+    assert "- cifar10 / favor / rope: validation chooses 10, 0.8, not the earlier 100, 0.8" in text
+    verdict = next(line for line in text.splitlines() if line.startswith("Validation chooses"))
+    assert verdict.startswith("Validation chooses 10, 0.8 for every variant, not the earlier 100, 0.8")
+    assert "not bracketed" not in verdict  # 10 lies between 1 and 100

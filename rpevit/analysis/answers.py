@@ -457,7 +457,7 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
         if failed and not short:
             text += f" ({'; '.join(failed)})"
         lines.append(text)
-    joint = validation_choice.joint_choice(records) if knob in validation_choice.JOINT else None
+    joint = validation_choice.joint_choice(knob, records) if knob in validation_choice.JOINT else None
     if joint is not None:  # the choice the studies use: one setting for every variant alike
         lines.append("every variant alike (the setting used): "
                      + validation_choice.joint_sentence(knob, joint, label).removeprefix("Validation chooses ").rstrip("."))

@@ -29,10 +29,14 @@ from rpevit.sweep.protocol import FAILED
 
 CELL = ("dataset", "attention", "pe")
 RECIPE = ("lr", "init", "grad_clip")  # the CPU protocol's recipe: one choice for every variant alike
-KNOBS = (("luo_scale",), ("redraw_interval", "redraw_until"), RECIPE)
-EARLIER = {("luo_scale",): (10.0,), ("redraw_interval", "redraw_until"): (100, 0.8),  # chosen on test before
+REDRAW = ("redraw_interval", "redraw_until")
+KNOBS = (("luo_scale",), REDRAW, RECIPE)
+EARLIER = {("luo_scale",): (10.0,), REDRAW: (100, 0.8),  # chosen on test before
            RECIPE: {"mnist": (2e-3, "trunc_normal", 1.0), "cifar10": (1e-3, "trunc_normal", 1.0)}}
-JOINT = (RECIPE,)  # knobs chosen once for all cells: the candidate with the highest mean over the cells
+# Knobs a study takes once for all its cells (the candidate with the highest mean over the cells), beside the
+# per-cell choice: the recipe, and the redraw schedule, which a study's encodings share so that comparing two
+# encodings under FAVOR+ does not also compare two schedules (like with like).
+JOINT = (RECIPE, REDRAW)
 NOT_ON_THE_SCALE = {"redraw_interval": {0}}  # 0 = never redraw: another setting, not the end of the interval scale
 SCALE_ENDS = {"redraw_interval": 1}  # a redraw every step: nothing lies beyond it
 
@@ -112,7 +116,7 @@ def earlier_choice(knob: tuple[str, ...], dataset: str) -> tuple | None:
     return earlier.get(dataset) if isinstance(earlier, dict) else earlier
 
 
-def joint_choice(records: list[dict]) -> dict | None:
+def joint_choice(knob: tuple[str, ...], records: list[dict]) -> dict | None:
     """One candidate for every cell alike (JOINT knobs): per candidate tried in every cell, the mean over
     cells (each weighted alike) of the cell's mean validation accuracy, and per seed the mean over cells
     (the seeds' paired values, for a Welch comparison with the earlier choice). None when no candidate
@@ -139,13 +143,13 @@ def joint_choice(records: list[dict]) -> dict | None:
     chosen = max(scores, key=lambda v: scores[v]["val"].point)
     earlier = records[0]["earlier"]
     return {"scores": scores, "chosen": chosen, "earlier": earlier if earlier in scores else None,
-            "edge": edge_of_grid(RECIPE, chosen, sorted(tried)), "unusable": unusable}
+            "edge": edge_of_grid(knob, chosen, sorted(tried)), "unusable": unusable}
 
 
 def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
     """The joint choice as Markdown: every candidate's mean over the cells, the chosen one, and its margin
     over the earlier choice on validation (Welch over the seeds' cell means, one comparison)."""
-    joint = joint_choice(records)
+    joint = joint_choice(knob, records)
     if joint is None:
         return ["No candidate was measured in every cell: no joint choice."]
     rows = [[label(v) + (" **chosen on validation**" if v == joint["chosen"] else "")
