@@ -257,3 +257,13 @@ def test_gpu_claims_live_in_the_private_folder_and_never_follow_links(tmp_path, 
     claims.with_suffix(".lock").unlink()
     claims.write_text('{"12": "bogus", "x": [0, 0.5], "1": [0, 0.25]}')  # malformed entries are dropped
     assert gpus.read_claims(claims) == {"1": [0, 0.25]}
+
+
+def test_a_trial_label_leaves_out_the_options_of_encodings_it_does_not_use():
+    """mnist_headline_cpu fixes luo_scale 3; a cell without luo_rpe resolves it to the default it never reads,
+    so the field varies across trials, but only the luo_rpe cells are labelled with it."""
+    space = load_space(Path(__file__).resolve().parent.parent / "search_spaces" / "mnist_headline_cpu.yaml")
+    assert "luo_scale" in space.varying_fields()
+    labels = {(t["attention"], t["pe"]): space.label(i) for i, t in enumerate(space.trials)}
+    assert "luo_scale" not in labels[("softmax", "ape")] and "pe=ape" in labels[("softmax", "ape")]
+    assert "luo_scale=3.0" in labels[("favor", "luo_rpe")]

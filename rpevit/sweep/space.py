@@ -212,8 +212,11 @@ class Space:
         return varying
 
     def label(self, index: int) -> str:
+        """The trial's varying fields as `name=value`, without an option of an encoding it does not use
+        (softmax+ape is not labelled with the luo_scale default it never reads)."""
         trial = self.trials[index]
-        return " ".join(f"{n}={trial[n]}" for n in self.varying_fields()) or self.keys[index]
+        unused = unused_encoding_options(trial.get("pe", TrialConfig.pe))
+        return " ".join(f"{n}={trial[n]}" for n in self.varying_fields() if n not in unused) or self.keys[index]
 
     def groups(self, indices: list[int] | None = None) -> list[list[int]]:
         """The Tune trials of the given trials (default: all), as lists of trial indices in space
