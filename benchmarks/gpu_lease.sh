@@ -34,12 +34,12 @@ DEFAULT_FLAGS=(--only dataset=mnist)   # the budget (epochs) is the plan's
 # LEASE_BUDGET_S: seconds from the first call's start (t0) until the machine goes back. The lease was
 # planned for 30 minutes (1800, the default); the device tool now lends 15 minutes per session, its start
 # included: read budget_left_s from the tool's status before the first call and pass that minus the start
-# (~3 min), e.g. LEASE_BUDGET_S=700. Every step below scales with it (`gpu_lease.sh budget` prints them).
+# (the H100 lease of 2026-11-26 started in under a minute; LEASE_BUDGET_S=640 took 431 s of a 585-s call).
+# Every step below scales with it (`gpu_lease.sh budget` prints them).
 # Under 25 minutes there is no room for a study beside the tests and the benchmark (a group compiles for
 # ~90 s and the plan needs whole groups): the tests and the benchmark get the time (40% each), and the
-# study call runs the benchmark (profiled: where a step's time goes, benchmarks/step_profile.py), then
-# the compiled modes again with CUDA graphs (`--compile cudagraphs`, in the last third of its time), and
-# stops (exit 4, saying so). Both fit one call: `first; study`. If time is left, a second call (within the 30 s
+# study call runs the benchmark with CUDA graphs (`--compile cudagraphs`; profiled: where a step's time goes,
+# benchmarks/step_profile.py; the packed processes with and without MPS, `--mps`), and stops (exit 4, saying so). Both fit one call: `first; study`. If time is left, a second call (within the 30 s
 # the machine stays warm) runs `gpu_lease.sh group`: one fused all12 group through sweep.py, rows and curves back
 # (~150 s on an H100, compile included); then give the machine back.
 BUDGET_S=${LEASE_BUDGET_S:-1800}
@@ -134,17 +134,14 @@ study)
     bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3 --profile-steps 5)
   fi
   main_s=$BENCH_S
-  (( STUDY_END_S == 0 )) && main_s=$(( BENCH_S * 2 / 3 ))
   if (( STUDY_END_S == 0 )); then
-    # a short lease: first the compiled modes with CUDA graphs, every fused size and the packed layout (the
-    # H100 lease of 2026-11-26 found the step launch-bound: `on` no faster than eager, CUDA graphs several
-    # times faster), then `on` without profiles for the ratio, in what is left of BENCH_S
-    cg=("${bench[@]}" --compile cudagraphs)
-    [[ $REHEARSAL == 1 ]] && cg=("${bench[@]}")   # no CUDA: the script's path, not CUDA graphs
+    # a short lease: the compiled modes with CUDA graphs, every fused size and the packed layout with and
+    # without MPS, in all of BENCH_S (the H100 lease of 2026-11-26 measured `on` beside eager and CUDA graphs:
+    # the step is launch-bound, `on` no faster than eager, CUDA graphs several times faster)
+    cg=("${bench[@]}" --compile cudagraphs --mps)   # --mps: the packed processes again under MPS
+    [[ $REHEARSAL == 1 ]] && cg=("${bench[@]}")   # no CUDA: the script's path, not CUDA graphs or MPS
     timeout "$main_s" "$PY" benchmarks/throughput.py "${cg[@]}" --json "$OUT/throughput_cudagraphs.json" 2>&1 \
         | grep -v Warning | tee "$OUT/throughput_cudagraphs.log"
-    timeout "$(( BENCH_S - main_s ))" "$PY" benchmarks/throughput.py "${bench[@]}" --packed 0 --profile-steps 0 \
-        --json "$OUT/throughput.json" 2>&1 | grep -v Warning | tee "$OUT/throughput.log"
     echo "no study in a lease of $BUDGET_S s (under 1500): the GPU tests and the benchmark are its answer; a second"
     echo "call within 30 s may run one fused group through the sweep (gpu_lease.sh group), else give the machine back"
     exit 4

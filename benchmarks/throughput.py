@@ -34,11 +34,14 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from torch.profiler import record_function
@@ -149,19 +152,45 @@ def wait_for_others(folder: str, count: int, timeout_s: float = 600.0) -> bool:
     return True
 
 
+@contextmanager
+def mps_daemon() -> Iterator[dict[str, str]]:
+    """NVIDIA's Multi-Process Service for the packed processes, in a private pipe folder; yields the
+    environment its clients need. Without it, processes on one GPU share it by time-slicing: kernels of
+    two processes never run side by side (the H100 and H200 leases: four packed processes add little
+    over one). Raises, with the reason, where the machine has no MPS or it does not start."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise RuntimeError("nvidia-cuda-mps-control is not on this machine's PATH: no MPS here")
+    with tempfile.TemporaryDirectory() as folder:
+        env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": f"{folder}/pipe", "CUDA_MPS_LOG_DIRECTORY": f"{folder}/log"}
+        for sub in ("pipe", "log"):
+            Path(folder, sub).mkdir()
+        subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+        try:
+            yield env
+        finally:
+            subprocess.run([control], input="quit\n", text=True, env=env, timeout=30, check=False)
+
+
 def packed(model_key: str, processes: int, k: int, compile_mode: str, device: torch.device, steps: int,
-           warmup: int, samples: int) -> dict:
+           warmup: int, samples: int, env: dict[str, str] | None = None) -> dict:
     """P processes at once, each its own interpreter running a fused group of k (compiled): what all12.yaml
     runs on one GPU (`gpus_per_trial: 0.25`, `fuse: seeds`). Every process compiles and warms up first,
-    then all time their samples together; the rate is the sum of the processes' medians."""
+    then all time their samples together; the rate is the sum of the processes' medians. `env`: the
+    processes' environment (mps_daemon's, to run them under MPS)."""
     threads = max(1, (os.cpu_count() or 1) // processes) if device.type == "cpu" else 4
     with tempfile.TemporaryDirectory() as barrier:
         cmd = [sys.executable, __file__, "--worker", model_key, "--device", device.type, "--steps", str(steps),
                "--warmup", str(warmup), "--samples", str(samples), "--barrier", barrier, "--threads", str(threads),
                "--fused", str(k), "--compile", compile_mode, "--packed", str(processes),
                "--backend", training.COMPILE_BACKEND]
-        children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for _ in range(processes)]
-        rows = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
+        children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(processes)]
+        outputs = [child.communicate()[0].strip().splitlines() for child in children]
+        failed = [i for i, (child, out) in enumerate(zip(children, outputs)) if child.returncode or not out]
+        if failed:
+            raise RuntimeError(f"packed process(es) {failed} of {processes} failed (exit "
+                               f"{[children[i].returncode for i in failed]}); their stderr is above")
+        rows = [json.loads(out[-1]) for out in outputs]
     return {"members": k * processes, "compile": compile_mode, "packed_processes": processes,
             "images_per_s": sum(r["images_per_s"] for r in rows),
             "images_per_s_samples": [sum(x) for x in zip(*(r["images_per_s_samples"] for r in rows))],
@@ -229,7 +258,17 @@ def plan_modes(key: str, args: argparse.Namespace, device: torch.device) -> list
         k = min(args.fused)
         plan.append((f"{args.packed} packed processes, fused k={k} + compiled",
                      lambda: packed(key, args.packed, k, mode, device, steps, warmup, samples)))
+        if args.mps:
+            plan.append((f"{args.packed} packed processes under MPS, fused k={k} + compiled", lambda: packed_mps(
+                key, args.packed, k, mode, device, steps, warmup, samples)))
     return plan
+
+
+def packed_mps(model_key: str, processes: int, k: int, compile_mode: str, device: torch.device, steps: int,
+               warmup: int, samples: int) -> dict:
+    """The packed mode again with the processes under MPS (mps_daemon), timed right after it without."""
+    with mps_daemon() as env:
+        return {**packed(model_key, processes, k, compile_mode, device, steps, warmup, samples, env=env), "mps": True}
 
 
 def main() -> None:
@@ -239,6 +278,8 @@ def main() -> None:
     parser.add_argument("--fused", nargs="+", type=int, default=[3, 5], help="fused group sizes k (compiled)")
     parser.add_argument("--packed", type=int, default=4, help="processes of compiled fused groups at once (0: skip)")
     parser.add_argument("--compile", default="on", choices=("on", "cudagraphs"), help="the compiled modes' setting")
+    parser.add_argument("--mps", action="store_true",
+                        help="also time the packed processes under NVIDIA MPS (a CUDA device; after the plain packed mode)")
     parser.add_argument("--steps", type=int, default=10, help="steps per timed sample")
     parser.add_argument("--samples", type=int, default=3, help="timed samples per mode (the median is reported)")
     parser.add_argument("--warmup", type=int, default=3)
@@ -255,6 +296,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.samples < 3 and not args.worker:
         parser.error(f"--samples has value {args.samples}; allowed: 3 or more (a median of fewer is no median)")
+    if args.mps and (args.device != "cuda" or args.packed < 2):
+        parser.error(f"--mps with --device {args.device} and --packed {args.packed}; allowed: --device cuda and "
+                     f"--packed 2 or more (MPS shares one CUDA device between processes)")
     training.COMPILE_BACKEND = args.backend
     if args.worker:
         worker(args)

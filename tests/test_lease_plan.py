@@ -59,7 +59,28 @@ def test_throughput_counts_a_multiply_add_as_two_flops():
     assert throughput.FLOPS_PER_MULTIPLY_ADD == 2
     assert "fused k=3 + compiled (on)" in [name for name, _ in throughput.plan_modes(
         "tiny", type("Args", (), {"steps": 1, "warmup": 1, "samples": 3, "compile": "on", "fused": [3, 5],
-                                  "packed": 4, "profile_steps": 0})(), None)]
+                                  "packed": 4, "profile_steps": 0, "mps": False})(), None)]
+
+
+def test_the_packed_mode_under_mps_is_timed_after_the_plain_one_and_says_why_it_cannot_run(monkeypatch):
+    """--mps adds the packed processes under NVIDIA MPS right after the same processes without it; where the
+    machine has no MPS control program, the mode fails with that reason (the benchmark reports it and goes on)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import throughput
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    args = type("Args", (), {"steps": 1, "warmup": 1, "samples": 3, "compile": "cudagraphs", "fused": [5],
+                             "packed": 4, "profile_steps": 0, "mps": True})()
+    names = [name for name, _ in throughput.plan_modes("tiny", args, None)]
+    assert names[-2:] == ["4 packed processes, fused k=5 + compiled",
+                          "4 packed processes under MPS, fused k=5 + compiled"]
+    monkeypatch.setattr(throughput.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="nvidia-cuda-mps-control is not on this machine's PATH"):
+        throughput.packed_mps("tiny", 2, 3, "on", None, 1, 1, 3)
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "throughput.py"), "--mps", "--device", "cpu"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--mps with --device cpu" in refused.stderr
 
 
 def test_the_fallback_rate_says_why_a_benchmark_figure_was_not_used(tmp_path):
