@@ -8,8 +8,11 @@ syncs, eager work around the compiled region); a timing alone cannot say which, 
 trace is too large to bring back. So this keeps per step:
 
 - wall ms (the device synchronised around the block; the profiler's own overhead is in it) and, on a
-  GPU, the device's busy ms (the sum of its kernels' self time) and busy fraction = busy / wall: near 1,
-  the step is GPU-bound; far below 1, the host is the limit;
+  GPU, the device's busy ms (the sum of the device-side events' time: kernels, copies, sets) and busy
+  fraction = busy / wall: near 1, the step is GPU-bound; far below 1, the host is the limit. Only
+  device-side events are summed: a CPU event's self device time is the time of the device work it
+  launched, which the device-side events hold already (summing every event but the launch calls, as
+  the two leases of 2026-11-26 did, counted such work twice and read over 100% of wall);
 - kernel launches (cudaLaunchKernel and its variants; cudaGraphLaunch counts one graph) and host
   syncs (cuda*Synchronize, blocking cudaMemcpy; the one closing the block counts 1/N) per step;
 - aten ops per step (nested calls included): on a CPU, where there are no launches, the same measure
@@ -24,6 +27,7 @@ import time
 from typing import Callable
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
@@ -39,6 +43,11 @@ REGIONS: dict[str, Callable[[str], bool]] = {
     "compiled backward": lambda key: key == "CompiledFunctionBackward",
 }
 TOP = 10
+
+
+def device_busy_us(table) -> float:
+    """The device's busy time in a key_averages table: the self time of its device-side events only."""
+    return sum(_device_us(e) for e in table if getattr(e, "device_type", None) == DeviceType.CUDA)
 
 
 def _device_us(event) -> float:
@@ -62,7 +71,7 @@ def profile_steps(run: Callable[[int, int], None], first: int, count: int, devic
     def matching(chosen: Callable[[str], bool]) -> list:
         return [e for e in table if chosen(e.key)]
 
-    busy_ms = per_step(sum(_device_us(e) for e in table if e.key not in LAUNCHES) / 1e3) if device.type == "cuda" else None
+    busy_ms = per_step(device_busy_us(table) / 1e3) if device.type == "cuda" else None
     regions = {name: round(per_step(sum(e.cpu_time_total for e in matching(chosen)) / 1e3), 3)
                for name, chosen in REGIONS.items() if matching(chosen)}
     top_cpu = sorted(table, key=lambda e: e.self_cpu_time_total, reverse=True)[:TOP]
@@ -78,6 +87,7 @@ def profile_steps(run: Callable[[int, int], None], first: int, count: int, devic
     if busy_ms is not None:
         top_device = sorted((e for e in table if _device_us(e) > 0), key=_device_us, reverse=True)[:TOP]
         result.update(device_busy_ms_per_step=round(busy_ms, 3), device_busy_fraction=round(busy_ms / wall_ms, 4),
+                      device_busy_from="device-side events",
                       top_self_device=[{"op": e.key[:80], "calls_per_step": per_step(e.count),
                                         "ms_per_step": round(per_step(_device_us(e)) / 1e3, 3)} for e in top_device])
     return result

@@ -25,7 +25,8 @@ def bench(solo_compiled: float, packed: float, hours: float) -> dict:
         return {"mode": mode, "images_per_s": ips, "images_per_s_samples": [ips * 0.9, ips, ips * 1.2],
                 "step_ms": 10.0, "tflops": 1.0, "utilisation": 0.01, "compile_fallback": ""}
     profiled = {**row("solo compiled (on)", solo_compiled),
-                "profile": {"steps": 5, "wall_ms_per_step": 17.5, "device_busy_fraction": 0.42, "launches_per_step": 812.0,
+                "profile": {"steps": 5, "wall_ms_per_step": 17.5, "device_busy_fraction": 0.42,
+                            "device_busy_from": "device-side events", "launches_per_step": 812.0,
                             "syncs_per_step": 0.2, "region_cpu_ms_per_step": {"step_inputs": 1.25, "optimizer": 0.5}}}
     return {"device": "Test GPU <b>|x", "models": {"gpu": {
         "rows": [row("solo eager", 1000.0), profiled,
@@ -53,6 +54,37 @@ def test_counts_rows_and_goals_come_from_the_files(tmp_path):
     assert "| <= 1 | 0.80 | yes |" in page
     assert "<b>" not in page  # a device name from the file is inert Markdown
     assert "| 2_throughput.json | gpu | solo compiled (on) | 17.50 | 42% | 812 | 0.2 | step_inputs 1.25; optimizer 0.50 |" in page
+
+
+def test_a_device_busy_counted_the_old_way_is_not_shown(tmp_path):
+    """A profile from before device_busy_from (the two leases of 2026-11-26) summed each kernel twice: its
+    busy fraction is not printed, and the page says why."""
+    old = bench(7000.0, 50000.0, 2.5)
+    del old["models"]["gpu"]["rows"][1]["profile"]["device_busy_from"]
+    (tmp_path / "2_throughput.json").write_text(json.dumps(old))
+    assert run(tmp_path).returncode == 0
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert "| 17.50 | not shown: counted twice | 812 |" in page and "42%" not in page
+    assert "each kernel counted once as a device event and once under the op that launched it" in page
+
+
+def test_the_device_busy_time_sums_device_side_events_only():
+    """A kernel's time is on its device event and again as the self device time of the CPU op that
+    launched it (torch.autograd.profiler links kernels to their frontend op): only the first counts."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from step_profile import device_busy_us
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    table = [SimpleNamespace(key="aten::mm", device_type=DeviceType.CPU, self_device_time_total=300.0),
+             SimpleNamespace(key="sm90_gemm_kernel", device_type=DeviceType.CUDA, self_device_time_total=300.0),
+             SimpleNamespace(key="cudaLaunchKernel", device_type=DeviceType.CPU, self_device_time_total=0.0),
+             SimpleNamespace(key="Memcpy HtoD", device_type=DeviceType.CUDA, self_device_time_total=20.0)]
+    assert device_busy_us(table) == 320.0
 
 
 def test_an_empty_folder_and_a_linked_file_are_refused(tmp_path):

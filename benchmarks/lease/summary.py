@@ -83,7 +83,12 @@ def throughput_rows(path: Path) -> tuple[str, list[str], dict[str, float]]:
 
 def _profile_row(name: str, model: str, mode: str, p: dict) -> str:
     """One mode's step profile (benchmarks/step_profile.py) as a table row."""
-    busy = f"{100 * p['device_busy_fraction']:.0f}%" if "device_busy_fraction" in p else "-"
+    if "device_busy_fraction" not in p:
+        busy = "-"
+    elif "device_busy_from" not in p:  # step_profile.py before the fix: every CPU op's kernels counted twice
+        busy = "not shown: counted twice"
+    else:
+        busy = f"{100 * p['device_busy_fraction']:.0f}%"
     regions = "; ".join(f"{md_text(k)} {v:.2f}" for k, v in p.get("region_cpu_ms_per_step", {}).items()) or "-"
     return (f"| {md_text(name)} | {md_text(model)} | {md_text(mode)} | {p['wall_ms_per_step']:.2f} | {busy} | "
             f"{p['launches_per_step']:.0f} | {p['syncs_per_step']:.1f} | {regions} |")
@@ -134,6 +139,10 @@ def summary(folder: Path) -> str:
         out += ["## Where a step's time goes (`--profile-steps`; per step, under the profiler)", "",
                 "| file | model | mode | wall ms | device busy | launches | host syncs | CPU ms by region |",
                 "|---|---|---|---|---|---|---|---|", *profiles, ""]
+        if any("not shown: counted twice" in row for row in profiles):
+            out += ["Device busy is not shown for files written before `device_busy_from` existed: that "
+                    "step_profile.py summed the device time of every event but the launch calls, so each kernel "
+                    "counted once as a device event and once under the op that launched it.", ""]
     return "\n".join(out)
 
 
