@@ -89,7 +89,7 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
     time together, each after its own compilation). `profile` > 0: that many more steps, untimed,
     under torch.profiler (benchmarks/step_profile.py), returned as "profile"."""
     cfg = TrialConfig.from_dict({**model_cfg, "attention": attention, "pe": pe, "compile": compile_mode,
-                                 "device": device.type})
+                                 "device": device.type}).resolved()  # grad_clip below: the recipe's value
     batch = cfg.resolved_batch_size
     with default_dtype(cfg):
         data = synthetic_splits(cfg.dataset, batch * (warmup + samples * steps + profile), device)

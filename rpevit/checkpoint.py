@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from rpevit.config import ConfigError, TrialConfig, resolve_values
+from rpevit.config import ConfigError, TrialConfig, recorded_values, resolve_values
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FINGERPRINT_VERSION = 1
@@ -199,12 +199,13 @@ def stored_fingerprint(state: dict[str, Any], path: Path) -> dict[str, Any]:
 def check_matches(state: dict[str, Any], cfg: TrialConfig, path: Path, *, extend_epochs: bool = False) -> None:
     """Refuse to continue a checkpoint under a config that does not describe the run it holds.
 
-    Fields added to TrialConfig after the checkpoint was written are compared with their defaults
-    (the value the older code effectively ran with); both sides resolved (rpevit.config.resolve_values),
+    Fields added to TrialConfig after the checkpoint was written are compared with what the older code
+    effectively ran (rpevit.config.recorded_values: a field's first default); both sides resolved
+    (rpevit.config.resolve_values),
     so a checkpoint written under `batch_size: 0` continues under the recipe's value it ran with.
     """
     stored = stored_fingerprint(state, path)
-    theirs = resolve_values(stored.get("fields", {}))  # placeholders compare as the values they ran with
+    theirs = resolve_values(recorded_values(stored.get("fields", {})))  # placeholders compare as the values they ran with
     ours = resolve_values(cfg.to_dict())
     differ = []
     for name in run_fields():

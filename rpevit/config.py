@@ -111,20 +111,21 @@ class _CoreFields:
     mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim", gt=0)
     drop_path: float = _field(0.1, "model", "stochastic-depth rate of the last block (linear from 0)", ge=0, lt=1)
     dropout: float = _field(0.0, "model", "dropout after the attention and MLP projections", ge=0, lt=1)
-    init: str = _field("trunc_normal", "model", "initial Linear weights: trunc_normal (timm's ViT: std 0.02, zero "
-                       "biases) or torch_default (nn.Linear's own: uniform, scaled by 1/sqrt(fan_in))",
-                       choices=("trunc_normal", "torch_default"))
+    init: str = _field("auto", "model", "initial Linear weights: trunc_normal (timm's ViT: std 0.02, zero "
+                       "biases) or torch_default (nn.Linear's own: uniform, scaled by 1/sqrt(fan_in)); auto: the "
+                       "dataset's recipe, chosen on its validation split (rpevit.data.DATASET_SPECS)",
+                       choices=("auto", "trunc_normal", "torch_default"))
 
     # attention: what the training loop and the model wrapper read too (redraw_* also reach the kernelized
     # backends' __init__, as core fields of their section); each backend's own options follow here
     # (OPTIONS_AFTER), declared beside it (registry.Option)
-    # 1 (until redraw_until): what MNIST validation chose (results/redraw_val_mnist: every step and every
-    # 10 steps beat the earlier 100 in every favor cell, every step had the highest mean); with one draw (0)
-    # a model learns its own kernel and collapses on fresh draws (MNIST favor+ape: 98.7 % on its draw,
-    # 29 % over fresh ones)
-    redraw_interval: int = _field(1, "attention", "training steps between random-feature redraws",
-                                  ge=0, note="0 = never: one draw for the whole run, which the model can fit; "
-                                  "see docs/random_features.md", cost_free=True)
+    # -1: the dataset's recipe, what its validation split chose for every encoding alike (rpevit.data:
+    # MNIST every step, results/redraw_val_mnist; CIFAR-10 every 10 steps, results/redraw_val_cifar10);
+    # with one draw (0) a model learns its own kernel and collapses on fresh draws (MNIST favor+ape:
+    # 98.7 % on its draw, 29 % over fresh ones)
+    redraw_interval: int = _field(-1, "attention", "training steps between random-feature redraws",
+                                  ge=0, dataset_default=-1, note="0 = never: one draw for the whole run, which the "
+                                  "model can fit; see docs/random_features.md", cost_free=True)
     # the draw is frozen for the last stretch so the final weights are adapted to the draw they
     # are evaluated with (docs/random_features.md)
     redraw_until: float = _field(0.8, "attention", "fraction of training steps after which the draw is frozen",
@@ -140,7 +141,7 @@ class _CoreFields:
     warmup_epochs: float = _field(-1.0, "optim", "linear warm-up length in epochs (at most 10% of the run)",
                                   ge=0, dataset_default=-1.0)
     label_smoothing: float = _field(0.1, "optim", "label smoothing of the cross-entropy", ge=0, lt=1)
-    grad_clip: float = _field(1.0, "optim", "max global gradient norm", ge=0, note="0 = off")
+    grad_clip: float = _field(-1.0, "optim", "max global gradient norm", ge=0, dataset_default=-1.0, note="0 = off")
     lr_schedule: str = _field("cosine", "optim", "after the warm-up: cosine to 0 over the run, or wsd (warm-up, "
                               "stable at the peak, then a 1-sqrt cool-down to 0 over the last cooldown_fraction; "
                               "the budget ladder's schedule: shorter budgets branch off one run, docs/budget_ladder.md)",
@@ -324,11 +325,42 @@ def _coerce(name: str, value: Any, hint: Any, source: str) -> Any:
     )
 
 
-# Fields whose placeholder resolves from the dataset's recipe (DatasetSpec): 0 (-1 for warm-up, "auto"
-# for augment) means "the recipe's value". Placeholders that choose where or how a computation runs,
-# not what it computes, stay as requested: device and amp (the row's device_name says what ran),
-# luo_path, cayley_solver and rotinv_path (algorithms of one result, proven equal in the tests).
-RECIPE_FIELDS = ("image_size", "patch_size", "batch_size", "lr", "warmup_epochs", "augment")
+# Fields whose placeholder resolves from the dataset's recipe (DatasetSpec): the field's dataset_default
+# (0, or -1 where 0 is a setting: no warm-up, no clipping, never redraw) or "auto" means "the recipe's
+# value". Placeholders that choose where or how a computation runs, not what it computes, stay as
+# requested: device and amp (the row's device_name says what ran), luo_path, cayley_solver and
+# rotinv_path (algorithms of one result, proven equal in the tests).
+RECIPE_FIELDS = ("image_size", "patch_size", "batch_size", "lr", "warmup_epochs", "augment", "init", "grad_clip",
+                 "redraw_interval")
+
+# What a field held before its default moved to "the dataset's recipe" or to another value: the value a
+# stored row or checkpoint that lacks the field ran with (the code then had only that behaviour), and
+# the baseline trial keys hash against (rpevit.sweep.space.KEY_BASELINE), so that a moved default
+# changes no key of a trial already run. redraw_interval 0 -> 100 -> 1 -> the recipe's; luo_scale
+# 10 -> 1000 -> the dataset's (rpevit.pe.relative_bias); init and grad_clip: the recipe's since
+# issue 41 (item 2).
+FIRST_DEFAULTS: dict[str, Any] = {"redraw_interval": 0, "luo_scale": 10.0, "init": "trunc_normal", "grad_clip": 1.0}
+
+
+def recorded_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A stored config (a row's or a checkpoint's columns) with each field it lacks at FIRST_DEFAULTS:
+    written before the field existed, it ran what the field's first default does, not today's default."""
+    return {**{k: v for k, v in FIRST_DEFAULTS.items() if k not in values}, **values}
+
+
+def is_placeholder(name: str, value: Any) -> bool:
+    """Whether a RECIPE_FIELDS value means "the dataset's recipe": "auto" for a str field, the field's
+    dataset_default sentinel (any negative value where the sentinel is negative) for a number."""
+    if isinstance(value, str):
+        return value == "auto"
+    sentinel = _sentinels()[name]
+    return value < 0 if sentinel < 0 else value == sentinel
+
+
+@functools.lru_cache(maxsize=1)
+def _sentinels() -> dict[str, float]:
+    return {f.name: f.metadata["dataset_default"] for f in fields(trial_config_class())
+            if "dataset_default" in f.metadata}
 
 
 def resolve_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -345,9 +377,7 @@ def resolve_values(values: dict[str, Any]) -> dict[str, Any]:
     spec = DATASET_SPECS.get(out["dataset"])
     if spec is not None:
         for name in RECIPE_FIELDS:
-            value = out[name]
-            placeholder = value == "auto" if name == "augment" else (value < 0 if name == "warmup_epochs" else value == 0)
-            if placeholder:
+            if is_placeholder(name, out[name]):
                 out[name] = getattr(spec, name)
     out.update({option: defaults[option] for option in unused_encoding_options(out["pe"])})
     for name in (part.strip() for part in str(out["pe"]).split("+")):

@@ -35,6 +35,13 @@ class DataError(RuntimeError):
 
 @dataclass(frozen=True)
 class DatasetSpec:
+    """A dataset's shape and its recipe: what each placeholder field of a config resolves to
+    (rpevit.config.RECIPE_FIELDS), so that a trial that leaves a knob alone runs what was chosen for
+    its dataset. The recipe's lr, init, grad_clip and redraw_interval are the choices of the dataset's
+    own validation split, one for every variant alike (rpevit.analysis.validation_choice; which study
+    chose each is named beside DATASET_SPECS, and tests/test_defaults_follow_validation.py fails when
+    a published choice and the recipe differ)."""
+
     name: str
     image_size: int
     channels: int
@@ -42,17 +49,29 @@ class DatasetSpec:
     patch_size: int  # default: 16 tokens for 8x8 and 28x28 images, 64 for 32x32
     augment: str  # the default augmentation: "none", "crop" or "crop_flip"
     crop_padding: int  # zero padding of the random crop
-    batch_size: int  # recipe defaults, used when the config leaves them at 0 / -1
+    batch_size: int  # recipe defaults, used when the config leaves them at 0 / -1 / auto
     lr: float
     warmup_epochs: float
+    init: str = "trunc_normal"  # initial Linear weights (rpevit.models.vit.ViT)
+    grad_clip: float = 1.0  # max global gradient norm (0: off)
+    redraw_interval: int = 1  # training steps between random-feature redraws (0: one draw)
 
 
 DATASET_SPECS = {
-    # each dataset's recipe: what a 0 / -1 / auto field resolves to (config.resolve_values)
+    # each dataset's recipe: what a 0 / -1 / auto field resolves to (config.resolve_values).
+    # digits (the smoke dataset): no recipe or redraw validation; timm's init, clipping at 1, MNIST's redraw
     "digits": DatasetSpec("digits", 8, 1, 10, 2, "none", 1, 16, 1e-3, 1.0),
-    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none", 2, 64, 2e-3, 0.2),
-    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip", 4, 128, 1e-3, 5.0),
-    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip", 4, 128, 1e-3, 5.0),
+    # lr / init / grad_clip: results/recipe_val_mnist (4e-3, torch_default, 1.0); redraw: results/redraw_val_mnist
+    # (every step, one choice for every encoding alike)
+    "mnist": DatasetSpec("mnist", 28, 1, 10, 7, "none", 2, 64, 4e-3, 0.2, init="torch_default", grad_clip=1.0,
+                         redraw_interval=1),
+    # lr / init / grad_clip: results/recipe_val_cifar10 (1e-3, torch_default, off); redraw:
+    # results/redraw_val_cifar10 (every 10 steps, one choice for every encoding alike)
+    "cifar10": DatasetSpec("cifar10", 32, 3, 10, 4, "crop_flip", 4, 128, 1e-3, 5.0, init="torch_default",
+                           grad_clip=0.0, redraw_interval=10),
+    # CIFAR-100 has no validation study of its own: CIFAR-10's choices (the same images and protocol model)
+    "cifar100": DatasetSpec("cifar100", 32, 3, 100, 4, "crop_flip", 4, 128, 1e-3, 5.0, init="torch_default",
+                            grad_clip=0.0, redraw_interval=10),
 }
 
 

@@ -115,7 +115,8 @@ class Option:
     like every field (rpevit.config). What it says is what a core field's `_field(...)` says:
 
     type: int, float or str. default: a value of that type (the `__init__` default should be
-    `OPTION.default`). help: one line for both CLIs. choices (str options) or the bounds ge / gt / le /
+    `OPTION.default`; where that is a dataset_default sentinel, the value the default config resolves it
+    to, as tests/test_factory.py checks). help: one line for both CLIs. choices (str options) or the bounds ge / gt / le /
     lt (numbers): what is allowed; note: appended to the allowed text; dataset_default: a sentinel
     outside the bounds meaning "the dataset's default". cost_free: a value the computation uses without
     changing its shape or its operations (a scale, an eps), so one bench row measures every value.

@@ -37,5 +37,5 @@ def test_good_config_round_trips() -> None:
     assert cfg.pe_names == ["ape", "rope"]
     assert cfg.grid == (4, 4) and cfg.resolved_batch_size == 64 and cfg.resolved_lr == 1.0
     default = TrialConfig.from_dict({"dataset": "mnist"})
-    assert default.resolved_lr == 2e-3 and default.resolved_warmup_epochs == 0.2
+    assert default.resolved_lr == 4e-3 and default.resolved_warmup_epochs == 0.2  # results/recipe_val_mnist
     assert TrialConfig.from_dict(cfg.to_dict()) == cfg

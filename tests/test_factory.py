@@ -26,7 +26,18 @@ from rpevit.registry import CONTEXT, init_parameters
 registry.load_all()
 LAYERS = [("attention", name, cls) for name, cls in sorted(registry.ATTENTIONS.items())] + [
     ("pe", name, cls) for name, cls in sorted(registry.POSITION_ENCODINGS.items())]
+
+
 DEFAULTS = {f.name: f.default for f in fields(TrialConfig)}
+
+
+def config_defaults(section: str, name: str) -> dict[str, object]:
+    """The config default of each field, what a layer built outside a config should run; where that default
+    is the dataset's (redraw_interval, luo_scale: a dataset_default sentinel), what the default config
+    (digits) resolves it to with this layer chosen. A layer's own `auto` (rotinv_basis) stays `auto`."""
+    resolved = TrialConfig(**{section: name}).resolved().to_dict()
+    sentinel = {f.name for f in fields(TrialConfig) if "dataset_default" in f.metadata}
+    return {k: resolved[k] if k in sentinel else v for k, v in DEFAULTS.items()}
 
 
 def declared_defaults(cls: type) -> dict[str, object]:
@@ -46,10 +57,11 @@ def test_layers_declare_context_and_own_options_with_the_config_defaults(section
     assert "cfg" not in params
     options = set(section_fields()[section])
     assert set(params) <= set(CONTEXT) | options, (name, params)
+    resolved = config_defaults(section, name)
     for param, default in declared_defaults(cls).items():
         if param in options:
-            assert default == DEFAULTS[param], f"{cls.__name__}({param}={default!r}) but the config default is " \
-                                               f"{DEFAULTS[param]!r}"
+            assert default == resolved[param], f"{cls.__name__}({param}={default!r}) but the default config " \
+                                               f"resolves it to {resolved[param]!r}"
 
 
 def test_factory_refuses_an_option_that_is_not_a_field_of_the_section():

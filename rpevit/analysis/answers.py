@@ -45,7 +45,7 @@ from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closu
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
 from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
-from rpevit.config import TrialConfig
+from rpevit.config import FIRST_DEFAULTS, TrialConfig, recorded_values
 from rpevit.sweep.declaration import DECLARATION_FILE
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE
@@ -483,15 +483,18 @@ def ran_with(sources: Sources, knob: tuple[str, ...]) -> str:
     values = rows[list(knob)].drop_duplicates().itertuples(index=False, name=None)
     text = " and ".join(", ".join(fmt(v) for v in value) for value in sorted(values, key=repr)) or "—"
     if unrecorded:
+        first = recorded_values({})
         text += (f" ({', '.join(unrecorded)}: not recorded by rows written before the field existed; the code then "
-                 f"had only what the field's default does)")
+                 f"had only what " + ", ".join(f"{name} {first[name]}" if name in first else f"{name}'s default"
+                                               for name in unrecorded) + " does)")
     return text
 
 
 def with_defaults_for_unrecorded(rows: pd.DataFrame, knob: tuple[str, ...]) -> tuple[pd.DataFrame, list[str]]:
     """Rows with each knob field they lack (a config field added after they were written: their code had
-    only the behaviour the field's default keeps) filled with that default, and the names so filled."""
-    defaults = {f.name: f.default for f in fields(TrialConfig)}
+    only the behaviour the field's first default keeps, rpevit.config.recorded_values) filled with that
+    value, and the names so filled."""
+    defaults = recorded_values({f.name: f.default for f in fields(TrialConfig) if f.name not in FIRST_DEFAULTS})
     unrecorded = [name for name in knob if name not in rows.columns or rows[name].isna().any()]
     if not unrecorded:
         return rows, []
@@ -883,8 +886,33 @@ def mnist_redraw_table(sources: Sources) -> str:
                            "TV to softmax"], rows)
 
 
+def recipe_table(sources: Sources) -> str:
+    """docs/usage.md: each dataset's recipe, what a config that leaves a field alone runs (rpevit.data,
+    rpevit.pe.relative_bias), and per knob chosen on validation the published study that chose it."""
+    from rpevit.data import DATASET_SPECS
+
+    chosen_by = {}
+    for folder in validation_folders(sources.results_dir):
+        found = validation_choice.chosen_for_every_variant(folder)
+        if found is not None:
+            chosen_by[found[:2]] = folder.name
+    rows = []
+    for name, spec in DATASET_SPECS.items():
+        cfg = TrialConfig.from_dict({"dataset": name, "pe": "luo_rpe"}).resolved()
+        studies = [chosen_by.get((name, knob)) for knob in validation_choice.JOINT]
+        rows.append([name, f"{spec.image_size} / {cfg.resolved_patch_size} ({cfg.grid[0] * cfg.grid[1]})",
+                     str(cfg.batch_size), fmt(cfg.lr), fmt(cfg.warmup_epochs), cfg.init, fmt(cfg.grad_clip),
+                     f"every {cfg.redraw_interval} until {fmt(cfg.redraw_until)}", fmt(cfg.luo_scale),
+                     ", ".join(f"`{s}`" for s in studies if s) or "none"] +
+                    [", ".join("/".join(knob) for knob, s in zip(validation_choice.JOINT, studies) if not s) or "—"])
+    return markdown_table(["dataset", "image / patch (tokens)", "batch", "lr", "warm-up epochs", "init", "grad_clip",
+                           "redraw", "luo_scale", "chosen on validation by", "not chosen on this dataset's validation"],
+                          rows)
+
+
 # ---------------------------------------------------------------- files
 BLOCKS: dict[str, Callable[[Sources], str]] = {
+    "dataset-recipes": recipe_table,
     "answers": readme_block,
     "study-rows": rows_block,
     "cifar10-pilots": pilots_block,

@@ -34,9 +34,11 @@ KNOBS = (("luo_scale",), REDRAW, RECIPE)
 EARLIER = {("luo_scale",): (10.0,), REDRAW: (100, 0.8),  # chosen on test before
            RECIPE: {"mnist": (2e-3, "trunc_normal", 1.0), "cifar10": (1e-3, "trunc_normal", 1.0)}}
 # Knobs a study takes once for all its cells (the candidate with the highest mean over the cells), beside the
-# per-cell choice: the recipe, and the redraw schedule, which a study's encodings share so that comparing two
-# encodings under FAVOR+ does not also compare two schedules (like with like).
-JOINT = (RECIPE, REDRAW)
+# per-cell choice: the recipe, the redraw schedule, which a study's encodings share so that comparing two
+# encodings under FAVOR+ does not also compare two schedules (like with like), and luo_scale, which a
+# study's backends share so that the softmax / Performer gap under luo_rpe does not also compare two scales.
+# The joint choice is the dataset's default (rpevit.data.DATASET_SPECS, rpevit.pe.relative_bias).
+JOINT = (RECIPE, REDRAW, ("luo_scale",))
 NOT_ON_THE_SCALE = {"redraw_interval": {0}}  # 0 = never redraw: another setting, not the end of the interval scale
 SCALE_ENDS = {"redraw_interval": 1}  # a redraw every step: nothing lies beyond it
 
@@ -194,6 +196,21 @@ def margins(records: list[dict]) -> dict[str, stats.Judged]:
             a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
             family[cell_name(record)] = lambda level, a=a, b=b: stats.welch(a, b, level)
     return stats.judge_family(family) if family else {}
+
+
+def chosen_for_every_variant(results_dir: Path) -> tuple[str, tuple[str, ...], tuple] | None:
+    """(dataset, knob, the joint choice) of a validation study's rows, for a JOINT knob; None when it
+    has no train rows or no candidate was measured in every cell. What the dataset's defaults follow
+    (tests/test_defaults_follow_validation.py)."""
+    frame = load_trials(results_dir, task="train")
+    if frame.empty:
+        return None
+    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir))
+    joint = joint_choice(knob, records) if knob in JOINT else None
+    datasets = {record["cell"][0] for record in records}
+    if joint is None or len(datasets) != 1:
+        return None
+    return datasets.pop(), knob, joint["chosen"]
 
 
 def build(results_dir: Path) -> str | None:

@@ -64,6 +64,11 @@ class KernelizedAttention(RandomFeatureBackend):
                  feature_type: str = FEATURE_TYPE.default, redraw_interval: int = 1, redraw_until: float = 0.8,
                  **context: Any) -> None:
         super().__init__(**context)
+        # defaults: what the default config (digits) resolves to; -1 is a config's "the dataset's recipe"
+        if redraw_interval < 0:
+            raise ValueError(f"redraw_interval has value {redraw_interval!r}; allowed: 0 (one draw) or a number of "
+                             f"steps (-1 is a config's 'the dataset's recipe', resolved by TrialConfig.resolved() "
+                             f"before a layer is built)")
         self.seed = seed
         self.num_features = num_features
         self.feature_type = feature_type

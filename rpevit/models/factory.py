@@ -50,6 +50,7 @@ def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> di
 def build_attention(cfg: TrialConfig, layer: int, *, name: str | None = None) -> AttentionBackend:
     """The backend cfg.attention (or `name`, e.g. "softmax" for the softmax swap) of attention layer `layer`."""
     registry.load_all()
+    cfg = cfg.resolved()  # no layer sees a placeholder (build_model passes a resolved cfg: this is a no-op then)
     cls = registry.ATTENTIONS[name or cfg.attention]
     return cls(**layer_arguments(cls, cfg, "attention", layer))
 
@@ -57,6 +58,7 @@ def build_attention(cfg: TrialConfig, layer: int, *, name: str | None = None) ->
 def build_encodings(cfg: TrialConfig, hook_kinds: tuple[str, ...], layer: int) -> nn.ModuleList:
     """Instances of the encodings named in cfg.pe whose hook is one of `hook_kinds` (layer -1: the token hook)."""
     registry.load_all()
+    cfg = cfg.resolved()
     classes = [registry.POSITION_ENCODINGS[name] for name in cfg.pe_names]
     return nn.ModuleList(c(**layer_arguments(c, cfg, "pe", layer)) for c in classes if c.hook in hook_kinds)
 
@@ -65,6 +67,7 @@ def build_model(cfg: TrialConfig, in_chans: int, num_classes: int) -> ViT:
     """Seeded construction: the same cfg.seed gives the same initial weights and random patterns."""
     from rpevit.models.vit import ViT  # timm with the first model built: validation imports the tasks, not timm
 
+    cfg = cfg.resolved()  # layers take values, never "the dataset's" placeholders (init, redraw, luo_scale)
     torch.manual_seed(cfg.seed)
     return ViT(
         img_size=cfg.resolved_image_size, patch_size=cfg.resolved_patch_size, in_chans=in_chans,

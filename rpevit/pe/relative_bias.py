@@ -39,10 +39,17 @@ from rpevit.registry import Option, register_pe
 CROSSOVER_FILE = Path(__file__).with_name("luo_crossover.json")
 LUO_PATH = Option("luo_path", str, "auto", "luo_rpe on kernelized backends: FFT Toeplitz sums or the dense matrix "
                   "(auto: by token count)", choices=("auto", "fft", "dense"))
-# 1000: what digits validation chose for favor and relu (results/luo_scale_val_digits; 3000 diverged),
-# softmax flat from 30 to 3000; the earlier 10 was chosen on test
-LUO_SCALE = Option("luo_scale", float, 1000.0, "the Luo bias table is luo_scale x a raw parameter "
-                   "(rpevit/pe/relative_bias.py)", gt=0, cost_free=True)
+# luo_scale 0 (the default) is the dataset's value, what its validation split chose for every backend
+# alike (rpevit.analysis.validation_choice; tests/test_defaults_follow_validation.py compares the two):
+# digits 1000 (results/luo_scale_val_digits: favor and relu; 3000 diverged), MNIST 3
+# (results/luo_scale_val_mnist: softmax, favor and relu; 100 and 1000 diverged). CIFAR-10 has no choice
+# yet (results/in_progress/luo_scale_val_cifar10 runs): until it has, it and CIFAR-100 keep 1000, the
+# default before defaults followed each dataset. The earlier 10 was chosen on test.
+LUO_SCALE_BY_DATASET = {"digits": 1000.0, "mnist": 3.0, "cifar10": 1000.0, "cifar100": 1000.0}
+LUO_SCALE = Option("luo_scale", float, 0.0, "the Luo bias table is luo_scale x a raw parameter "
+                   "(rpevit/pe/relative_bias.py)", gt=0, dataset_default=0.0,
+                   note="the dataset's validated value: " + ", ".join(
+                       f"{name} {value:g}" for name, value in LUO_SCALE_BY_DATASET.items()), cost_free=True)
 
 # A device kind the table has no entry for takes the FFT path from this many tokens on (the rule before
 # the table: an extrapolated CPU crossing at head dim 32; docs/mechanisms.md has the measurements).
@@ -180,13 +187,23 @@ def _fft_chunk(phi_q: Tensor, phi_k: Tensor, v_one: Tensor, weights: Tensor, gri
 class LuoRelativeBias(PositionEncoding):
     hook = "score"
 
-    def __init__(self, *, luo_scale: float = LUO_SCALE.default, luo_path: str = LUO_PATH.default,
+    def __init__(self, *, luo_scale: float = LUO_SCALE_BY_DATASET["digits"], luo_path: str = LUO_PATH.default,
                  **context: Any) -> None:
         super().__init__(**context)
+        # luo_scale's default: what the default config (digits) resolves 0 to; 0 is a config's "the dataset's value"
+        if not luo_scale > 0:
+            raise ValueError(f"luo_scale has value {luo_scale!r}; allowed: a positive scale (0 is a config's "
+                             f"'the dataset's value', resolved by TrialConfig.resolved() before a layer is built)")
         h, w = self.grid
         self.scale = luo_scale
         self.path = luo_path
         self.raw_table = nn.Parameter(torch.zeros(self.heads, 2 * h - 1, 2 * w - 1))
+
+    @classmethod
+    def resolve_options(cls, values: dict[str, Any]) -> dict[str, Any]:
+        """luo_scale 0: the dataset's validated value (LUO_SCALE_BY_DATASET)."""
+        scale = values["luo_scale"]
+        return {"luo_scale": LUO_SCALE_BY_DATASET[values["dataset"]] if scale == LUO_SCALE.dataset_default else scale}
 
     @property
     def table(self) -> torch.Tensor:

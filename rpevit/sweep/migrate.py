@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from rpevit.config import TrialConfig, field_types, resolve_values
+from rpevit.config import TrialConfig, field_types, recorded_values, resolve_values
 from rpevit.sweep.protocol import OK
 from rpevit.sweep import store
 from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, SPACE_FILE, STORED_KEY, TRIALS_FILE, DamagedResults,
@@ -44,13 +44,14 @@ __all__ = ["KEY_SCHEME", "STORED_KEY", "migrate_folder", "resolved_frame", "reso
 
 
 def resolved_config(row: dict[str, Any]) -> dict[str, Any] | None:
-    """The resolved config of a stored row (its config columns; absent or empty ones at their
-    defaults); None for a row without a dataset column (nothing to resolve it against)."""
+    """The resolved config of a stored row (its config columns; absent or empty ones at what their
+    code ran, rpevit.config.recorded_values: the first default of a field whose default moved, else
+    the default); None for a row without a dataset column (nothing to resolve it against)."""
     names = field_types()
     values = {k: v for k, v in row.items() if k in names and not is_missing(v)}
     if "dataset" not in values:
         return None
-    return resolve_values(values)
+    return resolve_values(recorded_values(values))
 
 
 def resolved_row(row: dict[str, Any]) -> dict[str, Any]:

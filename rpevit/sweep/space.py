@@ -67,7 +67,8 @@ from typing import Any, BinaryIO, Iterator
 import yaml
 
 from rpevit import registry
-from rpevit.config import ConfigError, TrialConfig, load_registry, resolve_values, unused_encoding_options
+from rpevit.config import (FIRST_DEFAULTS, ConfigError, TrialConfig, load_registry, resolve_values,
+                           unused_encoding_options)
 from rpevit.tasks.budget_ladder import LADDER_FIELDS, check_ladder
 from rpevit.tasks.grouping import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
@@ -569,9 +570,9 @@ def _check_trials(space: Space, declaration: Declaration | None, whole: bool) ->
 _FIELDS = tuple(f.name for f in fields(TrialConfig))
 _DEFAULTS = {f.name: f.default for f in fields(TrialConfig)}
 # What trial keys hash against: the defaults, except where a default changed after results were keyed
-# (redraw_interval 0 -> 100 -> 1, luo_scale 10 -> 1000): a changed default must not change the key of a
-# trial already run, so the baseline keeps the value the first keys were made with.
-KEY_BASELINE = {**_DEFAULTS, "redraw_interval": 0, "luo_scale": 10.0}
+# (rpevit.config.FIRST_DEFAULTS: redraw_interval, luo_scale, init, grad_clip): a changed default must not
+# change the key of a trial already run, so the baseline keeps the value the first keys were made with.
+KEY_BASELINE = {**_DEFAULTS, **FIRST_DEFAULTS}
 
 
 def _check_fields(values: dict[str, Any], where: str, source: str) -> None:

@@ -43,6 +43,7 @@ METRICS = TaskMetrics(
 def time_variant(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                  on_epoch: Callable | None = None, log: Callable[[str], None] | None = print) -> dict:
     """Time one variant; `checkpoint_dir`/`on_epoch` are accepted for the common task signature."""
+    cfg = cfg.resolved()  # what runs: the recipe's values where the config leaves them to it
     device = resolve_device(cfg.device)
     spec = DATASET_SPECS[cfg.dataset]
     model = build_model(cfg, spec.channels, spec.num_classes).to(device)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rpevit import checkpoint
-from rpevit.config import ConfigError, TrialConfig, field_error
+from rpevit.config import ConfigError, TrialConfig, field_error, resolve_values
 from rpevit.tasks.schedule import WARMUP_MAX_FRACTION, cooldown_start, lr_factor
 
 LADDER_FIELDS = ("epochs",)  # what may differ between the rungs of one ladder
@@ -50,12 +50,13 @@ class Branch:
 
 def check_ladder(cfgs: Sequence[TrialConfig], source: str = "space") -> None:
     """Refuse rungs that cannot share one trunk (the conditions of the module docstring), in epoch units,
-    before anything trains; the trainer checks again in steps (branch_epoch)."""
+    before anything trains; the trainer checks again in steps (branch_epoch). Compared resolved: a rung
+    that leaves a field to its dataset's recipe and one that writes the recipe's value out share a trunk."""
     if not cfgs:
         return
-    first = cfgs[0].to_dict()
+    first = resolve_values(cfgs[0].to_dict())
     for cfg in cfgs[1:]:
-        for name, value in cfg.to_dict().items():
+        for name, value in resolve_values(cfg.to_dict()).items():
             if name not in LADDER_FIELDS and name != "data_dir" and value != first[name]:
                 raise field_error(source, name, value, f"{first[name]!r}, the value of the other rungs of the ladder "
                                   f"(rungs differ only in {', '.join(LADDER_FIELDS)})")

@@ -149,6 +149,7 @@ def train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict 
     a member whose loss diverges fails at the end of that epoch and the others go on. `tagged`: each
     log line starts with the member's seed (always so for k > 1)."""
     log = log or (lambda _msg: None)
+    cfgs = [c.resolved() for c in cfgs]  # what runs: the recipe's init, clipping, redraw, ... where left to it
     cfg, k = cfgs[0], len(cfgs)
     device = resolve_device(cfg.device)
     outcomes: list[Outcome | None] = [None] * k
