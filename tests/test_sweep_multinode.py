@@ -38,11 +38,13 @@ ROOT = Path(__file__).resolve().parents[1]
 RAY = str(Path(sys.executable).with_name("ray"))
 TAG = "RPEVIT_TEST_NODE"
 SPACE = {"name": "multinode", "task": "train",
-         "fixed": {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 1200, "epochs": 3,
+         "fixed": {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 1200, "epochs": 30,
                    "batch_size": 50, "eval_draws": 2, "drop_path": 0.0},
          "grid": {"attention": ["softmax", "favor"], "pe": ["ape", "rope", "luo_rpe"]},
          "seeds": [0], "resources": {"cpus_per_trial": 1, "gpus_per_trial": 0}}
-TRIALS, EPOCHS = 6, 3
+# 30 epochs: seconds of training after a trial's first log line, so node a is killed while its trial still runs
+# (at 3 epochs a trial ended within the second it started, and a CI run killed the node just after it finished)
+TRIALS, EPOCHS = 6, 30
 
 
 def free_port() -> int:
