@@ -48,7 +48,7 @@ LUO_PATH = Option("luo_path", str, "auto", "luo_rpe on kernelized backends: FFT 
 LUO_SCALE_BY_DATASET = {"digits": 1000.0, "mnist": 3.0, "cifar10": 1000.0, "cifar100": 1000.0}
 LUO_SCALE = Option("luo_scale", float, 0.0, "the Luo bias table is luo_scale x a raw parameter "
                    "(rpevit/pe/relative_bias.py)", gt=0, dataset_default=0.0,
-                   note="the dataset's validated value: " + ", ".join(
+                   note="the dataset's value, which docs/usage.md says where validation chose: " + ", ".join(
                        f"{name} {value:g}" for name, value in LUO_SCALE_BY_DATASET.items()), cost_free=True)
 
 # A device kind the table has no entry for takes the FFT path from this many tokens on (the rule before
