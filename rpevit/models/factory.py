@@ -50,7 +50,7 @@ def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> di
 def build_attention(cfg: TrialConfig, layer: int, *, name: str | None = None) -> AttentionBackend:
     """The backend cfg.attention (or `name`, e.g. "softmax" for the softmax swap) of attention layer `layer`."""
     registry.load_all()
-    cfg = cfg.resolved()  # no layer sees a placeholder (build_model passes a resolved cfg: this is a no-op then)
+    cfg = cfg.resolved()  # no layer sees a placeholder; idempotent (construction only, never in a forward)
     cls = registry.ATTENTIONS[name or cfg.attention]
     return cls(**layer_arguments(cls, cfg, "attention", layer))
 
