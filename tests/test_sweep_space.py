@@ -223,16 +223,24 @@ def test_cli_dry_run_does_not_import_ray(tmp_path):
 
 def test_gpu_claims_spread_before_sharing_and_forget_dead_processes(tmp_path):
     claims = tmp_path / "claims.json"
-    got = [claim_least_loaded_gpu(0.25, 2, pid=p, claims_file=claims) for p in (os.getpid(), os.getppid())]
-    assert got == [0, 1]  # one trial per GPU before any GPU takes a second
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    assert claim_least_loaded_gpu(0.5, 2, pid=dead.pid, claims_file=claims) == 0  # tie -> lowest index
-    # had the dead process's 0.5 on GPU 0 been kept, GPU 1 would be the least loaded
-    assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0
-    assert str(dead.pid) not in yaml.safe_load(claims.read_text())
-    assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0  # re-claim replaces, not adds
-    assert yaml.safe_load(claims.read_text())["1"] == [0, 0.25]
+    # two live processes of this test's own, not os.getppid(): a pytest started under nohup or as a container's
+    # first process has parent pid 1, the pid the claims below use (a run so started failed here)
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        assert 1 not in (os.getpid(), alive.pid)
+        got = [claim_least_loaded_gpu(0.25, 2, pid=p, claims_file=claims) for p in (os.getpid(), alive.pid)]
+        assert got == [0, 1]  # one trial per GPU before any GPU takes a second
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        assert claim_least_loaded_gpu(0.5, 2, pid=dead.pid, claims_file=claims) == 0  # tie -> lowest index
+        # had the dead process's 0.5 on GPU 0 been kept, GPU 1 would be the least loaded
+        assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0
+        assert str(dead.pid) not in yaml.safe_load(claims.read_text())
+        assert claim_least_loaded_gpu(0.25, 2, pid=1, claims_file=claims) == 0  # re-claim replaces, not adds
+        assert yaml.safe_load(claims.read_text())["1"] == [0, 0.25]
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_gpu_claims_live_in_the_private_folder_and_never_follow_links(tmp_path, monkeypatch):
