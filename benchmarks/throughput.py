@@ -123,8 +123,10 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
                 with record_function("train_step"):
                     step(images, labels, masks)
 
+        t0 = time.perf_counter()
         run(0, warmup)
         synchronize(device)
+        warmup_s = time.perf_counter() - t0  # compilation happens here: what a short run pays once
         together = wait_for_others(*barrier) if barrier else True
         rates = []
         for sample in range(samples):
@@ -136,7 +138,7 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
         flops, _ = count_flops(models[0], data.normalize(data.x_train[:2]))
     median = sorted(rates)[len(rates) // 2]
     row = {"members": k, "compile": compile_mode, "images_per_s": median, "images_per_s_samples": rates,
-           "step_ms": 1e3 * k * batch / median, "forward_flops_per_image_fvcore": flops,
+           "step_ms": 1e3 * k * batch / median, "warmup_s": warmup_s, "forward_flops_per_image_fvcore": flops,
            "compile_fallback": guard.fallback, "timed_together": together}
     return {**row, "profile": profiled} if profiled else row
 
@@ -252,8 +254,8 @@ def plan_modes(key: str, args: argparse.Namespace, device: torch.device) -> list
     prof = args.profile_steps
     plan = [("solo eager", lambda: measure(model, 1, "off", device, steps, warmup, samples, profile=prof)),
             (f"solo compiled ({mode})", lambda: measure(model, 1, mode, device, steps, warmup, samples, profile=prof))]
-    plan += [(f"fused k={k} + compiled ({mode})",
-              lambda k=k: measure(model, k, mode, device, steps, warmup, samples, profile=prof)) for k in args.fused]
+    plan += [(f"fused k={k} + compiled ({mode})", lambda k=k: measure(model, k, mode, device, steps, warmup, samples,
+                                                                     profile=prof)) for k in args.fused if k > 1]
     if args.packed > 1:
         k = min(args.fused)
         plan.append((f"{args.packed} packed processes, fused k={k} + compiled",
@@ -275,7 +277,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["gpu"], choices=sorted(MODELS))
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--fused", nargs="+", type=int, default=[3, 5], help="fused group sizes k (compiled)")
+    parser.add_argument("--fused", nargs="+", type=int, default=[3, 5],
+                        help="fused group sizes k (compiled); 1 alone: no fused mode, and --variants times each "
+                             "variant solo compiled")
     parser.add_argument("--packed", type=int, default=4, help="processes of compiled fused groups at once (0: skip)")
     parser.add_argument("--compile", default="on", choices=("on", "cudagraphs"), help="the compiled modes' setting")
     parser.add_argument("--mps", action="store_true",
@@ -292,8 +296,12 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads of this process (0: torch's default); a CPU sweep trial runs with "
+                             "cpus_per_trial threads, so --threads 1 times what a 1-cpu trial runs")
     args = parser.parse_args()
+    if min(args.fused) < 1:
+        parser.error(f"--fused has value {min(args.fused)}; allowed: group sizes of 1 or more")
     if args.samples < 3 and not args.worker:
         parser.error(f"--samples has value {args.samples}; allowed: 3 or more (a median of fewer is no median)")
     if args.mps and (args.device != "cuda" or args.packed < 2):
@@ -304,6 +312,8 @@ def main() -> None:
         worker(args)
         return
     registry.load_all()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     peak, peak_text = peak_flops(device)
     print(f"device: {device_name(device)}; torch {torch.__version__}; {torch.get_num_threads()} threads; "
@@ -352,26 +362,32 @@ def write_json(path: str | None, results: dict) -> None:
 
 def time_variants(key: str, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int,
                   samples: int) -> list[dict]:
-    """Each all12 variant solo eager and fused k + compiled, side by side; the projected hours of the
-    CIFAR-10 half from these rates (each variant at its own fused rate)."""
+    """Each all12 variant solo eager and fused k + compiled (k = 1: solo compiled), side by side, with each
+    one's warm-up time (compilation: what a short run, such as a ladder's cool-down branch, pays once); the
+    projected hours of the CIFAR-10 half from these rates (each variant at its own compiled rate)."""
     rows, hours = [], 0.0
-    print(f"  per variant (solo eager vs fused k={k} + compiled {compile_mode}):", flush=True)
+    compiled_name = f"solo compiled {compile_mode}" if k == 1 else f"fused k={k} + compiled {compile_mode}"
+    print(f"  per variant (solo eager vs {compiled_name}; warm-up seconds in brackets):", flush=True)
     for attention, pe in ALL12:
         row = {"variant": f"{attention}+{pe}"}
         try:
             solo = measure(MODELS[key], 1, "off", device, steps, warmup, samples, attention, pe)
             fused = measure(MODELS[key], k, compile_mode, device, steps, warmup, samples, attention, pe)
             row.update(solo_images_per_s=solo["images_per_s"], fused_images_per_s=fused["images_per_s"],
-                       speedup=fused["images_per_s"] / solo["images_per_s"], compile_fallback=fused["compile_fallback"])
+                       members=k, speedup=fused["images_per_s"] / solo["images_per_s"],
+                       solo_warmup_s=solo["warmup_s"], fused_warmup_s=fused["warmup_s"],
+                       compile_fallback=fused["compile_fallback"])
             hours += STUDY_IMAGES / len(ALL12) / fused["images_per_s"] / 3600
-            print(f"    {row['variant']:<26} {row['solo_images_per_s']:>9.0f} -> {row['fused_images_per_s']:>9.0f} "
-                  f"images/s ({row['speedup']:.2f}x)", flush=True)
+            fell_back = f"  COMPILE FELL BACK TO EAGER: {row['compile_fallback']}" if row["compile_fallback"] else ""
+            print(f"    {row['variant']:<26} {row['solo_images_per_s']:>9.0f} [{row['solo_warmup_s']:.0f} s] -> "
+                  f"{row['fused_images_per_s']:>9.0f} [{row['fused_warmup_s']:.0f} s] images/s "
+                  f"({row['speedup']:.2f}x){fell_back}", flush=True)
         except Exception as err:  # noqa: BLE001 - reported, the other variants still run
             row["error"] = f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
             hours = math.nan
             print(f"    {row['variant']:<26} failed: {row['error']}", flush=True)
         rows.append(row)
-    print(f"  projected all12 CIFAR-10 half at each variant's fused rate: {hours:.2f} h on this device", flush=True)
+    print(f"  projected all12 CIFAR-10 half at each variant's compiled rate: {hours:.2f} h on this device", flush=True)
     return rows + [{"projected_all12_cifar10_hours": hours}]
 
 

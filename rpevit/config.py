@@ -173,7 +173,8 @@ class _CoreFields:
     dtype: str = _field("float32", "runtime", "dtype of parameters and activations (float64: the exactness "
                             "checks of fused and compiled steps; amp autocasts on top)", choices=("float32", "float64"))
     compile: str = _field("off", "runtime", "torch.compile the training step's forward + loss (fullgraph): on = "
-                          "inductor, cudagraphs = inductor with CUDA graphs; off on the CPU, where it does not pay",
+                          "inductor, cudagraphs = inductor with CUDA graphs; on the CPU it pays for some variants and "
+                          "slows others (results/compile_cpu_1thread/)",
                           choices=("off", "on", "cudagraphs"))
 
     # bench task

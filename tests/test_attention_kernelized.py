@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rpevit.attention.base import LowRankModulation
-from rpevit.attention.kernelized import FavorAttention, ReluAttention
+from rpevit.attention import kernelized
+from rpevit.attention.kernelized import FavorAttention, ReluAttention, relu_as_product
 from rpevit.attention.softmax import SoftmaxAttention
 from rpevit.pe.relative_bias import RelativeBias
 
@@ -226,6 +227,37 @@ def test_relu_identity_has_no_projection_and_eps_positive():
     q, k, v = qkv()
     q, k = -q.abs(), -k.abs()  # every ReLU is zero: only eps keeps the normaliser positive
     torch.testing.assert_close(backend(q, k, v), v.mean(dim=-2, keepdim=True).expand_as(v))
+
+
+def test_relu_as_a_product_is_torch_relu_in_value_and_gradient():
+    """x * 1[x > 0] against torch.relu: the same values and gradients (exact, float32), zeros included and
+    with the gradient arriving transposed, as linear attention hands it back."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 17, 8, generator=g).round(decimals=1)  # rounding makes exact zeros
+    assert (x == 0).any()
+    upstream = torch.randn(2, 3, 8, 17, generator=g).transpose(-1, -2)
+    grads = []
+    for relu in (torch.relu, relu_as_product):
+        leaf = x.clone().requires_grad_()
+        out = relu(leaf)
+        out.backward(upstream)
+        grads.append((out.detach(), leaf.grad))
+    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+
+
+@pytest.mark.parametrize("relu_projection", ["random", "identity"])
+def test_performer_relu_equals_its_torch_relu_form_exactly(monkeypatch, relu_projection):
+    """The layer's output and input gradients are what they were with torch.relu (float32, exact): the
+    product form is a speed change only."""
+    q, k, v = (t.float().requires_grad_() for t in qkv(n=20, d=HEAD_DIM))
+    results = []
+    for relu in (relu_as_product, torch.relu):
+        monkeypatch.setattr(kernelized, "relu_as_product", relu)
+        backend = build("relu", relu_projection=relu_projection).float()
+        out = backend(q, k, v)
+        results.append((out.detach(), *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    for ours, reference in zip(*results):
+        assert torch.equal(ours, reference)
 
 
 def test_auto_luo_path_switches_to_fft_at_the_measured_crossover(monkeypatch):

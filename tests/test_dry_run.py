@@ -79,6 +79,24 @@ def test_a_gpu_space_on_a_cpu_machine_is_warned_with_the_flags_for_the_cpu(monke
     assert dry_run.gpu_warning(load_space(SMOKE), load_space(SMOKE).resources, local=True) is None
 
 
+def test_compile_on_alone_is_no_gpu_request(monkeypatch, tmp_path):
+    """A CPU space that compiles some variants (compile pays on the CPU for softmax and FAVOR+) is not warned;
+    CUDA graphs are a GPU request."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = tmp_path / "cpu_compiled.yaml"
+    path.write_text("name: cpu_compiled\ntask: train\nfixed: {dataset: digits, epochs: 1}\n"
+                    "grid:\n  - {attention: [softmax, favor], compile: ['on']}\n  - {attention: [relu]}\n")
+    space = load_space(path)
+    assert {t["compile"] for t in space.trials} == {"on", "off"}
+    assert dry_run.gpu_warning(space, space.resources, local=True) is None
+    path.write_text(path.read_text().replace("compile: ['on']", "compile: [cudagraphs]"))
+    space = load_space(path)
+    warning = dry_run.gpu_warning(space, space.resources, local=True)
+    assert "compile cudagraphs" in warning and warning.endswith("On the CPU: --set compile=off")
+
+
 def test_the_estimate_comes_from_measured_rows_and_says_so(tmp_path):
     space = load_space(SMOKE)
     out = tmp_path / "smoke"

@@ -6,8 +6,9 @@
   missing (a trial would download it where it is online), or what a trial would refuse (a folder
   where the .npz should be, a missing file with RPEVIT_OFFLINE=1): a warning here, and a real local
   sweep stops on it before Ray starts (`check_data`);
-- a warning when the space is made for GPUs (gpus_per_trial > 0, compile on, bf16, device cuda) and
-  torch sees none on this machine, with the flags that run it on the CPU;
+- a warning when the space is made for GPUs (gpus_per_trial > 0, CUDA graphs, bf16, device cuda) and
+  torch sees none on this machine, with the flags that run it on the CPU (`compile: on` alone is no
+  GPU request: on the CPU it pays for some variants, results/compile_cpu_1thread/);
 - an estimate of the run's wall time from measured rows of this sweep's folder (the rows
   `--deadline` plans from, rpevit.sweep.deadline), labelled with where it came from, or a line
   saying that none is available.
@@ -33,7 +34,8 @@ from rpevit.sweep.results import TRIALS_FILE, DamagedResults, task_metrics
 from rpevit.sweep.store import holds_rows, read_rows
 from rpevit.sweep.space import Resources, Space
 
-GPU_FIELDS = {"compile": ("on", "cudagraphs"), "amp": ("bf16",), "device": ("cuda",)}  # values that ask for a GPU
+GPU_FIELDS = {"compile": ("cudagraphs",), "amp": ("bf16",), "device": ("cuda",)}  # values that ask for a GPU
+CPU_FIXES = {**GPU_FIELDS, "compile": ("on", "cudagraphs")}  # what a GPU space's CPU run turns off
 
 
 ALWAYS_SHOWN = ("task", "dataset", "attention", "pe", "epochs", "batch_size", "lr")  # what a reader looks for first
@@ -92,21 +94,24 @@ def check_data(space: Space, data_dir: str | None) -> None:
 
 def gpu_warning(space: Space, resources: Resources, local: bool) -> str | None:
     """A space made for GPUs dry-run where torch sees no GPU, and how to run it on the CPU instead."""
+    gpu = resources.gpus_per_trial > 0 or any(t[name] in values for name, values in GPU_FIELDS.items()
+                                              for t in space.trials)
+    if not gpu or not local:
+        return None
     asks = [f"gpus_per_trial {resources.gpus_per_trial:g}"] if resources.gpus_per_trial > 0 else []
-    for name, values in GPU_FIELDS.items():
+    for name, values in CPU_FIXES.items():
         found = sorted({t[name] for t in space.trials if t[name] in values})
         asks += [f"{name} {'/'.join(found)}"] if found else []
-    if not asks or not local:
-        return None
     import torch
 
     if torch.cuda.is_available():
         return None
     fixes = (["--gpus-per-trial 0"] if resources.gpus_per_trial > 0 else []) + [
         f"--set {name}={'off' if name == 'compile' else 'none' if name == 'amp' else 'cpu'}"
-        for name, values in GPU_FIELDS.items() if any(t[name] in values for t in space.trials)]
+        for name, values in CPU_FIXES.items() if any(t[name] in values for t in space.trials)]
     return (f"warning: this space is made for GPUs ({', '.join(asks)}) and torch sees no GPU on this machine: "
-            f"trials that need a GPU never start here, and compile / bf16 are slow on a CPU. On the CPU: "
+            f"trials that need a GPU never start here, and bf16 is slow on a CPU (compile pays there for some "
+            f"variants only: results/compile_cpu_1thread/). On the CPU: "
             f"{' '.join(fixes)}")
 
 
