@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-trial", type=float, default=None, help="fractions share a GPU (0.25: 4 per GPU)")
     p.add_argument("--cpus-per-trial", type=float, default=None)
     p.add_argument("--max-concurrent", type=int, default=None, help="0 = as many as the resources fit")
-    p.add_argument("--max-failures", type=int, default=1, help="retries per trial, from its checkpoint")
+    p.add_argument("--max-failures", type=int, default=1,
+                   help="retries per trial, from its checkpoint (a diverged trial, NaN loss, is never retried: it "
+                        "would replay the same steps)")
     p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
                    help="run trial after trial in warm worker processes (default); --no-reuse: a fresh "
                         "process per trial (the old behaviour: seconds of start-up per trial)")

@@ -97,7 +97,10 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
     assert len(ok) == 4 and len(failed) == 1
     assert failed["lr"].item() == 1e6 and "DivergedError: training loss is nan" in failed["error"].item()
     assert 'train.py", line' in failed["error_traceback"].item()
-    assert failed["attempts"].item() == 2  # tried, retried once from its checkpoint (--max-failures 1)
+    # a divergence replays identically from its checkpoint, so it is not retried (--max-failures 1 is for
+    # other errors: a killed worker, a lost node)
+    assert failed["attempts"].item() == 1
+    assert "not retried" in (results / "trials" / failed["trial_key"].item() / "log.txt").read_text()
     assert ok["test_acc"].between(0, 1).all() and ok["flops"].gt(0).all() and ok["epochs_done"].eq(2).all()
     assert set(ok["data_dir"]) == {""}  # digits reads no data folder (others get absolute paths)
     epochs = pd.read_parquet(results / "epochs.parquet")

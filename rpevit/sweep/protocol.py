@@ -27,7 +27,7 @@ FAILED: Status = "failed"
 RowKind = Literal["epoch", "summary", "failed", "note"]
 EPOCH: RowKind = "epoch"  # one epoch row of a running trial (epochs.parquet)
 SUMMARY: RowKind = "summary"  # the trial's result row (trials.parquet, status ok)
-VARIANT_FAILED: RowKind = "failed"  # one member of an interleaved timing trial raised; the others go on
+VARIANT_FAILED: RowKind = "failed"  # failed without its Tune trial raising: fused or interleaved member, divergence
 NOTE: RowKind = "note"  # a line for the sweep's output (`error` holds it): something the trial did without
 
 

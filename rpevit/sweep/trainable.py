@@ -54,6 +54,7 @@ from rpevit.sweep.results import trial_folder
 from rpevit.sweep.tensorboard_events import EpochBoard, tensorboard_dir
 from rpevit.tasks.bench import combine_repeats
 from rpevit.tasks.budget_ladder import Branch
+from rpevit.tasks.train import DivergedError
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
 WARMUP_TIMEOUT_S = 60.0  # how long warm-up trials wait for the other slots' workers
@@ -122,8 +123,13 @@ def run_single(spec: TrialSpec, member: Member) -> None:
             started_at = time.time()
             log(describe(key, placement))
             ladder = {"branches": branches_of(spec)} if spec.branches else {}
-            summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
-                                               on_epoch=lambda row, _dir=None: report(row), **ladder)
+            try:
+                summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
+                                                   on_epoch=lambda row, _dir=None: report(row), **ladder)
+            except DivergedError as err:  # replays identically from its checkpoint: a Tune retry would only
+                log(f"failed: {err} (not retried: a resumed run replays the same steps)")  # diverge again
+                report_failure(member, err)
+                return
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
 

@@ -142,7 +142,7 @@ class ParquetResults(Callback):
             self._add_trial({"sweep": self.sweep, **row, "trial_key": key, "status": OK, "error": "",
                              "error_traceback": "", "tune_trial_id": trial.trial_id})
             self.flush()
-        elif report.kind == VARIANT_FAILED:  # one variant of a multi-variant (interleaved timing) trial
+        elif report.kind == VARIANT_FAILED:  # a fused or interleaved member, or a diverged trial (not retried)
             self.record_failure(key, report.error, report.traceback, trial.trial_id, 1)
             self.flush()
 

@@ -44,7 +44,9 @@ Outcome = Union[dict, BaseException]  # a member's summary row, or why it failed
 
 
 class DivergedError(RuntimeError):
-    """The training loss became NaN or infinite."""
+    """The training loss became NaN or infinite. Deterministic: a run resumed from its last checkpoint
+    replays the same steps (tests/test_sweep_cli.py's sigkill resume equals an uninterrupted run), so it
+    diverges again; the sweep records it failed at once instead of retrying it (sweep/trainable.py)."""
 
 
 def resolve_device(name: str) -> torch.device:
