@@ -294,6 +294,8 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="after each in-process mode's samples, profile this many more steps (where the time goes)")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
+                        help="print the per-variant rows of these --variants files as one Markdown table, and stop")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--barrier", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=0,
@@ -307,6 +309,9 @@ def main() -> None:
     if args.mps and (args.device != "cuda" or args.packed < 2):
         parser.error(f"--mps with --device {args.device} and --packed {args.packed}; allowed: --device cuda and "
                      f"--packed 2 or more (MPS shares one CUDA device between processes)")
+    if args.table:
+        print(variants_table(args.table))
+        return
     training.COMPILE_BACKEND = args.backend
     if args.worker:
         worker(args)
@@ -389,6 +394,29 @@ def time_variants(key: str, k: int, compile_mode: str, device: torch.device, ste
         rows.append(row)
     print(f"  projected all12 CIFAR-10 half at each variant's compiled rate: {hours:.2f} h on this device", flush=True)
     return rows + [{"projected_all12_cifar10_hours": hours}]
+
+
+def variants_table(paths: list[str], model: str = "cpu") -> str:
+    """Markdown: per all12 variant, each file's solo eager and compiled images/s and their ratio (the
+    files of results/compile_cpu_1thread/README.md), so that no figure of it is typed by hand."""
+    runs = [(Path(path).stem, json.loads(Path(path).read_text())) for path in paths]
+    head = ["variant"]
+    for name, run in runs:
+        rows = run["models"][model]["variants"]
+        k = next((r.get("members", 0) for r in rows if "members" in r), 0)
+        compiled = "solo compiled" if k == 1 else f"fused k={k} + compiled"
+        head += [f"{name}: eager img/s", f"{name}: {compiled} img/s", f"{name}: ratio"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for attention, pe in ALL12:
+        cells = [f"{attention}+{pe}"]
+        for _, run in runs:
+            row = next((r for r in run["models"][model]["variants"] if r.get("variant") == cells[0]), {})
+            if "speedup" in row:
+                cells += [f"{row['solo_images_per_s']:.0f}", f"{row['fused_images_per_s']:.0f}", f"{row['speedup']:.2f}x"]
+            else:
+                cells += ["-", "-", row.get("error", "not run")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def format_row(row: dict, solo: dict) -> str:
