@@ -183,10 +183,10 @@ def relu_as_product(x: Tensor) -> Tensor:
     """ReLU(x) = x * 1[x > 0]: for finite x, torch.relu's value and gradient exactly (signed zeros aside: -0.0
     where ReLU gives +0.0, which adds to eps, and sums into a gradient, as +0.0 does).
 
-    Why not torch.relu: its backward is `threshold_backward`, whose CPU kernel runs ~10x slower when the
-    incoming gradient is transposed relative to the features, which is how linear attention's
-    phi(K)^T [V, 1] hands it back; the product's backward is a multiply, which does not care. On the CPU
-    protocol's model this makes a Performer-ReLU training step ~1.15x faster (docs/mechanisms.md).
+    Why not torch.relu: its backward is `threshold_backward`, whose CPU kernel runs many times slower when
+    the incoming gradient is transposed relative to the features, which is how linear attention's
+    phi(K)^T [V, 1] hands it back; the product's backward is a multiply, which does not care
+    (benchmarks/relu_forms.py; the figures are in results/compile_cpu_1thread/README.md).
     """
     return x * (x > 0).to(x.dtype)
 
