@@ -3,7 +3,8 @@ mode (fullgraph, stochastic depth on, random features redrawn), computes what th
 computes, and a run with redraws and a changing learning rate compiles once per batch shape.
 
 The CPU tests use the aot_eager backend (the same Dynamo graph capture and AOTAutograd as inductor,
-without building C++ kernels); tests/test_gpu.py runs inductor on CUDA.
+without building C++ kernels), except one per attention the CPU ladder compiles, which builds Inductor's
+C++ kernels and trains three steps against eager; tests/test_gpu.py runs inductor on CUDA.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from rpevit import registry, training
+from rpevit.attention.kernelized import advance_random_features
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.models import build_model
 from rpevit.models.stacked import StackedModels
@@ -212,3 +214,37 @@ def test_run_after_run_in_one_process_every_step_compiles(counter):
         guard.step(lambda fn: fn(model, x, y, masks)[0].backward())
         assert guard.fallback == "", (attention, pe, guard.fallback)
     assert counter.frame_count == 10
+
+
+# -- Inductor's C++ kernels on the CPU: what search_spaces/cifar10_ladder_cpu.yaml runs for softmax and FAVOR+ ---
+LADDER_COMPILED = [("softmax", "luo_rpe"), ("favor", "circulant_string")]
+
+
+@pytest.mark.parametrize("attention,pe", LADDER_COMPILED, ids=[f"{a}+{p}" for a, p in LADDER_COMPILED])
+def test_inductor_on_the_cpu_equals_eager(attention, pe):
+    """The CPU ladder compiles with Inductor (every other CPU test here uses aot_eager, which builds no
+    kernels): one variant per compiled attention, with drop path and redraws, three training steps
+    (forward, backward, AdamW) compiled and eager from the same start, equal up to float32 rounding."""
+    torch._dynamo.reset()
+    cfg = TrialConfig.from_dict({**MODEL, "attention": attention, "pe": pe, "dtype": "float32"})
+    x, y = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(0)), torch.randint(0, 10, (4,))
+    runs = []
+    for backend in ("inductor", None):
+        torch.manual_seed(0)
+        model = build_model(cfg, 1, 10).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        forward = (forward_loss_fn(cfg, torch.device("cpu"), identity) if backend else
+                   lambda m, a, b, k: (loss_of(m(a, k), b, cfg.label_smoothing), None))
+        masks_rng = torch.Generator().manual_seed(1)
+        for _ in range(3):  # redraw_interval 2: the third step runs on a new draw
+            advance_random_features(model)
+            masks = model.draw_path_masks(4, dtype=torch.float32, device="cpu", generator=masks_rng)
+            optimizer.zero_grad()
+            forward(model, x, y, masks)[0].backward()
+            optimizer.step()
+        if backend:
+            assert forward.fallback == "", forward.fallback
+        runs.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    torch._dynamo.reset()
+    for name in runs[0]:
+        torch.testing.assert_close(runs[0][name], runs[1][name], rtol=1e-4, atol=1e-5, msg=name)
