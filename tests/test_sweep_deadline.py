@@ -325,7 +325,7 @@ def test_the_command_line_prints_the_resume_command_that_continues_the_sweep(tmp
     results = tmp_path / "out dir"
     # no rows yet: 30 s per epoch from --deadline-estimate; one at a time, the two 2-epoch trials (60 s start-up
     # + 2 x 65 s) fit in 4 min; the 10000-epoch ones do not, also once the first rows say how fast an epoch
-    # really is: 5000x a 2-epoch row of over a tenth of a second is several times the ~3.5 min then left (at
+    # really is: 5000x a 2-epoch row of over a tenth of a second is twice the ~4 min then left, or more (at
     # 9.5 min a fast machine's 0.1 s row fitted one, which then ran past the test's timeout)
     first = subprocess.run([sys.executable, "sweep.py", "--space", str(path), "--name", "mine", "--results-dir",
                             str(results), "--set", "lr=0.002", "--no-dashboard", "--max-concurrent", "1",

@@ -147,3 +147,18 @@ def test_the_redraw_schedule_is_also_one_choice_for_every_encoding(tmp_path):
     verdict = next(line for line in text.splitlines() if line.startswith("Validation chooses"))
     assert verdict.startswith("Validation chooses 10, 0.8 for every variant, not the earlier 100, 0.8")
     assert "not bracketed" not in verdict  # 10 lies between 1 and 100
+
+
+def test_a_candidate_one_cell_has_not_tried_is_left_out_of_the_joint_choice_and_named(tmp_path):
+    """A grid still running (luo_scale_val_cifar10 with relu at its first value): the joint choice is among the
+    candidates every cell tried, and the verdict names each one left out and the cell that lacks it, so a partial
+    grid never narrows the choice silently."""
+    rows = recipe_rows()
+    rows = [row for row in rows if not (row["attention"] == "favor" and row["init"] == "trunc_normal")]
+    text = validation_choice.build(write_sweep(tmp_path / "recipe", "recipe", rows))
+    verdict = next(line for line in text.splitlines() if line.startswith("Validation chooses"))
+    assert verdict.startswith("Validation chooses 0.002, torch_default, 1.")  # (the earlier choice is left out)
+    assert verdict.endswith("Not among the candidates, as some cell has not tried them: 0.002, trunc_normal, 1 "
+                            "(mnist / favor / ape lacks it).")
+    complete = validation_choice.build(write_sweep(tmp_path / "full", "full", recipe_rows()))
+    assert "Not among the candidates" not in complete

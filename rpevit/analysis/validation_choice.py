@@ -132,6 +132,10 @@ def joint_choice(knob: tuple[str, ...], records: list[dict]) -> dict | None:
     tried = set.intersection(*(set(r["candidates"]) for r in records))
     if not common:
         return None
+    # candidates some cell has not tried (a grid still running, or extended in one cell only): left out of
+    # the joint choice, and said so, so a partial grid never narrows the choice silently
+    untried = {value: [cell_name(r) for r in records if value not in r["candidates"]]
+               for value in sorted(set().union(*(set(r["candidates"]) for r in records)) - tried)}
     unusable = {value: [(cell_name(r), r["candidates"][value]["failed"], r["candidates"][value]["seeds"])
                         for r in records if not math.isfinite(r["candidates"][value]["val"].point)]
                 for value in sorted(tried - common)}
@@ -145,7 +149,7 @@ def joint_choice(knob: tuple[str, ...], records: list[dict]) -> dict | None:
     chosen = max(scores, key=lambda v: scores[v]["val"].point)
     earlier = records[0]["earlier"]
     return {"scores": scores, "chosen": chosen, "earlier": earlier if earlier in scores else None,
-            "edge": edge_of_grid(knob, chosen, sorted(tried)), "unusable": unusable}
+            "edge": edge_of_grid(knob, chosen, sorted(tried)), "unusable": unusable, "untried": untried}
 
 
 def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
@@ -173,6 +177,10 @@ def joint_sentence(knob: tuple[str, ...], joint: dict, label) -> str:
     edge += "".join(f" {label(value)} was tried in every cell and cannot be chosen for every variant: it failed in "
                     + "; ".join(f"{cell} ({failed} of {seeds} seeds)" for cell, failed, seeds in cells) + "."
                     for value, cells in joint["unusable"].items())
+    if joint["untried"]:
+        edge += (f" Not among the candidates, as some cell has not tried them: "
+                 + "; ".join(f"{label(value)} ({', '.join(cells)} lacks it)" for value, cells in joint["untried"].items())
+                 + ".")
     if earlier is None or chosen == earlier:
         return f"Validation chooses {label(chosen)}" + (", the earlier choice." if chosen == earlier else ".") + edge
     margin = stats.welch(joint["scores"][chosen]["val_seeds"], joint["scores"][earlier]["val_seeds"])
