@@ -97,3 +97,16 @@ def test_every_committed_study_space_still_expands_to_the_keys_it_ran(folder):
     overrides that space.json does not record.)"""
     listed = json.loads((RESULTS / folder / "space.json").read_text())
     assert set(load_space(ROOT / listed["source"]).keys) == set(listed["trial_keys"]), folder
+
+
+def test_the_cifar10_ladder_waits_for_its_luo_scale_and_then_runs_it():
+    """cifar10_ladder_cpu.yaml names luo_scale explicitly (a moved default must not move a running study's
+    keys), so it must equal what validation chose on CIFAR-10 once that is published; until then the ladder
+    must not have run (no folder of it under results/)."""
+    ladder = load_space(ROOT / "search_spaces" / "cifar10_ladder_cpu.yaml")
+    scales = {t["luo_scale"] for t in ladder.trials if t["pe"] == "luo_rpe"}
+    if ("cifar10", ("luo_scale",)) in NOT_VALIDATED:
+        assert not [p for p in RESULTS.glob("**/cifar10_ladder_cpu") if p.is_dir()], \
+            "the ladder ran before luo_scale was chosen on CIFAR-10's validation split"
+    else:
+        assert scales == {default_values("cifar10", ("luo_scale",))[0]}, scales
