@@ -45,6 +45,8 @@ def op_ms(grad: torch.Tensor, out: torch.Tensor, repeats: int = 20) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="cpu", choices=sorted(throughput.MODELS),
+                        help="throughput.py's model (tiny: a quick check of this script, not a figure)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
@@ -53,8 +55,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     registry.load_all()
-    model = throughput.MODELS["cpu"]
-    shape = (model["batch_size"], model["heads"], 65, model["num_features"])  # 64 tokens + cls, m features
+    model = throughput.MODELS[args.model]
+    tokens = (32 // model["patch_size"]) ** 2 + 1  # CIFAR-10's 32 x 32 images, and the class token
+    shape = (model["batch_size"], model["heads"], tokens, model["num_features"])
     out = torch.rand(shape) - 0.5
     transposed = torch.randn(shape[:2] + shape[:1:-1]).transpose(-1, -2)
     op = {"contiguous_ms": op_ms(torch.randn(shape), out), "transposed_ms": op_ms(transposed, out)}
