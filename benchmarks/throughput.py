@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rpevit import registry  # noqa: E402
+from rpevit.analysis.common import md_text  # noqa: E402
 from rpevit.config import TrialConfig  # noqa: E402
 from rpevit.data import synthetic_splits  # noqa: E402
 from rpevit.flops import count_flops  # noqa: E402
@@ -414,7 +415,7 @@ def variants_table(paths: list[str], model: str = "cpu") -> str:
             if "speedup" in row:
                 cells += [f"{row['solo_images_per_s']:.0f}", f"{row['fused_images_per_s']:.0f}", f"{row['speedup']:.2f}x"]
             else:
-                cells += ["-", "-", row.get("error", "not run")]
+                cells += ["-", "-", md_text(row.get("error", "not run")).replace("|", "\\|")]  # from a file: escaped
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
