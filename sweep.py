@@ -152,6 +152,7 @@ def print_fields() -> None:
 def main(argv: list[str] | None = None) -> int:
     """The command line; the exit status (module docstring). SIGTERM at any moment: 143 after one line
     (rpevit.sigterm), even where Ray turned the unwinding into another exit."""
+    sigterm.imports_done()  # from here a SIGTERM unwinds (Ray, the lock) instead of exiting at once
     try:
         return run(argv)
     except BaseException:

@@ -2,10 +2,16 @@
 sweep lock), one line goes to stderr, and the exit status is 143 (128 + SIGTERM, what a shell reports
 for a process SIGTERM ended), whatever the driver was doing when the signal came.
 
-Three things stand in the way, and each is handled here or where it happens:
+What stands in the way, each handled here or where it happens:
 
 - Python's default for SIGTERM kills the process without cleanup, and importing torch, pandas and
   Ray takes seconds: sweep.py calls `install()` before its own imports.
+- A SystemExit raised inside an import is not always an exit: torch's C extension imports numpy as
+  optional and clears whatever error that import raised, so a SIGTERM landing there left numpy half
+  imported (numpy.exceptions in sys.modules, not on numpy) and the driver went on to a RecursionError
+  in scipy's import, status 1 (seen in CI). While the driver imports nothing has started (no Ray, no
+  lock, no rows), so until sweep.py calls `imports_done()` our handler writes its line and exits 143
+  at once (os._exit) instead of raising.
 - `ray.init()` must not be cut midway (a SystemExit raised inside it is swallowed in some of its
   callbacks, with a traceback on stderr, or leaves a half-started core worker that aborts), and it
   installs a handler of its own that exits with status 15; the native failure handler of Ray's core
@@ -39,6 +45,7 @@ _received = False
 _handled = 0  # SIGTERMs our handler ran for
 _holding = False  # inside held(): the first SIGTERM is noted, not raised
 _watching = False
+_importing = False  # from install() until imports_done(): nothing to unwind, exit at once (module docstring)
 
 
 def received() -> bool:
@@ -61,16 +68,27 @@ def _on_sigterm(signum: int, _frame: object) -> None:
     global _handled
     _handled += 1
     note()
+    if _importing:
+        os._exit(EXIT_CODE)
     if not (_holding and _handled == 1):  # held: the block ends first, unless SIGTERM comes again
         raise SystemExit(EXIT_CODE)
 
 
+def imports_done() -> None:
+    """The driver has imported what it imports at start and begins its work: from now on a SIGTERM
+    raises SystemExit(143), so that every `finally` runs (before this, our handler exits at once)."""
+    global _importing
+    _importing = False
+
+
 def install() -> None:
     """Our handler for SIGTERM from now on, and the watcher that ends a driver stuck inside C code
-    GRACE_S after a SIGTERM (main thread only, where Python runs signal handlers)."""
-    global _watching
+    GRACE_S after a SIGTERM (main thread only, where Python runs signal handlers). Until
+    `imports_done()` the handler exits 143 at once, as nothing has started that needs unwinding."""
+    global _watching, _importing
     if threading.current_thread() is not threading.main_thread():
         return
+    _importing = True
     signal.signal(signal.SIGTERM, _on_sigterm)
     if not _watching:
         read_end, write_end = os.pipe()
@@ -91,10 +109,12 @@ def _watch(read_end: int) -> None:
 
 @contextmanager
 def unwinding() -> Iterator[None]:
-    """Our handler for a block, the previous one restored after it (main thread only)."""
+    """Our handler for a block, the previous one restored after it (main thread only). Work that
+    needs unwinding begins here, so the imports are done whoever called install()."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    imports_done()
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
