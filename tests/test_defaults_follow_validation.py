@@ -24,7 +24,6 @@ RESULTS = ROOT / "results"
 NOT_VALIDATED = {
     ("digits", ("lr", "init", "grad_clip")): "the smoke dataset: the recipe is not validated on digits",
     ("digits", ("redraw_interval", "redraw_until")): "MNIST's choice, not validated on digits",
-    ("cifar10", ("luo_scale",)): "results/in_progress/luo_scale_val_cifar10 is still running",
     **{("cifar100", knob): "no CIFAR-100 validation study: CIFAR-10's values" for knob in JOINT},
 }
 
