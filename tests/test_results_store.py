@@ -20,8 +20,8 @@ from rpevit.sweep import compact as compact_cli
 from rpevit.sweep import store
 from rpevit.sweep.lock import refuse_links
 from rpevit.sweep.results import (BOOL, EPOCHS_FILE, F64, F64_LIST, I64, STR, TIMESTAMP, TRIALS_FILE, DamagedResults,
-                                  arrow_column, coerce_value, epochs_schema, remove_stale_temps, to_table,
-                                  trials_schema)
+                                  arrow_column, coerce_value, epochs_schema, read_results_table, remove_stale_temps,
+                                  to_table, trials_schema, write_table_atomic)
 from rpevit.sweep.space import SpaceError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -284,6 +284,34 @@ def test_a_reader_reads_again_when_a_compaction_removes_the_parts_it_listed(tmp_
     assert seen(tmp_path, TRIALS_FILE) == brute(batches, TRIALS_FILE)  # read again: the compacted file (there
     # was none when it was first read, and the parts listed then are gone: without reading again, no rows)
     assert calls[0] == TRIALS_FILE and not (tmp_path / store.PARTS_DIR).exists()  # the parts it listed went
+
+
+def test_a_file_replaced_while_it_is_read_is_read_whole_as_it_was_opened(tmp_path, monkeypatch):
+    """A reader opens a compacted file once for its footer and its pages: pq.read_table(path) opened the path
+    twice, and a compaction replacing the file between the two opens gave a torn read (DamagedResults,
+    "Page was smaller than expected"; seen beside a real writer in tests/test_sweep_snapshot.py). Here the
+    file is replaced right after the reader opened it: the reader reads what it opened, whole."""
+    path = tmp_path / TRIALS_FILE
+    rows = brute(flushes(), TRIALS_FILE)
+    first = to_table([{"trial_key": k, "status": s, "test_acc": v} for k, s, v in rows], schema(TRIALS_FILE))
+    later = to_table([{"trial_key": KEYS[0], "status": "ok", "test_acc": 0.5}], schema(TRIALS_FILE))
+    write_table_atomic(first, path)
+    real, opened = pa.OSFile, []
+
+    def replaced_once_opened(where, *args, **kwargs):
+        handle = real(where, *args, **kwargs)
+        if Path(where) == path and not opened:
+            opened.append(where)
+            write_table_atomic(later, path)  # a compaction replaces the file now
+        return handle
+
+    monkeypatch.setattr(pa, "OSFile", replaced_once_opened)
+    for columns in (None, ["trial_key", "status", "test_acc"]):
+        opened.clear()
+        write_table_atomic(first, path)
+        table = read_results_table(path, columns=columns)
+        assert opened and table.column("test_acc").to_pylist() == [v for _, _, v in rows], columns
+    assert read_results_table(path).num_rows == 1  # the file that replaced it, on the next read
 
 
 def test_the_temp_file_of_a_part_a_killed_driver_was_writing_is_removed_by_the_next(tmp_path):

@@ -427,13 +427,12 @@ def read_results_table(path: Path, kind: str | None = None, columns: list[str] |
         return None
     if path.is_dir():
         raise DamagedResults(path, "it is a folder, not a Parquet file")
-    try:
-        if columns is None:
-            table = pq.read_table(path, use_pandas_metadata=True)
-        else:
-            with pq.ParquetFile(path) as file:
-                names = file.schema_arrow.names
-                table = file.read(columns=[c for c in columns if c in names])
+    try:  # one open file for the footer and the pages: a path is opened twice by pq.read_table, and a driver
+        # replacing the file between the two opens (a compaction) gave a torn read (tests/test_sweep_snapshot.py)
+        with pa.OSFile(str(path), "r") as handle, pq.ParquetFile(handle) as file:
+            names = file.schema_arrow.names
+            table = file.read(columns=None if columns is None else [c for c in columns if c in names],
+                              use_pandas_metadata=columns is None)
     except (pa.ArrowException, OSError, ValueError, EOFError) as err:  # ArrowInvalid, thrift errors, ...
         raise DamagedResults(path, one_line(err)) from err
     missing = [c for c in REQUIRED_COLUMNS.get(kind, ()) if c not in table.column_names]

@@ -1,0 +1,127 @@
+"""`python -m rpevit.sweep.snapshot SWEEP_FOLDER DEST`: a sweep's rows so far, written whole into DEST,
+while its driver runs or after it stopped.
+
+Why: a long study (days on a 2-core CPU, or a cluster job that meets its time limit) is published in
+pieces: its rows so far are committed at each stop while it continues. Copying trials.parquet by hand
+misses every row still in parts/ (the store keeps a running sweep's new rows there until it compacts,
+rpevit.sweep.store), and `python -m rpevit.sweep.compact` needs the sweep lock, so the driver stopped.
+This reads what `read_frame` reads (the compacted file and the live parts, deduplicated; readers never
+lock and are safe beside a running driver) and writes DEST/trials.parquet and DEST/epochs.parquet whole,
+with the sweep's space.json and declaration.json beside them: DEST reads as a compacted sweep folder.
+
+- Trials are read before epochs: the driver writes a flush's epoch rows before its trial rows, so every
+  trial row in DEST has all the epoch rows it had when it was written (a running trial may have more
+  epoch rows than trial rows: those of its epochs so far).
+- Checkpoints, logs, Ray's and TensorBoard's files are not copied (never commit checkpoints).
+- Every write is atomic and never through a link (rpevit.sweep.results.atomic_file); a sweep folder that
+  holds links is refused, as a driver refuses it, and so is a DEST that is the sweep folder itself or a
+  sweep's own folder (it has parts/: its rows would be read into the copy's).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rpevit.config import ConfigError
+from rpevit.sweep import store
+from rpevit.sweep.declaration import DECLARATION_FILE
+from rpevit.sweep.lock import refuse_links
+from rpevit.sweep.protocol import OK
+from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, atomic_file, write_table_atomic
+
+SIDE_FILES = (SPACE_FILE, DECLARATION_FILE)  # copied when the sweep folder has them
+MAX_SIDE_FILE_BYTES = 64 * 2**20  # a space.json of 10^6 trials is ~0.3 GB of keys at most; far above any real one
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What snapshot() wrote: trial rows (and how many ok), epoch rows, the side files copied."""
+    dest: Path
+    trials: int
+    ok: int
+    epochs: int
+    copied: tuple[str, ...]
+
+    def line(self, source: Path) -> str:
+        side = f", {', '.join(self.copied)}" if self.copied else ""
+        return (f"{source} -> {self.dest}: {self.trials} trial row(s) ({self.ok} ok, {self.trials - self.ok} not ok), "
+                f"{self.epochs} epoch row(s){side}")
+
+
+def check_folders(source: Path, dest: Path) -> None:
+    """ConfigError (one line, naming the folder) for a pair snapshot() must not write."""
+    if not any(store.holds_rows(source, kind) for kind in store.KINDS):
+        raise ConfigError(f"{source} holds no {TRIALS_FILE} or {EPOCHS_FILE} (nor parts of them); allowed: a sweep "
+                          f"folder that has written rows")
+    refuse_links(source)
+    if dest.is_symlink():
+        raise ConfigError(f"destination {dest} is a symbolic link (to {os.readlink(dest)!r}); allowed: a folder or "
+                          f"nothing there: snapshots never write through a link")
+    if dest.exists() and not dest.is_dir():
+        raise ConfigError(f"destination {dest} exists and is not a folder; allowed: a folder or nothing there")
+    if dest.resolve() == source.resolve():
+        raise ConfigError(f"destination {dest} is the sweep folder itself; allowed: another folder (the snapshot "
+                          f"would replace the driver's own files)")
+    planted = [name for name in (*store.KINDS, *SIDE_FILES) if (dest / name).is_symlink()]
+    if planted:
+        raise ConfigError(f"destination {dest / planted[0]} is a symbolic link (to {os.readlink(dest / planted[0])!r}); "
+                          f"allowed: a regular file or nothing there: snapshots never write through a link")
+    if os.path.lexists(dest / store.PARTS_DIR):
+        raise ConfigError(f"destination {dest} holds {store.PARTS_DIR}/, so it is a sweep's own folder; allowed: a "
+                          f"folder for copies (its parts would be read as rows of the copy)")
+
+
+def snapshot(source: str | os.PathLike, dest: str | os.PathLike) -> Snapshot:
+    """Write `source`'s rows so far (module docstring) into `dest`; ConfigError (DamagedResults,
+    LinkRefused, ...) before anything is written where a folder or file is refused or unreadable."""
+    source, dest = Path(source), Path(dest)
+    check_folders(source, dest)
+    trials = store.read_table(source / TRIALS_FILE)  # before the epochs: module docstring
+    epochs = store.read_table(source / EPOCHS_FILE)
+    side = {}
+    for name in SIDE_FILES:
+        path = source / name
+        if os.path.lexists(path):
+            if not path.is_file() or path.stat().st_size > MAX_SIDE_FILE_BYTES:
+                raise ConfigError(f"{path} is not a regular file of at most {MAX_SIDE_FILE_BYTES:,} bytes; allowed: "
+                                  f"the file the sweep wrote")
+            side[name] = path.read_bytes()
+    dest.mkdir(parents=True, exist_ok=True)
+    tables = {TRIALS_FILE: trials, EPOCHS_FILE: epochs}
+    for kind in store.KINDS:  # epochs first, as the driver writes them
+        if tables[kind] is not None:
+            write_table_atomic(tables[kind], dest / kind)
+    for name, data in side.items():
+        with atomic_file(dest / name) as handle:
+            handle.write(data)
+    ok = int(pc.sum(pc.equal(trials.column("status"), pa.scalar(OK))).as_py() or 0) if trials is not None else 0
+    return Snapshot(dest, trials.num_rows if trials is not None else 0, ok,
+                    epochs.num_rows if epochs is not None else 0, tuple(side))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("source", type=Path, help=f"the sweep folder (its {TRIALS_FILE} and parts/), running or not")
+    parser.add_argument("dest", type=Path, help="the folder the copies go to (made if missing)")
+    args = parser.parse_args(argv)
+    try:
+        done = snapshot(args.source, args.dest)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # disk full, read-only destination: the sweep folder is only ever read
+        print(f"error: cannot write {args.dest} ({err.strerror or err}); the sweep folder was only read: free space "
+              f"or choose another destination, then run this again", file=sys.stderr)
+        return 2
+    print(done.line(args.source), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
