@@ -11,7 +11,8 @@ What stands in the way, each handled here or where it happens:
   imported (numpy.exceptions in sys.modules, not on numpy) and the driver went on to a RecursionError
   in scipy's import, status 1 (seen in CI). While the driver imports nothing has started (no Ray, no
   lock, no rows), so until sweep.py calls `imports_done()` our handler writes its line and exits 143
-  at once (os._exit) instead of raising.
+  at once (os._exit) instead of raising. Ray is imported later, with the sweep lock held: the runner
+  imports it inside `held()`, so a SIGTERM then ends the driver right after the import, not inside it.
 - `ray.init()` must not be cut midway (a SystemExit raised inside it is swallowed in some of its
   callbacks, with a traceback on stderr, or leaves a half-started core worker that aborts), and it
   installs a handler of its own that exits with status 15; the native failure handler of Ray's core

@@ -125,12 +125,13 @@ TERM_DURING_INIT = """
 import os, runpy, signal, sys, threading
 from rpevit.sweep import session  # no Ray import yet: sweep.py's own order of imports is kept
 
-real, delay = session._init_ray, float(sys.argv[1])
-def init(*args, **kwargs):  # SIGTERM while the embedded Ray starts
+name, delay = sys.argv[1], float(sys.argv[2])  # session._init_ray (Ray starts) or session.import_ray
+real = getattr(session, name)
+def signalled(*args, **kwargs):  # SIGTERM while Ray is imported or starts
     threading.Timer(delay, os.kill, (os.getpid(), signal.SIGTERM)).start()
     return real(*args, **kwargs)
-session._init_ray = init
-sys.argv = ["sweep.py", *sys.argv[2:]]
+setattr(session, name, signalled)
+sys.argv = ["sweep.py", *sys.argv[3:]]
 runpy.run_path("sweep.py", run_name="__main__")
 """
 
@@ -190,14 +191,15 @@ def test_sigterm_while_importing_exits_even_where_an_import_swallows_the_exit():
         assert run.returncode == (EXIT_CODE if phase == "imports" else 0), (phase, run.returncode)
 
 
-@pytest.mark.parametrize("moment", ["imports", "ray.init", "ray.init+1s", "tune"])
+@pytest.mark.parametrize("moment", ["imports", "ray.import", "ray.init", "ray.init+1s", "tune"])
 def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
     space_file, results = tmp_path / "locked.yaml", tmp_path / "results"
     space_file.write_text(yaml.safe_dump(SPACE))
     argv = ["--space", str(space_file), "--results-dir", str(results), "--no-dashboard"]
-    if moment.startswith("ray.init"):
+    if moment.startswith("ray."):
         delay = "1.0" if moment.endswith("+1s") else "0.0"
-        proc = subprocess.Popen([sys.executable, "-c", TERM_DURING_INIT, delay, *argv], cwd=ROOT,
+        name = "import_ray" if moment == "ray.import" else "_init_ray"
+        proc = subprocess.Popen([sys.executable, "-c", TERM_DURING_INIT, name, delay, *argv], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         lines: list[str] = []
         threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
@@ -212,7 +214,7 @@ def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
             seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())
             time.sleep(0.2)
         assert proc.poll() is None, "".join(lines)[-3000:]
-    if moment.startswith("ray.init"):  # the driver signals itself; what it starts meanwhile is watched
+    if moment.startswith("ray."):  # the driver signals itself; what it starts meanwhile is watched
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
             seen = list({p.pid: p for p in [*seen, *family(proc.pid)]}.values())

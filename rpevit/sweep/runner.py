@@ -88,8 +88,10 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         if idle is not None:  # a Ray that would run nothing is not started (nor imported)
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info(), deadline=idle)
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)
-        session.import_ray()
-        from rpevit.sweep.tune_run import run_before_deadline, run_sweep_trials
+        with sigterm.held():  # Ray's imports are not cut midway: C code can clear a SystemExit raised inside an
+            # import and leave a module half imported (rpevit.sigterm); a SIGTERM ends the driver right after them
+            session.import_ray()
+            from rpevit.sweep.tune_run import run_before_deadline, run_sweep_trials
         with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
             fixed_cluster = started_ray and not session.cluster_address(opts.address)
             session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)
