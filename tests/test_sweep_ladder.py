@@ -39,6 +39,42 @@ def test_ladders_run_their_trunks_first_and_the_dry_run_names_the_trunk():
     assert "branches from" in lines[0] and sum("(trunk)" in line for line in lines[1:]) == 4
 
 
+@pytest.mark.parametrize("slots", [1, 2, 3, 8])
+def test_tune_starts_each_ladders_shorter_trials_soon_after_its_trunk_in_the_spaces_priority(slots):
+    """cifar10_ladder_cpu lists softmax and FAVOR+ first: a partial ladder must answer them at every rung
+    before any Performer-ReLU trial runs. Each shorter trial comes slots - 1 trunks after its own trunk
+    (on one slot: right after it), never before it; every Tune trial once."""
+    from pathlib import Path
+
+    from rpevit.sweep.launch_plan import branches_after_their_trunks
+    from rpevit.sweep.space import load_space
+
+    space = load_space(Path(__file__).resolve().parents[1] / "search_spaces" / "cifar10_ladder_cpu.yaml")
+    specs = tune_trials(space, space.trials, list(range(len(space.trials))), checkpoint_root="/tmp/x", cpus=1,
+                        gpus=0, reserved_cpus=1)
+    ordered = branches_after_their_trunks(specs, slots)
+    assert sorted(s.name for s in ordered) == sorted(s.name for s in specs) and len(ordered) == 108
+    trunks = [s.members[0].trial_key for s in ordered if s.branches]
+    assert len(trunks) == 36 and trunks == [s.members[0].trial_key for s in specs if s.branches]  # space order
+    position = {s.members[0].trial_key: i for i, s in enumerate(ordered)}
+    for spec in ordered:
+        if not spec.branches:
+            continue
+        trunk = trunks.index(spec.members[0].trial_key)
+        after = trunks[min(trunk + slots - 1, len(trunks) - 1)]
+        for branch in spec.branches:  # after its trunk and the slots - 1 next ones, before the trunk after those
+            assert position[after] < position[branch.trial_key], (slots, trunk)
+            if trunk + slots < len(trunks):
+                assert position[branch.trial_key] < position[trunks[trunk + slots]], (slots, trunk)
+    attention = [s.members[0].cfg["attention"] for s in ordered]
+    last_softmax_favor = max(i for i, a in enumerate(attention) if a != "relu")
+    first_relu = attention.index("relu")
+    assert first_relu > last_softmax_favor - 3 * (slots - 1)  # only the last lagging rungs wait for relu trunks
+    if slots == 1:
+        assert [s.members[0].cfg["epochs"] for s in ordered[:6]] == [20, 10, 5, 20, 10, 5]
+        assert first_relu == 72  # every softmax/FAVOR+ trial at every rung first
+
+
 @pytest.mark.parametrize("extra, match", [
     ({"branch": "seeds"}, "'branch' has value 'seeds'; allowed: epochs"),
     ({"branch": "epochs", "fuse": "seeds"}, "allowed: one of the two"),

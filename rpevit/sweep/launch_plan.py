@@ -5,8 +5,8 @@ of them a round starts. tune_run.py turns a `Launch` into Tune trials and runs t
 
 - The Tune trials (`tune_trials`): one per pending trial, except one per group of pending seeds of
   one recipe (`fuse: seeds`, Space.groups), one for every pending variant of an interleaved timing
-  space (rounds inside one worker), and each budget ladder's trunk first, carrying its shorter
-  trials (`branch: epochs`, Space.ladders).
+  space (rounds inside one worker), and each budget ladder's trunk carrying its shorter trials
+  (`branch: epochs`, Space.ladders), which Tune starts after it (`branches_after_their_trunks`).
 - Resources (`bundle`, `slots_on`): a Tune trial reserves its CPUs and GPUs, a timing trial the
   whole of the largest node that has its GPUs (`node_cpus`); slots are the bundles that fit on the
   nodes, capped by max_concurrent and the number of Tune trials. Nodes are plain resource mappings
@@ -67,7 +67,35 @@ def plan_launch(space: Space, plan: SweepPlan, checkpoint_root: Path, nodes: Seq
                         reserved_cpus=reserved)
     slots = slots_on(nodes, bundle_, res.max_concurrent, len(specs)) if nodes is not None else \
         res.max_concurrent or len(specs)
+    if space.branch is not None:
+        specs = branches_after_their_trunks(specs, slots)
     return Launch(specs, bundle_, slots, res.max_concurrent)
+
+
+def branches_after_their_trunks(specs: Sequence[TrialSpec], slots: int) -> list[TrialSpec]:
+    """The Tune trials of budget ladders in the order Tune starts them: the trunks (and lone trials) in
+    the space's order, each ladder's shorter trials `slots - 1` trunks after its own trunk, the last
+    ones at the end. Why: a space lists its priority first (cifar10_ladder_cpu: softmax and FAVOR+, then
+    Performer-ReLU), and a partial ladder must answer that first at every rung; with every trunk first,
+    the 5- and 10-epoch rungs of the first ladders waited for the last ladder's trunk. Why the lag: a
+    shorter trial resumes from the checkpoint its trunk writes at the start of its cool-down; on one slot
+    the trunk has ended when the next Tune trial starts, and on `slots` slots a slot has freed `slots - 1`
+    trunks later. One that starts before its checkpoint exists still gives its row, at full cost
+    (rpevit/tasks/budget_ladder.py)."""
+    trunk_of = {m.trial_key: spec.members[0].trial_key for spec in specs for m in spec.branches}
+    shorter: dict[str, list[TrialSpec]] = {}
+    for spec in specs:
+        if spec.members[0].trial_key in trunk_of:
+            shorter.setdefault(trunk_of[spec.members[0].trial_key], []).append(spec)
+    first = [spec for spec in specs if spec.members[0].trial_key not in trunk_of]
+    lag, out = max(slots, 1) - 1, []
+    for i, spec in enumerate(first):
+        out.append(spec)
+        if i >= lag:
+            out.extend(shorter.pop(first[i - lag].members[0].trial_key, []))
+    for spec in first:  # the last `lag` ladders' shorter trials
+        out.extend(shorter.pop(spec.members[0].trial_key, []))
+    return out
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path | str,

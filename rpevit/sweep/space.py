@@ -40,8 +40,9 @@ a group of the new seeds only. `--dry-run` shows the groups.
 `branch: epochs` (task train, `lr_schedule: wsd`) makes each set of trials that differ only in `epochs`
 a budget ladder: the longest pending one (the trunk) runs first and writes each shorter one's
 checkpoint at its cool-down start, from which that trial resumes as from an interrupted run of its
-own (rpevit/tasks/budget_ladder.py). Every trial keeps its own key and row; Tune starts every
-ladder's trunk before the shorter trials. `--dry-run` shows which trunk each trial branches from.
+own (rpevit/tasks/budget_ladder.py). Every trial keeps its own key and row; Tune starts each
+ladder's trunk before its shorter trials, which follow it (rpevit.sweep.launch_plan). `--dry-run`
+shows which trunk each trial branches from.
 
 Precedence: fixed < grid < sample < seeds < `--set` overrides.
 
