@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpevit.analysis import answers, confirmatory, gap_closure
+from rpevit.analysis import answers, confirmatory, gap_closure, stats
 from rpevit.sweep.results import LinkRefused
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.sweep import declaration
@@ -154,9 +154,28 @@ def test_a_declared_study_gets_its_confirmatory_section_when_it_lands(tmp_path):
     study(results, "headline", declared=True)
     text = "\n".join(answers.declared_section(answers.Sources(results), detail=True))
     assert "`headline` (confirmatory" in text
-    assert "gap: attention=softmax pe=ape − attention=favor pe=ape = 10 [" in text
-    assert "resolved: attention=softmax pe=ape higher" in text and "not resolved with 3 seeds" in text
+    assert "`headline` (confirmatory): " in text and "n = 3 declared seeds per cell" in text
+    assert "  - gap, k = 2: resolved: softmax+ape − favor+ape 10 [" in text  # one line per family
+    assert "; not resolved with 3 seeds: softmax+rope − favor+rope." in text
+    assert "resolved: attention=softmax pe=ape higher" in text  # the verdict column of its table
     assert "#### `headline`: its confirmatory table" in text and "Rows set aside: 2 (a seed outside" in text
+
+
+def test_a_family_is_one_line_grouped_by_verdict_and_an_incomplete_pair_gets_none():
+    """The README names 27 (MNIST) and 33 (ladder) declared comparisons: one line per family, resolved pairs
+    with their Holm interval, the others by name, an incomplete pair with its seed counts and no figure."""
+    def outcome(a: dict, b: dict, va, vb, complete=True) -> confirmatory.Outcome:
+        iv = stats.welch(np.array(va), np.array(vb), 0.975)
+        return confirmatory.Outcome("f", "", "", tuple(va), tuple(vb), iv, iv, 3, complete,
+                                    confirmatory.short_label(a), confirmatory.short_label(b))
+    soft, favor = {"attention": "softmax", "pe": "rope"}, {"attention": "favor", "pe": "rope", "epochs": 5}
+    line = answers.family_line("the gap", [
+        outcome(soft, favor, [90.0, 90.1, 90.2], [80.0, 80.1, 80.2]),
+        outcome({"pe": "ape"}, {"pe": "rope"}, [90.0, 95.0, 85.0], [89.0, 94.0, 86.0]),
+        outcome({"pe": "ape"}, {"pe": "luo_rpe"}, [90.0, 95.0, 85.0], [89.0, 94.0], complete=False)], 3)
+    assert line.startswith("  - the gap, k = 3: resolved: softmax+rope − favor+rope epochs=5 10 [")
+    assert "; not resolved with 3 seeds: ape − rope; " in line
+    assert line.endswith("incomplete, no verdict before the declared n: ape − luo_rpe (3 and 2 of 3 seeds).")
 
 
 def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):

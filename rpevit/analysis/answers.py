@@ -335,6 +335,21 @@ def running_lines(results_dir: Path) -> list[str]:
     return lines
 
 
+def family_line(name: str, outcomes: Sequence[confirmatory.Outcome], n: int) -> str:
+    """One declared family in one line, its comparisons grouped by verdict: the resolved ones with their
+    interval at its Holm level, the others by name (confirmatory.md has every figure)."""
+    def pair(o: confirmatory.Outcome) -> str:
+        return f"{o.a_short} − {o.b_short}"
+    resolved = [f"{pair(o)} {o.holm.text()}" for o in outcomes if o.resolved]
+    unresolved = [pair(o) for o in outcomes if o.complete and not o.resolved]
+    incomplete = [f"{pair(o)} ({len(o.values_a)} and {len(o.values_b)} of {n} seeds)"
+                  for o in outcomes if not o.complete]
+    groups = [f"resolved: {', '.join(resolved)}" if resolved else "",
+              f"not resolved with {n} seeds: {', '.join(unresolved)}" if unresolved else "",
+              f"incomplete, no verdict before the declared n: {', '.join(incomplete)}" if incomplete else ""]
+    return f"  - {name}, k = {outcomes[0].k if outcomes else 0}: {'; '.join(g for g in groups if g)}."
+
+
 def declared_section(sources: Sources, detail: bool) -> list[str]:
     """The confirmatory answers: per declared study, each declared comparison with its verdict
     (confirmatory.judge); detail adds the study's whole confirmatory table (confirmatory.build). A declared
@@ -350,12 +365,10 @@ def declared_section(sources: Sources, detail: bool) -> list[str]:
         rel = folder.relative_to(sources.results_dir).as_posix()
         decl, _, families, _ = confirmatory.judge(folder)
         n = len(decl.seeds)
-        lines.append(f"- `{rel}` (confirmatory; {decl.question or 'no question stated'}; metric {decl.metric}, "
-                     f"n = {n} declared seeds, Holm within each family):")
-        for name, outcomes in families:
-            for o in outcomes:
-                shown = o.holm.text() if o.complete else o.nominal.text()
-                lines.append(f"  - {name}: {o.a} − {o.b} = {shown}: {o.verdict(n)}.")
+        lines.append(f"- `{rel}` (confirmatory): {decl.question or 'no question stated'} Metric: "
+                     f"{confirmatory.METRIC_TEXT[decl.metric]}, in points; n = {n} declared seeds per cell; Holm "
+                     f"within each declared family of k comparisons; each a − b at its Holm level:")
+        lines += [family_line(name, outcomes, n) for name, outcomes in families]
         if detail:
             text = confirmatory.build(folder).replace("\n### ", "\n#### ")
             lines += ["", f"#### `{rel}`: its confirmatory table (`python analysis/confirmatory.py "

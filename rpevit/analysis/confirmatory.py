@@ -47,6 +47,8 @@ class Outcome:
     holm: stats.Interval
     k: int
     complete: bool
+    a_short: str = ""  # 'softmax+rope': the cell as prose names it (short_label)
+    b_short: str = ""
 
     @property
     def resolved(self) -> bool:
@@ -63,6 +65,14 @@ class Outcome:
 
 def side_label(side: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in side.items())
+
+
+def short_label(side: dict[str, Any]) -> str:
+    """'softmax+rope' for {attention: softmax, pe: rope}, as the answers name variants; any other field
+    follows as k=v ('favor+ape epochs=5')."""
+    head = "+".join(str(side[k]) for k in ("attention", "pe") if k in side)
+    rest = " ".join(f"{k}={fmt(v)}" for k, v in side.items() if k not in ("attention", "pe"))
+    return " ".join(part for part in (head, rest) if part)
 
 
 def metric_values(frame: pd.DataFrame, metric: str) -> pd.Series:
@@ -106,7 +116,8 @@ def judge_family(rows: pd.DataFrame, values: pd.Series, fam: Family, fixed: dict
     out = []
     for (a, b, va, vb), iv, ok, m in zip(cells, nominal, complete, divisors):
         holm = stats.welch(np.array(va) * 100, np.array(vb) * 100, 1 - decl.alpha / m) if m else iv
-        out.append(Outcome(fam.name, side_label(a), side_label(b), va, vb, iv, holm, len(cells), ok))
+        out.append(Outcome(fam.name, side_label(a), side_label(b), va, vb, iv, holm, len(cells), ok,
+                           short_label(a), short_label(b)))
     return out
 
 
