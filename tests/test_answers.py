@@ -192,6 +192,20 @@ def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     assert not any(line.startswith("  - ") or "resolved" in line for line in lines)  # no comparison lines
 
 
+def test_results_readme_says_which_studies_are_confirmatory_from_their_declarations(tmp_path):
+    """results/README.md said "None of the studies here declared ..." by hand: true until the MNIST rerun
+    lands, then stale. The sentence is generated from the declaration.json files."""
+    results = tmp_path / "results"
+    study(results, "old", declared=False)
+    study(results / answers.IN_PROGRESS, "ladder", declared=True)
+    text = answers.declared_studies_block(answers.Sources(results))
+    assert text.startswith("None of the studies here declared") and text.endswith(": `in_progress/ladder`.")
+    study(results, "headline", declared=True)
+    text = answers.declared_studies_block(answers.Sources(results))
+    assert text.startswith("Declared its comparisons before it ran, so confirmatory") and ": `headline`. " in text
+    assert "None of" not in text and "`old`" not in text and "Running, declared" in text
+
+
 def test_only_declared_studies_are_labelled_confirmatory(tmp_path):
     results = tmp_path / "results"
     for name, declared in (("old", False), ("headline", True)):

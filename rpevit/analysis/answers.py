@@ -737,6 +737,24 @@ def folder_rows(results_dir: Path) -> list[dict]:
     return out
 
 
+def declared_studies_block(sources: Sources) -> str:
+    """results/README.md: which studies declared their comparisons before they ran (confirmatory) and
+    which did not (exploratory), from the declaration.json files, so the sentence cannot go stale."""
+    def names(folders: list[Path]) -> str:
+        return ", ".join(f"`{f.relative_to(sources.results_dir).as_posix()}`" for f in folders)
+    published = confirmatory_studies(sources.results_dir)
+    running = confirmatory_studies(sources.results_dir, running=True)
+    text = ("Declared its comparisons before it ran, so confirmatory over exactly those (its `confirmatory.md`, "
+            f"written by `python analysis/confirmatory.py results/<folder>`): {names(published)}. Every other study "
+            "here declared none (`rpevit/sweep/declaration.py`), so every claim from it is exploratory."
+            if published else "None of the studies here declared its comparisons before it ran "
+            "(`rpevit/sweep/declaration.py`), so every claim from them is exploratory.")
+    if running:
+        text += (f" Running, declared before its first trial (rows so far, judged once complete and published): "
+                 f"{names(running)}.")
+    return text
+
+
 def rows_block(sources: Sources) -> str:
     """results/README.md: the rows of every study folder, as the Parquet records them (folder_rows)."""
     seeds = lambda s: f"{s[0]}–{s[-1]}" if len(s) > 1 else str(s[0]) if s else "—"  # noqa: E731
@@ -928,6 +946,7 @@ BLOCKS: dict[str, Callable[[Sources], str]] = {
     "dataset-recipes": recipe_table,
     "answers": readme_block,
     "study-rows": rows_block,
+    "declared-studies": declared_studies_block,
     "cifar10-pilots": pilots_block,
     "cifar10-step-times": step_times_block,
     "gpu-times": gpu_times_block,
