@@ -56,3 +56,13 @@ def test_one_budget_is_not_a_ladder(tmp_path):
     assert math.isnan(budget_ladder.tau_interval(budget_ladder.per_budget(
         budget_ladder.ladder_rows(pd.DataFrame(rows()))), 5, 7)[0])
     assert np.isfinite(budget_ladder.kendall_tau(np.arange(3.0), np.arange(3.0)))
+
+
+def test_the_summary_sentence_carries_every_budget_tau_and_best_mean(tmp_path):
+    out = write_sweep(tmp_path / "ladder", "ladder", rows())
+    text = budget_ladder.summary(out)
+    assert "5 → 20 epochs 0.667 [" in text and "(4 variants)" in text and "5 → 10 epochs 1 [" in text
+    assert "20 epochs (0.9M images): softmax+ape 80 [" in text and "(n=3) of 4 variants" in text
+    few = write_sweep(tmp_path / "two", "two", [r for r in rows() if r["attention"] == "softmax"])
+    assert "5 → 10 epochs not defined (2 variants at both, 3 needed)" in budget_ladder.summary(few)
+    assert budget_ladder.summary(write_sweep(tmp_path / "one", "one", [r for r in rows() if r["epochs"] == 5])) is None

@@ -192,6 +192,21 @@ def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     assert not any(line.startswith("  - ") or "resolved" in line for line in lines)  # no comparison lines
 
 
+def test_a_published_declared_ladder_gets_its_ranking_line_labelled_exploratory(tmp_path):
+    from tests.test_analysis_budget_ladder import rows as ladder_rows
+    results = tmp_path / "results"
+    folder = results / "ladder"
+    folder.mkdir(parents=True)
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "ladder", [{**r, "started_at": time.time() + 10} for r in ladder_rows()])
+    (line,) = answers.ladder_lines(answers.Sources(results))
+    assert line.startswith("- Budget ladder (`ladder`; exploratory, beside its declared comparisons): Kendall's tau")
+    assert "5 → 20 epochs 0.667 [" in line and line.endswith("(`python analysis/budget_ladder.py results/ladder`).")
+    assert answers.ladder_section(answers.Sources(results))[0] == "## Budget ladders (exploratory)"
+    study(results, "headline", declared=True)  # one budget: not a ladder
+    assert len(answers.ladder_lines(answers.Sources(results))) == 1
+
+
 def test_results_readme_says_which_studies_are_confirmatory_from_their_declarations(tmp_path):
     """results/README.md said "None of the studies here declared ..." by hand: true until the MNIST rerun
     lands, then stale. The sentence is generated from the declaration.json files."""

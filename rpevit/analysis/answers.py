@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis import confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
+from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
 from rpevit.analysis import validation_choice
 from rpevit.analysis.common import (TrialRows, column, current_rows, fmt, has_random_features, markdown_table,
                                     one_read_per_folder, read_sweep, read_trials, with_variant)
@@ -376,6 +376,25 @@ def declared_section(sources: Sources, detail: bool) -> list[str]:
     return lines
 
 
+def ladder_lines(sources: Sources) -> list[str]:
+    """Per published declared study whose rows form a budget ladder: its ranking stability and best means
+    (budget_ladder.summary), exploratory beside the study's declared comparisons."""
+    lines = []
+    for folder in confirmatory_studies(sources.results_dir):
+        text = budget_ladder.summary(folder)
+        if text:
+            rel = folder.relative_to(sources.results_dir).as_posix()
+            lines.append(f"- Budget ladder (`{rel}`; exploratory, beside its declared comparisons): {text}. The "
+                         f"table and plot: `results/{rel}/budget_ladder.md` (`python analysis/budget_ladder.py "
+                         f"results/{rel}`).")
+    return lines
+
+
+def ladder_section(sources: Sources) -> list[str]:
+    lines = ladder_lines(sources)
+    return ["## Budget ladders (exploratory)", "", *lines, ""] if lines else []
+
+
 def gap_section(sources: Sources, dataset: str, title: str) -> list[str]:
     """One dataset's softmax-vs-Performer answers: every Performer configuration, exploratory."""
     soft = accuracy_of(sources, dataset, "softmax", "ape")
@@ -640,8 +659,8 @@ def readme_block(sources: Sources) -> str:
     """The README's "Answers so far": the declared comparisons, then a few headline figures of each study,
     each labelled; the long form is results/ANSWERS.md."""
     lines = ["**Declared before the runs (confirmatory).**", "", *declared_section(sources, False)]
-    lines += ["", "**Exploratory** (no study below declared its comparisons before it ran; intervals at 95 %, then at "
-                  "their Holm level; points of accuracy, draw mean for random-feature models):"]
+    lines += ["", "**Exploratory** (comparisons no study declared before it ran; intervals at 95 %, then at their "
+                  "Holm level; points of accuracy, draw mean for random-feature models):"]
     for dataset, title in (("mnist", "MNIST"), ("cifar10", "CIFAR-10")):
         assessed = sources.assessed[DRAW_MEAN]
         config = find_config(assessed, dataset, "favor")
@@ -678,6 +697,7 @@ def readme_block(sources: Sources) -> str:
                     f"{below} below of {total}, {drop} of {len(on_drop)} drops")
     lines.append("- Rotation (`rotation_mnist_cpu`): rotinv against the other encodings, comparisons whose Holm "
                  "interval excludes 0 — " + "; ".join(hits) + ".")
+    lines += ladder_lines(sources)
     for folder in validation_folders(sources.results_dir):
         knob = knob_of(folder)
         lines.append(f"- Chosen on validation (`{folder.name}`; {' / '.join(knob)}: the chosen value over the earlier "
@@ -707,7 +727,8 @@ def answers_file(sources: Sources) -> str:
              *gap_section(sources, "mnist", "MNIST: softmax vs Performer attention, and what each encoding does"),
              *string_section(sources, "mnist"), *rotation_section(sources),
              *gap_section(sources, "cifar10", "CIFAR-10: softmax vs Performer attention, and what each encoding does"),
-             *string_section(sources, "cifar10"), *validation_section(sources), *cost_section(sources)]
+             *string_section(sources, "cifar10"), *ladder_section(sources), *validation_section(sources),
+             *cost_section(sources)]
     return "\n".join(lines)
 
 

@@ -86,6 +86,41 @@ def tau_interval(table: pd.DataFrame, first: int, second: int) -> tuple[float, f
     return tau, float(lo), float(hi), len(common)
 
 
+def taus(table: pd.DataFrame) -> list[tuple[int, int, float, float, float, int]]:
+    """(first, second, tau, low, high, variants) for every two budgets, shorter first."""
+    budgets = sorted(table["epochs"].unique())
+    return [(first, second, *tau_interval(table, first, second))
+            for first, second in itertools.combinations(budgets, 2)]
+
+
+def variants_text(k: int) -> str:
+    return f"{k} variant{'' if k == 1 else 's'}"
+
+
+def summary(results_dir: Path) -> str | None:
+    """The ladder in one sentence for the answers (rpevit/analysis/answers.py): Kendall's tau between every
+    two budgets with its interval, and the highest mean at each budget with its n; None where the rows hold
+    one budget only. Exploratory, as everything in this module."""
+    rows = ladder_rows(read_trials(results_dir, ["train"]).frame)
+    if rows.empty:
+        return None
+    table = per_budget(rows)
+    between = []
+    for first, second, tau, lo, hi, k in taus(table):
+        if not math.isfinite(tau):
+            between.append(f"{first} → {second} epochs not defined ({variants_text(k)} at both, 3 needed)")
+            continue
+        interval = f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo) else "no interval"
+        between.append(f"{first} → {second} epochs {fmt(tau, 3)} {interval} ({variants_text(k)})")
+    best = []
+    for epochs, g in table.groupby("epochs"):
+        top = g.loc[g["mean"].idxmax()]
+        best.append(f"{budget_label(int(epochs), float(top['images']))}: {top['variant']} "
+                    f"{top['interval'].text()} of {variants_text(len(g))}")
+    return (f"Kendall's tau of the variants' mean rankings (interval: seed uncertainty) {'; '.join(between)}; "
+            f"the highest mean at each fixed budget, %: {'; '.join(best)}")
+
+
 def budget_label(epochs: int, images: float) -> str:
     return f"{epochs} epochs ({fmt(images / 1e6, 3)}M images)" if math.isfinite(images) else f"{epochs} epochs"
 
@@ -126,11 +161,8 @@ def build(results_dir: Path) -> str | None:
         by = g.set_index("epochs")
         acc_rows.append([variant, *(by.loc[e, "interval"].text() if e in by.index else "—" for e in budgets)])
     acc_rows.sort(key=lambda r: r[0])
-    tau_rows = []
-    for first, second in itertools.combinations(budgets, 2):
-        tau, lo, hi, k = tau_interval(table, first, second)
-        tau_rows.append([f"{first} → {second} epochs", fmt(tau, 3),
-                         f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo) else "—", k])
+    tau_rows = [[f"{first} → {second} epochs", fmt(tau, 3), f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo)
+                 else "—", k] for first, second, tau, lo, hi, k in taus(table)]
     ns = sorted(set(table["n"]))
     lines = [trials.note(), "",
              "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Device: " + devices + ".",
