@@ -207,6 +207,22 @@ def test_a_published_declared_ladder_gets_its_ranking_line_labelled_exploratory(
     assert len(answers.ladder_lines(answers.Sources(results))) == 1
 
 
+def test_a_declared_question_and_family_name_reach_markdown_inert(tmp_path):
+    """The question and family names come from a file (the space's declare: block, then declaration.json):
+    no link, image, HTML or code span may open in the README, ANSWERS.md or confirmatory.md."""
+    results = tmp_path / "results"
+    folder = results / "headline"
+    folder.mkdir(parents=True)
+    hostile = {**DECLARE, "question": "<img src=x onerror=alert(1)> [click](http://e.example) `x`",
+               "families": [{**DECLARE["families"][0], "name": "gap ![i](http://e.example/i.png) <b>"}]}
+    declaration.record(folder, parse(hostile, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "headline", rows(time.time() + 10))
+    text = "\n".join(answers.declared_section(answers.Sources(results), detail=True))
+    assert "&lt;img src=x onerror=alert(1)&gt; \\[click\\](http://e.example) \\`x\\`" in text
+    assert "  - gap !\\[i\\](http://e.example/i.png) &lt;b&gt;, k = 2: resolved" in text
+    assert "<img" not in text and "<b>" not in text and "[click]" not in text and "![i]" not in text
+
+
 def test_results_readme_says_which_studies_are_confirmatory_from_their_declarations(tmp_path):
     """results/README.md said "None of the studies here declared ..." by hand: true until the MNIST rerun
     lands, then stale. The sentence is generated from the declaration.json files."""

@@ -39,8 +39,8 @@ import pandas as pd
 
 from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
 from rpevit.analysis import validation_choice
-from rpevit.analysis.common import (TrialRows, column, current_rows, fmt, has_random_features, markdown_table,
-                                    one_read_per_folder, read_sweep, read_trials, with_variant)
+from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features,
+                                    markdown_table, one_read_per_folder, read_sweep, read_trials, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -329,8 +329,8 @@ def running_lines(results_dir: Path) -> list[str]:
     for folder in confirmatory_studies(results_dir, running=True):
         decl, _, families, _ = confirmatory.judge(folder)
         pairs = sum(len(outcomes) for _, outcomes in families)
-        lines.append(f"- Running, declared before its first trial: `{folder.relative_to(results_dir).as_posix()}` "
-                     f"({decl.question or 'no question stated'}; {pairs} comparisons in {len(families)} families, "
+        lines.append(f"- Running, declared before its first trial: {code_span(folder.relative_to(results_dir).as_posix())} "
+                     f"({confirmatory.question_text(decl)}; {pairs} comparisons in {len(families)} families, "
                      f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete.")
     return lines
 
@@ -365,14 +365,14 @@ def declared_section(sources: Sources, detail: bool) -> list[str]:
         rel = folder.relative_to(sources.results_dir).as_posix()
         decl, _, families, _ = confirmatory.judge(folder)
         n = len(decl.seeds)
-        lines.append(f"- `{rel}` (confirmatory): {decl.question or 'no question stated'} Metric: "
+        lines.append(f"- {code_span(rel)} (confirmatory): {confirmatory.question_text(decl)} Metric: "
                      f"{confirmatory.METRIC_TEXT[decl.metric]}, in points; n = {n} declared seeds per cell; Holm "
                      f"within each declared family of k comparisons; each a − b at its Holm level:")
         lines += [family_line(name, outcomes, n) for name, outcomes in families]
         if detail:
             text = confirmatory.build(folder).replace("\n### ", "\n#### ")
-            lines += ["", f"#### `{rel}`: its confirmatory table (`python analysis/confirmatory.py "
-                          f"results/{rel}`)", "", text, ""]
+            lines += ["", f"#### {code_span(rel)}: its confirmatory table "
+                          f"({code_span(f'python analysis/confirmatory.py results/{rel}')})", "", text, ""]
     return lines
 
 
@@ -384,9 +384,9 @@ def ladder_lines(sources: Sources) -> list[str]:
         text = budget_ladder.summary(folder)
         if text:
             rel = folder.relative_to(sources.results_dir).as_posix()
-            lines.append(f"- Budget ladder (`{rel}`; exploratory, beside its declared comparisons): {text}. The "
-                         f"table and plot: `results/{rel}/budget_ladder.md` (`python analysis/budget_ladder.py "
-                         f"results/{rel}`).")
+            lines.append(f"- Budget ladder ({code_span(rel)}; exploratory, beside its declared comparisons): {text}. "
+                         f"The table and plot: {code_span(f'results/{rel}/budget_ladder.md')} "
+                         f"({code_span(f'python analysis/budget_ladder.py results/{rel}')}).")
     return lines
 
 
@@ -544,7 +544,7 @@ def validation_section(sources: Sources) -> list[str]:
              "highest mean, and its margin over the earlier choice is judged by Holm over the cells. A study whose "
              "choice differs from the setting it ran answers at a setting validation does not choose.", ""]
     for folder in validation_folders(sources.results_dir):
-        lines += [f"`{folder.name}` (`results/{folder.name}/validation_choice.md`):", ""]
+        lines += [f"{code_span(folder.name)} ({code_span(f'results/{folder.name}/validation_choice.md')}):", ""]
         lines += [f"- {line}." for line in validation_lines(folder)] + [""]
     return lines
 
@@ -700,7 +700,7 @@ def readme_block(sources: Sources) -> str:
     lines += ladder_lines(sources)
     for folder in validation_folders(sources.results_dir):
         knob = knob_of(folder)
-        lines.append(f"- Chosen on validation (`{folder.name}`; {' / '.join(knob)}: the chosen value over the earlier "
+        lines.append(f"- Chosen on validation ({code_span(folder.name)}; {' / '.join(knob)}: the chosen value over the earlier "
                      f"one, margin in validation points): " + "; ".join(validation_lines(folder, short=True))
                      + f". The published studies ran {' / '.join(knob)} = {ran_with(sources, knob)}.")
     lines.append(f"- Cost (measurements, `{TOKEN_SCALING}`): {scaling_summary(sources)}")
@@ -762,7 +762,7 @@ def declared_studies_block(sources: Sources) -> str:
     """results/README.md: which studies declared their comparisons before they ran (confirmatory) and
     which did not (exploratory), from the declaration.json files, so the sentence cannot go stale."""
     def names(folders: list[Path]) -> str:
-        return ", ".join(f"`{f.relative_to(sources.results_dir).as_posix()}`" for f in folders)
+        return ", ".join(code_span(f.relative_to(sources.results_dir).as_posix()) for f in folders)
     published = confirmatory_studies(sources.results_dir)
     running = confirmatory_studies(sources.results_dir, running=True)
     text = ("Declared its comparisons before it ran, so confirmatory over exactly those (its `confirmatory.md`, "

@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import stats
-from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, read_trials
+from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, md_text, read_trials
 from rpevit.sweep.declaration import DECLARATION_FILE, Declaration, DeclarationError, Family, cell_of, read_record
 from rpevit.sweep.results import unix_seconds
 
@@ -64,7 +64,12 @@ class Outcome:
 
 
 def side_label(side: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in side.items())
+    return md_text(" ".join(f"{k}={v}" for k, v in side.items()))
+
+
+def question_text(decl: Declaration) -> str:
+    """The declared question (read from a file: inert Markdown), or that none was stated."""
+    return md_text(decl.question) if decl.question else "no question stated"
 
 
 def short_label(side: dict[str, Any]) -> str:
@@ -72,7 +77,7 @@ def short_label(side: dict[str, Any]) -> str:
     follows as k=v ('favor+ape epochs=5')."""
     head = "+".join(str(side[k]) for k in ("attention", "pe") if k in side)
     rest = " ".join(f"{k}={fmt(v)}" for k, v in side.items() if k not in ("attention", "pe"))
-    return " ".join(part for part in (head, rest) if part)
+    return md_text(" ".join(part for part in (head, rest) if part))
 
 
 def metric_values(frame: pd.DataFrame, metric: str) -> pd.Series:
@@ -141,7 +146,7 @@ def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[st
             if fam.for_each and not frame.empty and fam.for_each in frame.columns else [None]
         for level in levels:
             fixed = {fam.for_each: level} if fam.for_each else {}
-            name = fam.name + (f" ({fam.for_each} = {fmt(level)})" if fam.for_each else "")
+            name = md_text(fam.name + (f" ({fam.for_each} = {fmt(level)})" if fam.for_each else ""))
             families.append((name, judge_family(rows, values, fam, fixed, decl)))
     return decl, entry, families, set_aside
 
@@ -152,7 +157,7 @@ def build(results_dir: Path) -> str:
     lines = [f"Declared {entry.get('recorded_at_utc', '')} (declaration.json, sha256 {entry['sha256'][:12]}), before "
              f"the rows used here started."]
     if decl.question:
-        lines.append(f"Question: {decl.question}")
+        lines.append(f"Question: {question_text(decl)}")
     lines += ["", f"- Metric: {METRIC_TEXT[decl.metric]}, in points (accuracy x 100).",
               f"- Seeds: {', '.join(map(str, decl.seeds))} (n = {n} per cell, fixed in advance).",
               f"- Correction: Holm within each family at alpha {fmt(decl.alpha)}; k is the declared family size. "
