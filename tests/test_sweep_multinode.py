@@ -117,8 +117,11 @@ class Cluster:
         return yaml.safe_load(out.strip().splitlines()[-1])
 
     def sweep(self, space: Path, results: Path, *flags: str) -> subprocess.Popen:
+        """A sweep.py driver on this cluster (its own session: killable as a group)."""
+        # 3 retries, not 1: a retry Tune places before the GCS has marked the killed node dead fails again
+        # ("actor is unavailable: Socket closed"); with one retry, CI once recorded the lost trial failed
         return subprocess.Popen([sys.executable, "sweep.py", "--space", str(space), "--address", self.address,
-                                 "--results-dir", str(results), "--max-failures", "1", *flags], cwd=ROOT,
+                                 "--results-dir", str(results), "--max-failures", "3", *flags], cwd=ROOT,
                                 env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
 
