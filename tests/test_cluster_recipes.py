@@ -57,6 +57,7 @@ def test_the_rayjob_manifest_runs_a_resumable_sweep_inside_its_deadline():
     spec = job["spec"]
     options, deadline = check_with_sweep_parser(sweep_args(spec["entrypoint"].split("&&", 1)[1]))
     assert options.address == "auto" and options.resume and deadline is not None
+    assert options.max_failures == 3  # pods can be evicted: docs/cluster.md says why one retry is too few
     assert deadline.at - dt.datetime.now().timestamp() < spec["activeDeadlineSeconds"] - 10 * 60  # margin
     assert spec["shutdownAfterJobFinishes"] is True and spec["rayClusterSpec"]["rayVersion"] == TESTED_RAY
     mounts = [c["volumeMounts"] for group in [spec["rayClusterSpec"]["headGroupSpec"],
@@ -115,7 +116,8 @@ def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_ti
                                                   "gpu07:6379", "--min-nodes", "2", "--num-cpus=16", "--num-gpus=1",
                                                   "--", sys.executable, "-u", "sweep.py", "--space",
                                                   "search_spaces/smoke.yaml", "--address", "gpu07:6379",
-                                                  "--results-dir", str(tmp_path / "results"), "--resume",
+                                                  "--results-dir", str(tmp_path / "results"), "--max-failures", "3",
+                                                  "--resume",
                                                   "--deadline", (end - dt.timedelta(minutes=20)).strftime(
                                                       "%Y-%m-%dT%H:%M")]
     assert "4 trials in sweep 'smoke'" in out.stdout  # sweep.py read the command and its space

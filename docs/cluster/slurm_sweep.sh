@@ -46,4 +46,4 @@ srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
   ray symmetric-run --address "$address" --min-nodes "$SLURM_JOB_NUM_NODES" \
     --num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus="${SLURM_GPUS_PER_TASK:-0}" \
   -- "$PYTHON" -u sweep.py --space "$SPACE" --address "$address" --results-dir "$RESULTS" "${data[@]}" \
-    --resume "${deadline[@]}"
+    --max-failures 3 --resume "${deadline[@]}"
