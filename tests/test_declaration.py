@@ -141,3 +141,53 @@ def test_a_folder_without_a_declaration_says_so(tmp_path):
     write_sweep(tmp_path / "d", "d", rows(time.time()))
     with pytest.raises(DeclarationError, match="declared no comparisons"):
         confirmatory.judge(tmp_path / "d")
+
+
+# ---------------------------------------------------------------- contrasts, trends, two metrics (issue 58)
+LADDER = {"name": "l", "fixed": {"dataset": "digits", "lr_schedule": "wsd", "warmup_epochs": 0.5}, "branch": "epochs",
+          "grid": {"attention": ["softmax", "favor"], "pe": ["ape", "rope"], "epochs": [10, 5]}, "seeds": [0, 1, 2]}
+GAP_APE = [{"attention": "softmax", "pe": "ape"}, {"attention": "favor", "pe": "ape"}]
+GAP_ROPE = [{"attention": "softmax", "pe": "rope"}, {"attention": "favor", "pe": "rope"}]
+CONTRAST = {"name": "narrowing", "for_each": "epochs", "secondary_metric": "test_acc", "contrasts": [[GAP_APE, GAP_ROPE]]}
+TREND = {"name": "trend", "trend": {"field": "epochs", "from": 5, "to": 10}, "comparisons": [GAP_APE, GAP_ROPE]}
+
+
+def ladder(*families):
+    return expand_space({**LADDER, "declare": {"metric": "judged", "seeds": [0, 1, 2], "families": list(families)}},
+                        source="x.yaml")
+
+
+def test_a_contrast_and_a_trend_are_declared_and_checked_against_the_space():
+    s = ladder(CONTRAST, TREND)
+    contrast, trend = s.declaration.families
+    assert contrast.kind == "contrast" and contrast.size == 1 and contrast.metrics("judged") == ("judged", "test_acc")
+    assert len(contrast.sides()) == 4 and contrast.contrasts[0][1][1] == {"attention": "favor", "pe": "rope"}
+    assert trend.kind == "trend" and trend.trend.start == 5 and trend.trend.end == 10 and trend.size == 2
+    assert declaration.family_levels(trend, [{"epochs": 10}, {"epochs": 5}]) == [{"epochs": 5}, {"epochs": 10}]
+    again = parse(s.declaration.to_dict(), "declaration.json")  # the record round-trips exactly
+    assert again == s.declaration and again.digest() == s.declaration.digest()
+
+
+def test_a_family_without_the_new_keys_serialises_as_before():
+    """The digest of a declaration recorded before contrasts existed must not move (its study resumes)."""
+    assert set(parse(DECLARE, "x").to_dict()["families"][0]) == {"name", "for_each", "comparisons"}
+
+
+@pytest.mark.parametrize("family, match", [
+    ({**CONTRAST, "contrasts": [[GAP_APE]]}, "contrasts\\[0\\]' has value .*allowed: \\[\\[a1, b1\\], \\[a2, b2\\]\\]"),
+    ({**CONTRAST, "contrasts": [[GAP_APE, GAP_APE]]}, "allowed: two different pairs"),
+    ({**CONTRAST, "comparisons": [GAP_APE]}, "either comparisons or contrasts"),
+    ({**CONTRAST, "secondary_metric": "val_acc"}, "secondary_metric' has value 'val_acc'; allowed: judged"),
+    ({**CONTRAST, "secondary_metric": "judged"}, "a metric other than the family's primary one"),
+    ({**CONTRAST, "trend": TREND["trend"]}, "a trend of comparisons"),
+    ({**TREND, "trend": {"field": "epochs", "from": 5}}, "trend' has value .*allowed: a mapping \\{field"),
+    ({**TREND, "trend": {"field": "epochs", "from": 5, "to": 5}}, "two different values"),
+    ({**TREND, "trend": {"field": "seed", "from": 5, "to": 10}}, "field' has value 'seed'"),
+    ({**TREND, "for_each": "epochs"}, "other than seed, data_dir and the family's for_each"),
+    ({**TREND, "comparisons": [[{"attention": "softmax", "epochs": 5}, {"attention": "favor"}]]},
+     "sides without 'epochs'"),
+    ({**TREND, "trend": {"field": "epochs", "from": 5, "to": 8}}, "at epochs=8 matches no trial of the space"),
+])
+def test_a_bad_contrast_or_trend_is_refused_in_one_line(family, match):
+    with pytest.raises(SpaceError, match=match):
+        ladder(family)

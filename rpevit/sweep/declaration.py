@@ -21,8 +21,25 @@ what makes seeds added after a look, or a metric picked after the fact, visible 
           comparisons:          # a - b of the metric, Welch interval; each side a partial config
             - [{attention: softmax, pe: ape}, {attention: favor, pe: ape}]
 
+        - name: does an RPE narrow the FAVOR+ gap (a contrast of gaps)
+          for_each: epochs
+          metric: judged            # optional: the family's primary metric (default: the one above)
+          secondary_metric: test_acc  # optional: judged beside it, its own Holm (test_acc of a random-feature
+                                      # model is its training draw's accuracy)
+          contrasts:                # (a1 - b1) - (a2 - b2): does the second gap differ from the first?
+            - [[{attention: softmax, pe: ape}, {attention: favor, pe: ape}],
+               [{attention: softmax, pe: rope}, {attention: favor, pe: rope}]]
+        - name: does the gap shrink with budget
+          trend: {field: epochs, from: 10, to: 40}   # per seed: (a - b) at 40 minus (a - b) at 10
+          comparisons:
+            - [{attention: softmax, pe: ape}, {attention: favor, pe: ape}]
+
 Each side must match one cell of the space: trials that differ only in `seed` (and in the `for_each`
-field, which the family fixes). Checked when the space is loaded, so `--dry-run` refuses a typo.
+or `trend` field, which the family fixes). Checked when the space is loaded, so `--dry-run` refuses a
+typo. A family holds one kind of item (comparisons, contrasts, or comparisons with a trend), so Holm's k
+counts like with like. A family that uses none of the later keys (contrasts, trend, metric,
+secondary_metric) serialises exactly as before they existed: the digest of a declaration recorded then
+is unchanged, so its study resumes without --redeclare.
 """
 from __future__ import annotations
 
@@ -39,7 +56,8 @@ from rpevit.config import ConfigError, field_types
 DECLARATION_FILE = "declaration.json"
 METRICS = ("judged", "test_acc", "test_acc_draw_mean")
 KEYS = ("question", "metric", "seeds", "alpha", "families")
-FAMILY_KEYS = ("name", "for_each", "comparisons")
+FAMILY_KEYS = ("name", "for_each", "comparisons", "contrasts", "trend", "metric", "secondary_metric")
+TREND_KEYS = ("field", "from", "to")
 CELL_FIELDS_EXCLUDED = ("seed", "data_dir")  # what may differ inside one cell
 
 
@@ -47,11 +65,70 @@ class DeclarationError(ConfigError):
     """A `declare:` block that cannot be used, or one that changed after rows were written."""
 
 
+Side = dict[str, Any]
+Pair = tuple[Side, Side]
+
+
+@dataclass(frozen=True)
+class Trend:
+    """Across a budget ladder: per seed, (a - b) at `end` minus (a - b) at `start` of `field` (YAML `from`,
+    `to`). The rungs of one seed branch from one trunk, so the test is paired by seed."""
+
+    field: str
+    start: Any
+    end: Any
+
+
 @dataclass(frozen=True)
 class Family:
+    """One correction family: its items are pairs a - b (`comparisons`), contrasts of two pairs
+    (a1 - b1) - (a2 - b2) (`contrasts`), or pairs judged as a trend across `trend.field`. `metric` (None:
+    the declaration's) is the primary one; `secondary_metric`, if any, is judged beside it, with its own
+    Holm correction within this family."""
+
     name: str
-    comparisons: tuple[tuple[dict[str, Any], dict[str, Any]], ...]
+    comparisons: tuple[Pair, ...] = ()
     for_each: str | None = None
+    contrasts: tuple[tuple[Pair, Pair], ...] = ()
+    trend: Trend | None = None
+    metric: str | None = None
+    secondary_metric: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """'comparison', 'contrast' or 'trend'."""
+        return "contrast" if self.contrasts else "trend" if self.trend is not None else "comparison"
+
+    @property
+    def size(self) -> int:
+        """k: the number of items Holm corrects over (per for_each level and per metric)."""
+        return len(self.contrasts) if self.contrasts else len(self.comparisons)
+
+    def sides(self) -> list[Side]:
+        """Every side the family names, in order."""
+        pairs = [p for contrast in self.contrasts for p in contrast] if self.contrasts else list(self.comparisons)
+        return [side for pair in pairs for side in pair]
+
+    def metrics(self, default: str) -> tuple[str, ...]:
+        """(primary,) or (primary, secondary)."""
+        primary = self.metric or default
+        return (primary, self.secondary_metric) if self.secondary_metric else (primary,)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical plain values; the keys added after the first declarations only when used (the digest
+        of a declaration recorded before them is unchanged)."""
+        out: dict[str, Any] = {"name": self.name, "for_each": self.for_each}
+        if self.contrasts:
+            out["contrasts"] = [[[dict(a), dict(b)] for a, b in contrast] for contrast in self.contrasts]
+        else:
+            out["comparisons"] = [[dict(a), dict(b)] for a, b in self.comparisons]
+        if self.trend is not None:
+            out["trend"] = {"field": self.trend.field, "from": self.trend.start, "to": self.trend.end}
+        if self.metric is not None:
+            out["metric"] = self.metric
+        if self.secondary_metric is not None:
+            out["secondary_metric"] = self.secondary_metric
+        return out
 
 
 @dataclass(frozen=True)
@@ -66,8 +143,7 @@ class Declaration:
         """Plain, canonical values (JSON, hashing)."""
         out = asdict(self)
         out["seeds"] = list(self.seeds)
-        out["families"] = [{"name": f.name, "for_each": f.for_each,
-                            "comparisons": [[dict(a), dict(b)] for a, b in f.comparisons]} for f in self.families]
+        out["families"] = [f.to_dict() for f in self.families]
         return out
 
     def digest(self) -> str:
@@ -118,30 +194,82 @@ def parse(value: Any, source: str) -> Declaration:
         raise _bad(source, "families", families_in, "a non-empty list of {name, comparisons[, for_each]}")
     families, names = [], set()
     for i, fam in enumerate(families_in):
-        where = f"families[{i}]"
-        if not isinstance(fam, dict) or set(fam) - set(FAMILY_KEYS) or "name" not in fam or "comparisons" not in fam:
-            raise _bad(source, where, fam, f"a mapping with keys name, comparisons and optionally for_each")
-        name = fam["name"]
-        if not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 120 or name in names:
-            raise _bad(source, f"{where}.name", name, "a unique one-line name (at most 120 characters)")
-        names.add(name)
-        for_each = fam.get("for_each")
-        if for_each is not None and (for_each not in field_types() or for_each in CELL_FIELDS_EXCLUDED):
-            raise _bad(source, f"{where}.for_each", for_each, "a config field other than seed and data_dir")
-        pairs_in = fam["comparisons"]
-        if not isinstance(pairs_in, list) or not pairs_in:
-            raise _bad(source, f"{where}.comparisons", pairs_in, "a non-empty list of [a, b] pairs")
-        pairs = []
-        for j, pair in enumerate(pairs_in):
-            if not isinstance(pair, list) or len(pair) != 2:
-                raise _bad(source, f"{where}.comparisons[{j}]", pair, "a pair [a, b] of partial configs (a - b)")
-            a, b = (_side(p, f"{where}.comparisons[{j}]", source) for p in pair)
-            if for_each is not None and (for_each in a or for_each in b):
-                raise _bad(source, f"{where}.comparisons[{j}]", pair, f"sides without {for_each!r}, which the "
-                           f"family's for_each fixes")
-            pairs.append((a, b))
-        families.append(Family(name, tuple(pairs), for_each))
+        family = _family(fam, f"families[{i}]", source, names)
+        if family.secondary_metric == (family.metric or metric):
+            raise _bad(source, f"families[{i}].secondary_metric", family.secondary_metric,
+                       "a metric other than the family's primary one")
+        families.append(family)
     return Declaration(metric, tuple(seeds), tuple(families), float(alpha), question)
+
+
+def _pair(value: Any, where: str, source: str, fixed_fields: Sequence[str]) -> Pair:
+    if not isinstance(value, list) or len(value) != 2:
+        raise _bad(source, where, value, "a pair [a, b] of partial configs (a - b)")
+    a, b = (_side(p, where, source) for p in value)
+    for name in fixed_fields:
+        if name in a or name in b:
+            raise _bad(source, where, value, f"sides without {name!r}, which the family's for_each or trend fixes")
+    return a, b
+
+
+def _items(fam: dict[str, Any], key: str, where: str, source: str) -> list[Any]:
+    items = fam.get(key)
+    if not isinstance(items, list) or not items:
+        raise _bad(source, f"{where}.{key}", items, "a non-empty list")
+    return items
+
+
+def _trend(value: Any, where: str, source: str, for_each: str | None) -> Trend:
+    if not isinstance(value, dict) or set(value) != set(TREND_KEYS):
+        raise _bad(source, where, value, "a mapping {field: F, from: A, to: B} (per seed: a - b at B minus at A)")
+    field = value["field"]
+    if field not in field_types() or field in CELL_FIELDS_EXCLUDED or field == for_each:
+        raise _bad(source, f"{where}.field", field, "a config field other than seed, data_dir and the family's "
+                   "for_each")
+    start, end = value["from"], value["to"]
+    if start == end or any(isinstance(v, (dict, list)) or v is None for v in (start, end)):
+        raise _bad(source, where, value, "two different values of the field (from, to)")
+    return Trend(field, _normal(field, start), _normal(field, end))
+
+
+def _family(fam: Any, where: str, source: str, names: set[str]) -> Family:
+    if (not isinstance(fam, dict) or set(fam) - set(FAMILY_KEYS) or "name" not in fam
+            or ("comparisons" in fam) == ("contrasts" in fam)):
+        raise _bad(source, where, fam, "a mapping with keys name and either comparisons or contrasts, optionally "
+                   "for_each, trend (with comparisons), metric and secondary_metric")
+    name = fam["name"]
+    if not isinstance(name, str) or not name.strip() or "\n" in name or len(name) > 120 or name in names:
+        raise _bad(source, f"{where}.name", name, "a unique one-line name (at most 120 characters)")
+    names.add(name)
+    for_each = fam.get("for_each")
+    if for_each is not None and (for_each not in field_types() or for_each in CELL_FIELDS_EXCLUDED):
+        raise _bad(source, f"{where}.for_each", for_each, "a config field other than seed and data_dir")
+    metric, secondary = fam.get("metric"), fam.get("secondary_metric")
+    for key, value in (("metric", metric), ("secondary_metric", secondary)):
+        if value is not None and value not in METRICS:
+            raise _bad(source, f"{where}.{key}", value, ", ".join(METRICS))
+    trend = None
+    if "trend" in fam:
+        if "contrasts" in fam:
+            raise _bad(source, f"{where}.trend", fam["trend"], "a trend of comparisons (a family with "
+                       "comparisons), not of contrasts")
+        trend = _trend(fam["trend"], f"{where}.trend", source, for_each)
+    fixed_fields = [f for f in (for_each, trend.field if trend else None) if f]
+    pairs: list[Pair] = []
+    contrasts: list[tuple[Pair, Pair]] = []
+    if "comparisons" in fam:
+        for j, pair in enumerate(_items(fam, "comparisons", where, source)):
+            pairs.append(_pair(pair, f"{where}.comparisons[{j}]", source, fixed_fields))
+    else:
+        for j, contrast in enumerate(_items(fam, "contrasts", where, source)):
+            at = f"{where}.contrasts[{j}]"
+            if not isinstance(contrast, list) or len(contrast) != 2:
+                raise _bad(source, at, contrast, "[[a1, b1], [a2, b2]]: two pairs, judged as (a1 - b1) - (a2 - b2)")
+            first, second = (_pair(p, at, source, fixed_fields) for p in contrast)
+            if first == second:
+                raise _bad(source, at, contrast, "two different pairs")
+            contrasts.append((first, second))
+    return Family(name, tuple(pairs), for_each, tuple(contrasts), trend, metric, secondary)
 
 
 def _matches(trial: dict[str, Any], side: dict[str, Any]) -> bool:
@@ -158,33 +286,44 @@ def cell_of(trials: Sequence[dict[str, Any]], side: dict[str, Any], fixed: dict[
     return [i for i, t in enumerate(trials) if _matches(t, {**side, **fixed})]
 
 
+def family_levels(fam: Family, trials: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The field values a family fixes, one mapping per place its sides are looked up: each for_each value
+    (or none), and for a trend both of its ends at each."""
+    levels = sorted({t[fam.for_each] for t in trials}, key=repr) if fam.for_each else [None]
+    fixed = [{fam.for_each: value} if fam.for_each else {} for value in levels]
+    if fam.trend is None:
+        return fixed
+    return [{**f, fam.trend.field: end} for f in fixed for end in (fam.trend.start, fam.trend.end)]
+
+
 def check_against_space(decl: Declaration, trials: Sequence[dict[str, Any]], source: str) -> None:
     """Every side selects exactly one cell of the space (trials differing only in seed), holding every
     declared seed; refused otherwise with one line naming the family, the side and what it matched."""
     for fam in decl.families:
-        values = sorted({t[fam.for_each] for t in trials}, key=repr) if fam.for_each else [None]
-        for value in values:
-            fixed = {fam.for_each: value} if fam.for_each else {}
-            for j, pair in enumerate(fam.comparisons):
-                for side in pair:
-                    found = cell_of(trials, side, fixed)
-                    where = f"family {fam.name!r}, comparison {j}, side {side}" + (f" at {fam.for_each}={value}"
-                                                                                   if fixed else "")
-                    if not found:
-                        raise DeclarationError(f"{source}: declare: {where} matches no trial of the space; allowed: "
-                                               f"values that occur in the space (check for typos)")
-                    shapes = {json.dumps({k: v for k, v in trials[i].items() if k not in CELL_FIELDS_EXCLUDED},
-                                         sort_keys=True, default=str) for i in found}
-                    if len(shapes) > 1:
-                        differ = sorted(k for k in trials[found[0]] if k not in CELL_FIELDS_EXCLUDED
-                                        and len({repr(trials[i].get(k)) for i in found}) > 1)
-                        raise DeclarationError(f"{source}: declare: {where} matches trials that differ in "
-                                               f"{', '.join(differ)}; allowed: a side that selects one cell (name "
-                                               f"those fields too)")
-                    missing = sorted(set(decl.seeds) - {trials[i]["seed"] for i in found})
-                    if missing:
-                        raise DeclarationError(f"{source}: declare: {where} has no trial with seed(s) {missing}; "
-                                               f"allowed: declared seeds the space runs")
+        for fixed in family_levels(fam, trials):
+            at = " at " + ", ".join(f"{k}={v}" for k, v in fixed.items()) if fixed else ""
+            for side in fam.sides():
+                _check_side(trials, side, fixed, decl.seeds, f"family {fam.name!r}, side {side}{at}", source)
+
+
+def _check_side(trials: Sequence[dict[str, Any]], side: Side, fixed: dict[str, Any], seeds: Sequence[int],
+                where: str, source: str) -> None:
+    found = cell_of(trials, side, fixed)
+    if not found:
+        raise DeclarationError(f"{source}: declare: {where} matches no trial of the space; allowed: "
+                               f"values that occur in the space (check for typos)")
+    shapes = {json.dumps({k: v for k, v in trials[i].items() if k not in CELL_FIELDS_EXCLUDED},
+                         sort_keys=True, default=str) for i in found}
+    if len(shapes) > 1:
+        differ = sorted(k for k in trials[found[0]] if k not in CELL_FIELDS_EXCLUDED
+                        and len({repr(trials[i].get(k)) for i in found}) > 1)
+        raise DeclarationError(f"{source}: declare: {where} matches trials that differ in "
+                               f"{', '.join(differ)}; allowed: a side that selects one cell (name "
+                               f"those fields too)")
+    missing = sorted(set(seeds) - {trials[i]["seed"] for i in found})
+    if missing:
+        raise DeclarationError(f"{source}: declare: {where} has no trial with seed(s) {missing}; "
+                               f"allowed: declared seeds the space runs")
 
 
 # ---------------------------------------------------------------- the record in the sweep folder
@@ -239,5 +378,5 @@ def record(out_dir: Path, decl: Declaration | None, *, rows_exist: bool, redecla
             f"{', '.join(map(str, decl.seeds))})" + ("; rows that started before it are exploratory" if old else ""))
 
 
-__all__ = ["DECLARATION_FILE", "Declaration", "DeclarationError", "Family", "check_against_space", "parse",
-           "read_record", "record"]
+__all__ = ["DECLARATION_FILE", "Declaration", "DeclarationError", "Family", "Pair", "Side", "Trend",
+           "check_against_space", "family_levels", "parse", "read_record", "record"]
