@@ -191,3 +191,72 @@ def test_a_family_without_the_new_keys_serialises_as_before():
 def test_a_bad_contrast_or_trend_is_refused_in_one_line(family, match):
     with pytest.raises(SpaceError, match=match):
         ladder(family)
+
+
+def ladder_rows(started_at: float, drop: tuple = ()) -> list[dict]:
+    """softmax/favor x ape/rope x epochs 5, 10 x seeds 0-2 with constructed accuracies: softmax a + 0.01 seed;
+    favor's fresh-draw mean 0.10 (ape) or 0.04 (rope) below softmax at 5 epochs, half that at 10; favor's
+    training draw (test_acc) 0.02 above its fresh-draw mean. `drop`: (attention, pe, epochs, seed) left out."""
+    out = []
+    for attention in ("softmax", "favor"):
+        for pe, gap in (("ape", 0.10), ("rope", 0.04)):
+            for epochs in (5, 10):
+                for seed in range(3):
+                    if (attention, pe, epochs, seed) in drop:
+                        continue
+                    base = 0.80 + 0.05 * (epochs == 10) + 0.01 * seed
+                    judged = base - (gap / (1 + (epochs == 10)) + 0.003 * seed * (pe == "ape") if attention == "favor" else 0)
+                    own = judged + 0.02 if attention == "favor" else judged
+                    out.append({**config_row(dataset="digits", epochs=epochs, attention=attention, pe=pe, seed=seed,
+                                             redraw_interval=100, lr_schedule="wsd", warmup_epochs=0.5),
+                                "test_acc": own, "test_acc_draw_mean": judged,
+                                "started_at": started_at, "finished_at": started_at + 1})
+    return out
+
+
+def judged_ladder(tmp_path, rows):
+    folder = tmp_path / "l"
+    folder.mkdir(parents=True)
+    declaration.record(folder, ladder(CONTRAST, TREND).declaration, rows_exist=False, redeclare=False)
+    write_sweep(folder, "l", rows)
+    return confirmatory.judge(folder), folder
+
+
+def test_a_contrast_of_gaps_is_judged_on_both_metrics_at_each_rung(tmp_path):
+    (decl, _, families, _), folder = judged_ladder(tmp_path, ladder_rows(time.time() + 10))
+    names = [name for name, _ in families]
+    assert names[:4] == ["narrowing (epochs = 5; judged accuracy, primary)", "narrowing (epochs = 5; training draw (test_acc))",
+                         "narrowing (epochs = 10; judged accuracy, primary)", "narrowing (epochs = 10; training draw (test_acc))"]
+    (contrast,) = families[0][1]
+    # by hand at 5 epochs, in points: gap(ape) per seed 10, 10.3, 10.6 (mean 10.3); gap(rope) 4 -> contrast 6.3
+    assert contrast.kind == "contrast" and contrast.complete and contrast.nominal.point == pytest.approx(6.3)
+    sm = [80, 81, 82]
+    cells = [sm, [80 - 10, 81 - 10.3, 82 - 10.6], sm, [76, 77, 78]]
+    expected = stats_of(cells)
+    assert (contrast.nominal.lo, contrast.nominal.hi) == pytest.approx((expected.lo, expected.hi))
+    assert contrast.resolved and contrast.verdict(3).startswith("resolved: gap 2 (softmax+rope − favor+rope) smaller")
+    (on_training_draw,) = families[1][1]  # favor's training draw is 2 points higher in every cell: same contrast
+    assert on_training_draw.metric == "test_acc" and on_training_draw.nominal.point == pytest.approx(6.3)
+    text = confirmatory.build(folder)
+    assert "gap 1 − gap 2 at its Holm level" in text and "the fresh-draw penalty" in text
+    assert "Paired by seed because the rungs of one seed branch from one trunk" in text
+
+
+def stats_of(cells):
+    from rpevit.analysis import stats
+    return stats.contrast(cells, [1, -1, -1, 1])
+
+
+def test_a_trend_is_paired_by_seed_and_needs_every_rung_of_a_seed(tmp_path):
+    (_, _, families, _), _ = judged_ladder(tmp_path, ladder_rows(time.time() + 10))
+    trend = dict(families)["trend (epochs 5 → 10)"]
+    ape, rope = trend
+    # gap(ape) per seed at 5: 10 + 0.3 s, at 10: 5 + 0.3 s -> change -5 on every seed (no spread: a point interval)
+    assert ape.kind == "trend" and ape.nominal.point == pytest.approx(-5.0) and ape.nominal.n == (3,)
+    assert ape.values_a == pytest.approx((0.05, 0.053, 0.056)) and ape.resolved
+    assert ape.verdict(3) == "resolved: the gap falls from the shorter budget to the longer"
+    assert rope.nominal.point == pytest.approx(-2.0)
+    (_, _, families, _), _ = judged_ladder(tmp_path / "cut", ladder_rows(time.time() + 10, drop={("favor", "ape", 10, 1)}))
+    ape = dict(families)["trend (epochs 5 → 10)"][0]
+    assert not ape.complete and ape.verdict(3) == ("incomplete: 2 of the 3 declared seeds with every rung (no verdict "
+                                                   "before n is reached)")

@@ -159,3 +159,47 @@ def test_welch_interval_covers_a_difference_with_unequal_n_and_spread():
     a, b = rng.normal(1.0, 1.0, size=(SIMS, 3)), rng.normal(0.5, 3.0, size=(SIMS, 5))
     covered = [(iv.lo <= 0.5 <= iv.hi) for iv in (stats.welch(x, y) for x, y in zip(a, b))]
     assert 0.93 <= np.mean(covered) <= 0.97
+
+
+# ---------------------------------------------------------------- a contrast of gaps (issue 58)
+def test_contrast_of_two_gaps_by_hand():
+    """(a1 - b1) - (a2 - b2) of four small cells, worked out by hand: means, s^2/n, SE, Satterthwaite df, t."""
+    a1, b1, a2, b2 = [90.0, 92.0, 91.0], [80.0, 83.0, 80.0], [88.0, 89.0, 90.0], [86.0, 87.0, 85.0]
+    iv = stats.contrast([a1, b1, a2, b2], [1, -1, -1, 1])
+    # means 91, 81, 89, 86: (91 - 81) - (89 - 86) = 7; variances 1, 3, 1, 1; u = s^2 / 3 = 1/3, 1, 1/3, 1/3
+    u = [1 / 3, 1.0, 1 / 3, 1 / 3]
+    se = math.sqrt(sum(u))  # sqrt(2)
+    df = sum(u) ** 2 / sum(x * x / 2 for x in u)  # 4 / (1/2 (1/9 + 1 + 1/9 + 1/9)) = 4 / (2/3) = 6
+    assert df == pytest.approx(6.0) and iv.df == pytest.approx(6.0)
+    q = sps.t.ppf(0.975, 6.0)
+    assert iv.point == pytest.approx(7.0)
+    assert (iv.lo, iv.hi) == pytest.approx((7.0 - q * se, 7.0 + q * se))
+    assert iv.p == pytest.approx(2 * sps.t.sf(7.0 / se, 6.0)) and iv.n == (3, 3, 3, 3)
+
+
+def test_a_contrast_of_two_groups_is_welch():
+    a, b = [0.91, 0.90, 0.93, 0.89], [0.80, 0.85, 0.79]
+    two, welch = stats.contrast([a, b], [1, -1]), stats.welch(a, b)
+    assert (two.point, two.lo, two.hi, two.df, two.p) == pytest.approx((welch.point, welch.lo, welch.hi, welch.df, welch.p))
+
+
+def test_a_contrast_needs_a_coefficient_per_group_and_two_seeds_for_an_interval():
+    with pytest.raises(ValueError, match="one coefficient per group"):
+        stats.contrast([[1.0, 2.0]], [1, -1])
+    assert not stats.contrast([[1.0], [2.0, 3.0]], [1, -1]).bounded
+
+
+def test_the_contrast_interval_covers_a_difference_of_gaps_95_percent_of_the_time():
+    """Brute force: four normal cells with unequal spreads and n = 5 (the declared study's n); the true
+    difference of gaps is (1 - 0.2) - (0.9 - 0.5) = 0.4."""
+    rng = np.random.default_rng(58)
+    means, sds = (1.0, 0.2, 0.9, 0.5), (0.3, 1.0, 0.2, 0.6)
+    cells = [rng.normal(m, s, size=(SIMS, 5)) for m, s in zip(means, sds)]
+    truth = (means[0] - means[1]) - (means[2] - means[3])
+    intervals = [stats.contrast([c[i] for c in cells], [1, -1, -1, 1]) for i in range(SIMS)]
+    covered = np.mean([iv.lo <= truth <= iv.hi for iv in intervals])
+    assert 0.935 <= covered <= 0.965
+    # and a naive interval that ignores the df (normal quantile) covers less: the t(df) width matters at n = 5
+    naive = np.mean([abs(iv.point - truth) <= 1.96 * (iv.hi - iv.point) / sps.t.ppf(0.975, iv.df)
+                     for iv in intervals])
+    assert naive < covered - 0.01

@@ -328,9 +328,9 @@ def running_lines(results_dir: Path) -> list[str]:
     lines = []
     for folder in confirmatory_studies(results_dir, running=True):
         decl, _, families, _ = confirmatory.judge(folder)
-        pairs = sum(len(outcomes) for _, outcomes in families)
+        items = sum(len(outcomes) for _, outcomes in families)
         lines.append(f"- Running, declared before its first trial: {code_span(folder.relative_to(results_dir).as_posix())} "
-                     f"({confirmatory.question_text(decl)}; {pairs} comparisons in {len(families)} families, "
+                     f"({confirmatory.question_text(decl)}; {items} judged items in {len(families)} families, "
                      f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete.")
     return lines
 
@@ -338,12 +338,13 @@ def running_lines(results_dir: Path) -> list[str]:
 def family_line(name: str, outcomes: Sequence[confirmatory.Outcome], n: int) -> str:
     """One declared family in one line, its comparisons grouped by verdict: the resolved ones with their
     interval at its Holm level, the others by name (confirmatory.md has every figure)."""
-    def pair(o: confirmatory.Outcome) -> str:
-        return f"{o.a_short} − {o.b_short}"
-    resolved = [f"{pair(o)} {o.holm.text()}" for o in outcomes if o.resolved]
-    unresolved = [pair(o) for o in outcomes if o.complete and not o.resolved]
-    incomplete = [f"{pair(o)} ({len(o.values_a)} and {len(o.values_b)} of {n} seeds)"
-                  for o in outcomes if not o.complete]
+    def counts(o: confirmatory.Outcome) -> str:
+        if o.kind == "trend":
+            return f"{o.counts[0]} of {n} seeds with every rung"
+        return f"{(' and ' if len(o.counts) == 2 else ', ').join(map(str, o.counts))} of {n} seeds"
+    resolved = [f"{o.label} {o.holm.text()}" for o in outcomes if o.resolved]
+    unresolved = [o.label for o in outcomes if o.complete and not o.resolved]
+    incomplete = [f"{o.label} ({counts(o)})" for o in outcomes if not o.complete]
     groups = [f"resolved: {', '.join(resolved)}" if resolved else "",
               f"not resolved with {n} seeds: {', '.join(unresolved)}" if unresolved else "",
               f"incomplete, no verdict before the declared n: {', '.join(incomplete)}" if incomplete else ""]

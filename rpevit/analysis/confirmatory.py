@@ -14,29 +14,49 @@ is exploratory, and this file says how many rows it set aside and why. Writes co
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
 from rpevit.analysis import stats
 from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, md_text, read_trials
-from rpevit.sweep.declaration import DECLARATION_FILE, Declaration, DeclarationError, Family, cell_of, read_record
+from rpevit.sweep.declaration import (DECLARATION_FILE, Declaration, DeclarationError, Family, Pair, Trend, cell_of,
+                                      read_record)
 from rpevit.sweep.results import unix_seconds
 
 METRIC_TEXT = {"judged": "judged accuracy (mean over fresh draws for random-feature models, test_acc otherwise)",
-               "test_acc": "test_acc", "test_acc_draw_mean": "test_acc_draw_mean (mean over fresh draws)"}
+               "test_acc": "test_acc (for a random-feature model: its training draw, the draw it holds at the end of "
+                           "training; for softmax the judged accuracy itself)",
+               "test_acc_draw_mean": "test_acc_draw_mean (mean over fresh draws)"}
+METRIC_SHORT = {"judged": "judged accuracy", "test_acc": "training draw (test_acc)",
+                "test_acc_draw_mean": "mean over fresh draws"}
+PENALTY_SENTENCE = ("For softmax the two metrics are one number; for a random-feature model the judged accuracy "
+                    "averages fresh draws while test_acc reads the draw the model was trained on, so the difference "
+                    "between the two verdicts is the cost of judging a random-feature model on draws it was not "
+                    "frozen to (the fresh-draw penalty), not a difference between the attention mechanisms.")
 INCOMPLETE_P = 1.0  # an incomplete comparison still counts in its family's k, as if not rejected (conservative)
+KIND_METHOD = {
+    "comparison": "a − b of the metric, Welch's interval (independent cells)",
+    "contrast": "(a1 − b1) − (a2 − b2), the difference of two gaps: a contrast of four independent cell means with "
+                "the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast)",
+    "trend": "per seed, (a − b) at the longer budget minus (a − b) at the shorter; a one-sample t interval over seeds. "
+             "Paired by seed because the rungs of one seed branch from one trunk (the shorter run resumes the longer "
+             "run's checkpoint at its cool-down start), so they are not independent",
+}
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """One declared comparison, judged: the cells' values over the declared seeds, the nominal and Holm
-    intervals (points: accuracy x 100), and its verdict."""
+    """One declared item, judged on one metric: its cells' values over the declared seeds (`cells`, per
+    seed: seed -> value), the nominal and Holm intervals (points: accuracy x 100), and its verdict. For a
+    comparison, a and b are its sides; for a contrast, its two gaps (a = a1 − b1, b = a2 − b2); for a
+    trend, its gap at the longer budget (a) and at the shorter (b)."""
 
     family: str
     a: str
@@ -49,18 +69,38 @@ class Outcome:
     complete: bool
     a_short: str = ""  # 'softmax+rope': the cell as prose names it (short_label)
     b_short: str = ""
+    kind: str = "comparison"
+    metric: str = "judged"
+    counts: tuple[int, ...] = ()  # seeds found per cell (per seed-with-every-cell for a trend)
 
     @property
     def resolved(self) -> bool:
         return self.complete and self.holm.excludes(0.0)
 
+    @property
+    def label(self) -> str:
+        """The item as prose names it: 'softmax+ape − favor+ape', '(…) − (…)'."""
+        if self.kind == "comparison":
+            return f"{self.a_short} − {self.b_short}"
+        return f"({self.a_short}) − ({self.b_short})"
+
+    def counts_text(self, n_declared: int) -> str:
+        have = self.counts or (len(self.values_a), len(self.values_b))
+        if self.kind == "trend":
+            return f"{have[0]} of the {n_declared} declared seeds with every rung"
+        return f"{' and '.join(map(str, have)) if len(have) < 3 else ', '.join(map(str, have))} of the {n_declared} declared seeds"
+
     def verdict(self, n_declared: int) -> str:
         if not self.complete:
-            return (f"incomplete: {len(self.values_a)} and {len(self.values_b)} of the {n_declared} declared seeds "
-                    f"(no verdict before n is reached)")
-        if self.resolved:
-            return f"resolved: {self.a} {'higher' if self.holm.point > 0 else 'lower'}"
-        return f"not resolved with {stats.seeds_text(self.holm.n)}"
+            return f"incomplete: {self.counts_text(n_declared)} (no verdict before n is reached)"
+        if not self.resolved:
+            return f"not resolved with {stats.seeds_text(self.holm.n)}"
+        up = self.holm.point > 0
+        if self.kind == "contrast":
+            return f"resolved: gap 2 ({self.b}) {'smaller' if up else 'larger'} than gap 1"
+        if self.kind == "trend":
+            return f"resolved: the gap {'rises' if up else 'falls'} from the shorter budget to the longer"
+        return f"resolved: {self.a} {'higher' if up else 'lower'}"
 
 
 def side_label(side: dict[str, Any]) -> str:
@@ -102,32 +142,103 @@ def usable_rows(frame: pd.DataFrame, decl: Declaration, recorded_at: float,
     return frame[seed_ok & after & ~unsure], set_aside
 
 
+def cell_values(records: list[dict], values: pd.Series, side: dict[str, Any], fixed: dict[str, Any]) -> dict[int, float]:
+    """seed -> finite metric value of the one cell a side selects (with the family's fixed fields)."""
+    out = {int(records[i]["seed"]): float(values.iloc[i]) for i in cell_of(records, side, fixed)}
+    return {seed: v for seed, v in sorted(out.items()) if math.isfinite(v)}
+
+
+Item = tuple[Callable[[float], stats.Interval], bool, dict[str, Any]]  # (interval at a level, complete, labels)
+
+
+def comparison_item(records: list[dict], values: pd.Series, pair: Pair, fixed: dict[str, Any], n: int) -> Item:
+    a, b = (cell_values(records, values, side, fixed) for side in pair)
+    va, vb = tuple(a.values()), tuple(b.values())
+    return (lambda level: stats.welch(np.array(va) * 100, np.array(vb) * 100, level),
+            len(va) == len(vb) == n,
+            {"a": side_label(pair[0]), "b": side_label(pair[1]), "a_short": short_label(pair[0]),
+             "b_short": short_label(pair[1]), "values_a": va, "values_b": vb, "counts": (len(va), len(vb))})
+
+
+def contrast_item(records: list[dict], values: pd.Series, contrast: tuple[Pair, Pair], fixed: dict[str, Any],
+                  n: int) -> Item:
+    """(a1 − b1) − (a2 − b2) over the distinct cells, a cell named twice entering once with its
+    coefficients summed (stats.contrast)."""
+    sides = [contrast[0][0], contrast[0][1], contrast[1][0], contrast[1][1]]
+    coefficients: dict[str, float] = {}
+    groups: dict[str, tuple[float, ...]] = {}
+    for side, c in zip(sides, (1.0, -1.0, -1.0, 1.0)):
+        key = json.dumps(side, sort_keys=True, default=str)
+        coefficients[key] = coefficients.get(key, 0.0) + c
+        groups[key] = tuple(cell_values(records, values, side, fixed).values())
+    used = [k for k in groups if coefficients[k] != 0]
+    counts = tuple(len(groups[k]) for k in used)
+    gap = [tuple(len(cell_values(records, values, s, fixed)) for s in pair) for pair in contrast]
+    labels = [" − ".join(short_label(s) for s in pair) for pair in contrast]
+    return (lambda level: stats.contrast([np.array(groups[k]) * 100 for k in used], [coefficients[k] for k in used],
+                                         level),
+            all(c == n for c in counts),
+            {"a": md_text(labels[0]), "b": md_text(labels[1]), "a_short": labels[0], "b_short": labels[1],
+             "values_a": (), "values_b": (), "counts": tuple(c for pair in gap for c in pair)})
+
+
+def trend_item(records: list[dict], values: pd.Series, pair: Pair, fixed: dict[str, Any], trend: Trend,
+               seeds: Sequence[int]) -> Item:
+    """Per seed: (a − b) at trend.end minus (a − b) at trend.start; only seeds with all four values."""
+    at = {end: [cell_values(records, values, side, {**fixed, trend.field: end}) for side in pair]
+          for end in (trend.start, trend.end)}
+    both = [s for s in seeds if all(s in cell for cells in at.values() for cell in cells)]
+    gap = {end: tuple(at[end][0][s] - at[end][1][s] for s in both) for end in at}
+    change = tuple(hi - lo for hi, lo in zip(gap[trend.end], gap[trend.start]))
+    name = " − ".join(short_label(s) for s in pair)
+    return (lambda level: stats.mean_interval(np.array(change) * 100, level),
+            len(both) == len(seeds),
+            {"a": md_text(f"{name} at {trend.field} = {fmt(trend.end)}"),
+             "b": md_text(f"{name} at {trend.field} = {fmt(trend.start)}"),
+             "a_short": f"{name} at {fmt(trend.end)}", "b_short": f"at {fmt(trend.start)}",
+             "values_a": gap[trend.end], "values_b": gap[trend.start], "counts": (len(both),)})
+
+
 def judge_family(rows: pd.DataFrame, values: pd.Series, fam: Family, fixed: dict[str, Any],
-                 decl: Declaration) -> list[Outcome]:
-    """Every comparison of one family (at one for_each value), Holm over the declared k."""
-    records = rows.to_dict("records")
-    cells = []
-    for a, b in fam.comparisons:
-        picked = []
-        for side in (a, b):
-            idx = cell_of(records, side, fixed)
-            per_seed = {int(records[i]["seed"]): float(values.iloc[i]) for i in idx}
-            picked.append(tuple(per_seed[s] for s in sorted(per_seed) if math.isfinite(per_seed[s])))
-        cells.append((a, b, *picked))
-    nominal = [stats.welch(np.array(va) * 100, np.array(vb) * 100) for _, _, va, vb in cells]
-    complete = [len(va) == len(vb) == len(decl.seeds) for _, _, va, vb in cells]
-    p = [iv.p if ok and math.isfinite(iv.p) else INCOMPLETE_P for iv, ok in zip(nominal, complete)]
+                 decl: Declaration, metric: str = "") -> list[Outcome]:
+    """Every item of one family (at one for_each value) on one metric, Holm over the declared k."""
+    records, n = rows.to_dict("records"), len(decl.seeds)
+    if fam.kind == "contrast":
+        items = [contrast_item(records, values, c, fixed, n) for c in fam.contrasts]
+    elif fam.kind == "trend":
+        items = [trend_item(records, values, pair, fixed, fam.trend, decl.seeds) for pair in fam.comparisons]
+    else:
+        items = [comparison_item(records, values, pair, fixed, n) for pair in fam.comparisons]
+    nominal = [at(1 - decl.alpha) for at, _, _ in items]
+    p = [iv.p if ok and math.isfinite(iv.p) else INCOMPLETE_P for iv, (_, ok, _) in zip(nominal, items)]
     divisors = stats.holm_divisors(p, decl.alpha)
     out = []
-    for (a, b, va, vb), iv, ok, m in zip(cells, nominal, complete, divisors):
-        holm = stats.welch(np.array(va) * 100, np.array(vb) * 100, 1 - decl.alpha / m) if m else iv
-        out.append(Outcome(fam.name, side_label(a), side_label(b), va, vb, iv, holm, len(cells), ok,
-                           short_label(a), short_label(b)))
+    for (at, ok, labels), iv, m in zip(items, nominal, divisors):
+        holm = at(1 - decl.alpha / m) if m else iv
+        out.append(Outcome(fam.name, nominal=iv, holm=holm, k=len(items), complete=ok, kind=fam.kind,
+                           metric=metric or decl.metric, **labels))
     return out
 
 
+def levels_of(frame: pd.DataFrame, fam: Family) -> list[Any]:
+    if not fam.for_each or frame.empty or fam.for_each not in frame.columns:
+        return [None]
+    return sorted(set(frame[fam.for_each]), key=lambda v: (isinstance(v, str), v))
+
+
+def family_title(fam: Family, level: Any, metric: str, default: str) -> str:
+    """'name (epochs = 10)'; with a secondary metric, each judged family also names its metric."""
+    parts = [f"{fam.for_each} = {fmt(level)}"] if fam.for_each else []
+    if fam.trend is not None:
+        parts.append(f"{fam.trend.field} {fmt(fam.trend.start)} → {fmt(fam.trend.end)}")
+    if fam.secondary_metric:
+        parts.append(METRIC_SHORT[metric] + ("" if metric != (fam.metric or default) else ", primary"))
+    return md_text(fam.name + (f" ({'; '.join(parts)})" if parts else ""))
+
+
 def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[str, list[Outcome]]], dict[str, int]]:
-    """The declaration in force, its record, the judged families (name with its for_each value) and the
+    """The declaration in force, its record, the judged families (name with its for_each value and, for a
+    family with a secondary metric, the metric: the primary's then the secondary's at each level) and the
     set-aside counts. Raises DeclarationError where the folder has no declaration."""
     record = read_record(results_dir)
     if record is None:
@@ -139,37 +250,59 @@ def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[st
     redeclared = len(record["declarations"]) > 1
     rows, set_aside = usable_rows(frame, decl, entry["recorded_at"], redeclared) if not frame.empty else (frame, {})
     rows = rows.reset_index(drop=True)
-    values = metric_values(rows, decl.metric) if not rows.empty else pd.Series(dtype=float)
     families = []
     for fam in decl.families:
-        levels = sorted(set(frame[fam.for_each]), key=lambda v: (isinstance(v, str), v)) \
-            if fam.for_each and not frame.empty and fam.for_each in frame.columns else [None]
-        for level in levels:
+        for level in levels_of(frame, fam):
             fixed = {fam.for_each: level} if fam.for_each else {}
-            name = md_text(fam.name + (f" ({fam.for_each} = {fmt(level)})" if fam.for_each else ""))
-            families.append((name, judge_family(rows, values, fam, fixed, decl)))
+            for metric in fam.metrics(decl.metric):
+                values = metric_values(rows, metric) if not rows.empty else pd.Series(dtype=float)
+                families.append((family_title(fam, level, metric, decl.metric),
+                                 judge_family(rows, values, fam, fixed, decl, metric)))
     return decl, entry, families, set_aside
+
+
+def outcome_row(o: Outcome, n: int) -> list[str]:
+    """A table row: the item, its two parts' means, the estimate at 95% and at its Holm level, the verdict."""
+    if o.kind == "comparison":
+        parts = [stats.mean_interval(np.array(o.values_a) * 100).text(),
+                 stats.mean_interval(np.array(o.values_b) * 100).text()]
+    elif o.kind == "trend":  # per-seed gaps at each end
+        parts = [stats.mean_interval(np.array(o.values_a) * 100).text(),
+                 stats.mean_interval(np.array(o.values_b) * 100).text()]
+    else:
+        parts = ["—", "—"]
+    return [o.a, o.b, *parts, o.nominal.text(), o.holm.text() if o.complete else "—", o.verdict(n)]
+
+
+HEADERS = {"comparison": ["a", "b", "mean a", "mean b", "a − b, 95%", "a − b at its Holm level", "verdict"],
+           "contrast": ["gap 1 (a1 − b1)", "gap 2 (a2 − b2)", "—", "—", "gap 1 − gap 2, 95%",
+                        "gap 1 − gap 2 at its Holm level", "verdict"],
+           "trend": ["gap at the longer budget", "gap at the shorter budget", "mean gap (longer)", "mean gap (shorter)",
+                     "change per seed, 95%", "change at its Holm level", "verdict"]}
 
 
 def build(results_dir: Path) -> str:
     decl, entry, families, set_aside = judge(results_dir)
     n = len(decl.seeds)
+    kinds = list(dict.fromkeys(f.kind for f in decl.families))
     lines = [f"Declared {entry.get('recorded_at_utc', '')} (declaration.json, sha256 {entry['sha256'][:12]}), before "
              f"the rows used here started."]
     if decl.question:
         lines.append(f"Question: {question_text(decl)}")
-    lines += ["", f"- Metric: {METRIC_TEXT[decl.metric]}, in points (accuracy x 100).",
+    metrics = list(dict.fromkeys(m for f in decl.families for m in f.metrics(decl.metric)))
+    lines += ["", f"- Metric: {METRIC_TEXT[decl.metric]}, in points (accuracy x 100)."
+              + ("" if len(metrics) == 1 else " Families that declare a secondary metric are judged on it too, "
+                 f"beside the primary one, each with its own Holm correction: "
+                 f"{'; '.join(METRIC_TEXT[m] for m in metrics if m != decl.metric)}. {PENALTY_SENTENCE}"),
               f"- Seeds: {', '.join(map(str, decl.seeds))} (n = {n} per cell, fixed in advance).",
+              *(f"- {kind.capitalize()}: {KIND_METHOD[kind]}." for kind in kinds),
               f"- Correction: Holm within each family at alpha {fmt(decl.alpha)}; k is the declared family size. "
-              f"A comparison is resolved only where its interval at its Holm level excludes 0.",
+              f"An item is resolved only where its interval at its Holm level excludes 0.",
               "- Rows set aside: " + (", ".join(f"{v} ({k})" for k, v in set_aside.items() if v) or "none") + ".",
               "- Everything else reported about this study is exploratory.", ""]
     for name, outcomes in families:
-        lines += [f"### {name}", "", markdown_table(
-            ["a", "b", "mean a", "mean b", "a − b, 95%", "a − b at its Holm level", "verdict"],
-            [[o.a, o.b, stats.mean_interval(np.array(o.values_a) * 100).text(),
-              stats.mean_interval(np.array(o.values_b) * 100).text(), o.nominal.text(),
-              o.holm.text() if o.complete else "—", o.verdict(n)] for o in outcomes]), ""]
+        kind = outcomes[0].kind if outcomes else "comparison"
+        lines += [f"### {name}", "", markdown_table(HEADERS[kind], [outcome_row(o, n) for o in outcomes]), ""]
     return "\n".join(lines)
 
 

@@ -148,6 +148,27 @@ def welch(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, leve
     return _t(point, math.sqrt(sum(u)), satterthwaite(u, n), n, level)
 
 
+def contrast(groups: Sequence[Sequence[float] | np.ndarray], coefficients: Sequence[float],
+             level: float = LEVEL) -> Interval:
+    """sum_i c_i mean(group_i) over independent groups, with the Welch-Satterthwaite interval: standard
+    error sqrt(sum_i c_i^2 s_i^2 / n_i), df by Satterthwaite over the terms u_i = c_i^2 s_i^2 / n_i. A
+    difference of two gaps (a1 - b1) - (a2 - b2) is the contrast (1, -1, -1, 1) of four cells; (1, -1) is
+    Welch's difference (`welch`). A cell that occurs twice must be passed once, with its coefficients
+    summed (its two terms are not independent). No interval when any group has fewer than 2 seeds."""
+    _check_level(level)
+    if len(groups) != len(coefficients) or not groups:
+        raise ValueError(f"contrast needs one coefficient per group, got {len(groups)} groups and "
+                         f"{len(coefficients)} coefficients")
+    xs = [finite(g) for g in groups]
+    n = tuple(len(x) for x in xs)
+    if min(n) == 0:
+        return Interval(math.nan, n=n, level=level)
+    point = float(sum(c * float(x.mean()) for c, x in zip(coefficients, xs)))
+    if min(n) < 2:
+        return Interval(point, n=n, level=level)
+    u = [c * c * float(x.var(ddof=1)) / len(x) for c, x in zip(coefficients, xs)]
+    return _t(point, math.sqrt(sum(u)), satterthwaite(u, n), n, level)
+
 def closure_ratio(x: Sequence[float] | np.ndarray, base: Sequence[float] | np.ndarray,
                   ref: Sequence[float] | np.ndarray, level: float = LEVEL) -> Interval:
     """G = (mean x - mean base) / (mean ref - mean base) with Fieller's interval (module docstring).
