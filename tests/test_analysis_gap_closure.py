@@ -207,10 +207,10 @@ def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
     draw, train = favor.split("\n  - ")[1:3]
     assert draw.startswith("draw mean, judged (`test_acc_draw_mean`), Holm over k = 3: gap softmax+ape − favor+ape "
                            "(points) = 20 [")
-    assert "closes part of it (G interval between 0 and 1): rope (G 0.5 [" in draw
+    assert "closes part of it (G interval at its Holm level between 0 and 1): rope (G 0.5 [" in draw
     assert "gap softmax+ape − favor+ape (points) = 11 [" in train and "(n=3,3; 98.3%): a gap." in train
-    assert "closes part of it (G interval between 0 and 1): rope (G 0.455 [" in train
-    assert "widens it (G interval below 0): luo_rpe (G -0.909 [" in train
+    assert "closes part of it (G interval at its Holm level between 0 and 1): rope (G 0.455 [" in train
+    assert "widens it (G interval at its Holm level below 0): luo_rpe (G -0.909 [" in train
     assert "draw mean and training draw agree" in favor
     relu = next(line for line in verdict.split("\n- ") if line.startswith("**relu-identity"))
     assert "gap softmax+ape − relu-identity+ape (points) = 0 [" in relu

@@ -77,7 +77,14 @@ def bounds(iv: Interval, scale: float = 100.0) -> str:
         return "unbounded"
     if not iv.bounded:
         return "no interval"
-    return f"[{fmt(iv.lo * scale, 3)}, {fmt(iv.hi * scale, 3)}]"
+    return f"[{bound(iv.lo * scale)}, {bound(iv.hi * scale)}]"
+
+
+def bound(value: float) -> str:
+    """3 significant figures, but never rounded onto a round hundred it is not (100.28 is '100.3', not '100',
+    which would read as the ceiling of an accuracy rather than an interval that passes it)."""
+    text = fmt(value, 3)
+    return fmt(value, 4) if abs(value) >= 100 and float(text) != value else text
 
 
 def at_holm(iv: Interval, k: int, scale: float = 100.0) -> str:
@@ -207,10 +214,10 @@ def config_name(config: Config) -> str:
 
 
 # ---------------------------------------------------------------- sentences of the gap-closure answers
-EFFECT_WORDS = {"more than closes": "more than closes the gap (G interval above 1)",
-                "closes": "closes the gap (G interval above 0, holding 1)",
-                "partly closes": "closes part of the gap (G interval between 0 and 1)",
-                "widens": "widens the gap (G interval below 0)", "raises": "raises {b}+ape",
+EFFECT_WORDS = {"more than closes": "more than closes the gap (G interval at its Holm level above 1)",
+                "closes": "closes the gap (G interval at its Holm level above 0, holding 1)",
+                "partly closes": "closes part of the gap (G interval at its Holm level between 0 and 1)",
+                "widens": "widens the gap (G interval at its Holm level below 0)", "raises": "raises {b}+ape",
                 "lowers": "lowers {b}+ape"}
 
 
@@ -340,8 +347,8 @@ def family_line(name: str, outcomes: Sequence[confirmatory.Outcome], n: int) -> 
     interval at its Holm level, the others by name (confirmatory.md has every figure)."""
     def counts(o: confirmatory.Outcome) -> str:
         if o.kind == "trend":
-            return f"{o.counts[0]} of {n} seeds with every rung"
-        return f"{(' and ' if len(o.counts) == 2 else ', ').join(map(str, o.counts))} of {n} seeds"
+            return f"{o.have[0]} of {n} seeds with every rung"
+        return f"{(' and ' if len(o.have) == 2 else ', ').join(map(str, o.have))} of {n} seeds"
     resolved = [f"{o.label} {o.holm.text()}" for o in outcomes if o.resolved]
     unresolved = [o.label for o in outcomes if o.complete and not o.resolved]
     incomplete = [f"{o.label} ({counts(o)})" for o in outcomes if not o.complete]
@@ -497,21 +504,49 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
     return lines
 
 
+def folder_dataset(folder: Path) -> str:
+    """The dataset a validation study chose its knob on (its rows hold one)."""
+    datasets = sorted(read_trials(folder, ["train"]).frame["dataset"].astype(str).unique())
+    return datasets[0] if len(datasets) == 1 else "/".join(datasets)
+
+
 def knob_of(folder: Path) -> tuple[str, ...]:
     return validation_choice.knob_of(read_trials(folder, ["train"]).frame)
 
 
-def ran_with(sources: Sources, knob: tuple[str, ...]) -> str:
-    """The values of a knob the published studies' rows ran with, among the rows it applies to (luo_scale:
-    luo_rpe rows; the redraw schedule: rows that draw random features): 'luo_scale 10'."""
-    frame = sources.train.frame
+def ran_with(sources: Sources, knob: tuple[str, ...], dataset: str) -> str:
+    """Which value of a knob the published studies' rows on `dataset` ran with, the exploratory studies
+    (results/STUDIES) and the declared ones apart, since the declared ones ran the validated settings:
+    'the exploratory studies (`cifar10_cpu`) ran luo_scale 10; the declared studies (`cifar10_ladder_cpu`) 100'.
+    Only among the rows the knob applies to (luo_scale: luo_rpe rows; the redraw schedule: rows that draw
+    random features)."""
+    parts = []
+    declared = confirmatory_studies(sources.results_dir)
+    for kind, frame in (("exploratory", sources.train.frame),
+                        ("declared", pd.concat([read_trials(f, ["train"]).frame for f in declared], ignore_index=True)
+                         if declared else pd.DataFrame())):
+        if frame.empty or "dataset" not in frame.columns:
+            continue
+        rows = knob_rows(frame[frame["dataset"] == dataset], knob)
+        if rows.empty:
+            continue
+        studies = ", ".join(code_span(str(name)) for name in sorted(rows["sweep"].astype(str).unique())) \
+            if "sweep" in rows.columns else ""
+        parts.append(f"the {kind} studies{f' ({studies})' if studies else ''} ran {values_text(rows, knob)}")
+    return "; ".join(parts) if parts else f"no published study ran {dataset} with it"
+
+
+def knob_rows(frame: pd.DataFrame, knob: tuple[str, ...]) -> pd.DataFrame:
     if knob == ("luo_scale",):
-        rows = frame[frame["pe"].astype(str).str.contains("luo_rpe")]
-    elif knob == ("redraw_interval", "redraw_until"):
+        return frame[frame["pe"].astype(str).str.contains("luo_rpe")]
+    if knob == ("redraw_interval", "redraw_until"):
         rows = frame[has_random_features(frame)]
-        rows = rows[pd.to_numeric(rows["redraw_interval"], errors="coerce") > 0]
-    else:
-        rows = frame
+        return rows[pd.to_numeric(rows["redraw_interval"], errors="coerce") > 0]
+    return frame
+
+
+def values_text(rows: pd.DataFrame, knob: tuple[str, ...]) -> str:
+    """'0.001, trunc_normal, 1 and 0.002, trunc_normal, 1', with a note on fields older rows did not record."""
     rows, unrecorded = with_defaults_for_unrecorded(rows, knob)
     values = rows[list(knob)].drop_duplicates().itertuples(index=False, name=None)
     text = " and ".join(", ".join(fmt(v) for v in value) for value in sorted(values, key=repr)) or "—"
@@ -656,6 +691,25 @@ def grouped_same(a: Assessment, backend: str) -> str:
     return "; ".join(f"{word}: {', '.join(items)}" for word, items in groups.items())
 
 
+def declared_verdicts(sources: Sources, dataset: str, a: str, b: str) -> str:
+    """The verdicts the declared studies on `dataset` gave a − b (variants as prose names them), per family
+    that declared it on its primary metric: "`mnist_headline_cpu` (the same-encoding gap): not resolved with
+    5 seeds". Empty where none declared it."""
+    found = []
+    for folder in confirmatory_studies(sources.results_dir):
+        frame = read_trials(folder, ["train"]).frame
+        if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
+            continue
+        decl, _, families, _ = confirmatory.judge(folder)
+        for name, outcomes in families:
+            for o in outcomes:
+                if o.kind == "comparison" and (o.a_short, o.b_short) == (a, b) and o.metric == decl.metric:
+                    verdict = (f"resolved, {o.holm.text()}" if o.resolved else
+                               o.verdict(len(decl.seeds)).split(" (no verdict")[0])
+                    found.append(f"{code_span(folder.name)} ({name}): {verdict}")
+    return "; ".join(found)
+
+
 def readme_block(sources: Sources) -> str:
     """The README's "Answers so far": the declared comparisons, then a few headline figures of each study,
     each labelled; the long form is results/ANSWERS.md."""
@@ -674,6 +728,9 @@ def readme_block(sources: Sources) -> str:
         if first is not None and first.gap.judged is not None and first.gap.judged.nominal.n != a.gap.judged.nominal.n:
             gap += f" (first look, {first.gap.nominal.n_text()}: Holm {bounds(first.gap.judged.interval)}, " \
                    f"{verdict_text(first.gap.judged)})"
+        if declared := declared_verdicts(sources, dataset, "softmax+ape", "favor+ape"):
+            gap += (f"; superseded by the declared studies' confirmatory answer to the same comparison, run with the "
+                    f"validated settings: {declared}")
         lines += [gap + ".", f"  - On favor+ape (gain): {grouped_effects(a, 'favor')}.",
                   f"  - Same encoding, softmax+pe − favor+pe: {grouped_same(a, 'favor')}."]
         relu = assessed[find_config(assessed, dataset, "relu")]
@@ -703,7 +760,7 @@ def readme_block(sources: Sources) -> str:
         knob = knob_of(folder)
         lines.append(f"- Chosen on validation ({code_span(folder.name)}; {' / '.join(knob)}: the chosen value over the earlier "
                      f"one, margin in validation points): " + "; ".join(validation_lines(folder, short=True))
-                     + f". The published studies ran {' / '.join(knob)} = {ran_with(sources, knob)}.")
+                     + f". {' / '.join(knob)} on {folder_dataset(folder)}: {ran_with(sources, knob, folder_dataset(folder))}.")
     lines.append(f"- Cost (measurements, `{TOKEN_SCALING}`): {scaling_summary(sources)}")
     lines += ["", f"Every figure with its source, and every configuration: [results/{ANSWERS_FILE}](results/"
                   f"{ANSWERS_FILE}); the tables: [results/report.md](results/report.md)."]

@@ -84,8 +84,13 @@ class Outcome:
             return f"{self.a_short} − {self.b_short}"
         return f"({self.a_short}) − ({self.b_short})"
 
+    @property
+    def have(self) -> tuple[int, ...]:
+        """Seeds found per cell (a trend: seeds with every rung)."""
+        return self.counts or (len(self.values_a), len(self.values_b))
+
     def counts_text(self, n_declared: int) -> str:
-        have = self.counts or (len(self.values_a), len(self.values_b))
+        have = self.have
         if self.kind == "trend":
             return f"{have[0]} of the {n_declared} declared seeds with every rung"
         return f"{' and '.join(map(str, have)) if len(have) < 3 else ', '.join(map(str, have))} of the {n_declared} declared seeds"

@@ -27,10 +27,10 @@ GAP_OUTCOME = {"resolved": "a gap", "not resolved": "gap not resolved", "ahead":
                "one seed": "one seed", "missing": "not measured"}
 NO_INTERVAL = "no interval (one seed)"
 # Effect of an encoding, in the order the verdict lists them, with the phrase it uses ({b}: the backend).
-EFFECT_PHRASE = {"more than closes": "more than closes it (G interval above 1)",
-                 "closes": "closes it (G interval above 0, reaching 1)",
-                 "partly closes": "closes part of it (G interval between 0 and 1)",
-                 "widens": "widens it (G interval below 0)",
+EFFECT_PHRASE = {"more than closes": "more than closes it (G interval at its Holm level above 1)",
+                 "closes": "closes it (G interval at its Holm level above 0, reaching 1)",
+                 "partly closes": "closes part of it (G interval at its Holm level between 0 and 1)",
+                 "widens": "widens it (G interval at its Holm level below 0)",
                  "raises": "raises {b}+ape (no resolved gap for a G)",
                  "lowers": "lowers {b}+ape (no resolved gap for a G)",
                  "not resolved": "{effect} (Holm interval includes 0)",
