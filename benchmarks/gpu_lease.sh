@@ -1,62 +1,57 @@
 #!/usr/bin/env bash
-# One GPU lease of LEASE_BUDGET_S seconds (default 1800; below; the device tool: each call <= 10 min, the next within 30 s of the last, or the
-# machine and everything on it is gone), in three calls that return a measured answer:
+# One GPU lease of LEASE_BUDGET_S seconds from t0, the first call's start: the device tool lends 15 minutes of
+# device time, the machine's start included (pass what its status says is left, less the start), runs a call
+# for at most 600 s and keeps the machine only 30 s after a call; then it is gone, with everything on it.
 #
 # Here, once (needs PyPI and DATA_DIR/mnist.npz):   benchmarks/gpu_lease.sh prepare DATA_DIR
 #   packs the wheels of benchmarks/lease/wheels.txt, installed into one folder (ray without ray/jars),
 #   as .lease/site.tar.xz, with mnist.npz and their SHA-256 (~45 MB: one call carries 64 MiB).
-# Rehearse it on this CPU first:                    benchmarks/gpu_rehearsal.sh
-# Then, back to back, each with timeout_s 600 (files come back from $OUT; t0 is the first call's start):
-#   run carry=[.lease]  bash benchmarks/gpu_lease.sh first    unpack, record the image, GPU tests
-#                                                             (pytest -m gpu, 6 processes): <= 7.5 min
-#   run                 bash benchmarks/gpu_lease.sh study    the throughput benchmark (<= 4.5 min), then the
-#                       [SWEEP FLAGS]                         plan (benchmarks/lease/plan.py: whole groups that
-#                                                             end by t0 + 25 min), the sweep launched in its own
-#                                                             session; waits to the call's 9.6 min, rows back
-#   run                 bash benchmarks/gpu_lease.sh finish   wait for the sweep (at most until t0 + 26.5 min),
-#                                                             bring back rows, per-epoch curves and a figure
-# then give the machine back at once (the 30 minutes count until then, its start included).
-# Default SWEEP FLAGS: the MNIST half of all12.yaml (12 fused groups of 3 seeds, 49 tokens, compiled, bf16),
-# --only dataset=mnist, at the longest budget (epochs, up to its 30) at which every group fits (plan.py).
-# Nothing relies on a checkpoint coming back (a trial's is ~32 MB); the rows and epochs.parquet are the
-# result. Every figure names the device.
-# LEASE_REHEARSAL=1 (benchmarks/gpu_rehearsal.sh) runs the same steps on a CPU: the GPU tests collect
-# and skip, tests/all12_cells.py runs every all12 cell on the CPU instead, the benchmark and the sweep
-# are cut to CPU size, and the planner is still asked with the lease's deadline and GPU estimate.
+# The plan, without running anything:               LEASE_BUDGET_S=810 benchmarks/gpu_lease.sh budget
+#   each call's command, its start and end from t0 and its parts (benchmarks/lease/timeline.py). Every part
+#   runs under `timeout` until its end there (its stop signal 20 s before), so no part overruns its call
+#   and no call its 600 s; a part whose time has gone is skipped, saying so.
+# Rehearse it on this CPU first:                    REHEARSAL_BUDGET_S=810 benchmarks/gpu_rehearsal.sh DATA_DIR
+# The short lease (under 1500 s), each call with timeout_s 600, the second within 30 s of the first:
+#   call 1, carry=[.lease]:  export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh first; bash benchmarks/gpu_lease.sh bench
+#     first  .lease checked and unpacked into $LEASE_DIR, image.txt, imports.log; the GPU tests collected
+#            (pytest_gpu.collected: one test id a line), then run (-n 6, pytest-timeout per test; SIGINT
+#            before the end, so pytest_gpu.xml holds what ran: summary.py says "N of M collected ran")
+#     bench  throughput.py: fused k=5 with CUDA graphs (the one-process baseline), the same group with the
+#            whole step in one graph (compile: graph), 4 packed processes of the first without and with MPS,
+#            side by side; then solo eager and compiled if time remains; the two fused modes profiled
+#            (throughput.json, .log)
+#   call 2:                  export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh main [--set/--only ...]
+#     main   the all12 MNIST half (12 fused groups of 3 seeds, compiled, bf16) through sweep.py: Ray packs 4
+#            groups per GPU, plan.py picks the epochs from call 1's packed rate, --deadline starts only
+#            whole groups that fit; SIGTERM at the sweep's end; its rows (parts/ too: rpevit.sweep.snapshot:
+#            trials.parquet, epochs.parquet), space.json, sweep.log, lease_plan.txt, curves.png, smi.txt
+#            back. Where the plan admits no group, one fused group runs instead (as `group`).
+#   then give the machine back. `group [SWEEP FLAGS]`: one fused group (MNIST favor + luo_rpe, 2 epochs if
+#   its time allows, else 1) through sweep.py instead of the main job.
+# bench, main and group unpack .lease themselves on a fresh machine (carry=[.lease]); they take their
+# times from t0 when `first` ran on this machine, else from their own start.
+# The long lease (1500 to 1800 s, planned for issue 40): `first`, `study` (benchmark, plan, a sweep in the
+# background until t0 + budget - 300 s), `finish` (wait, collect).
+# LEASE_GPU_TESTS: the GPU test files `first` runs (default tests/test_gpu.py tests/test_gpu_whole_step.py).
+# LEASE_TESTS_S / LEASE_BENCH_S: a part's seconds by hand (0 skips it). LEASE_TIME_SCALE: every time of
+# the plan times this (the tests of the caps; the CPU rehearsal). LEASE_REHEARSAL=1 (gpu_rehearsal.sh):
+# the same steps on a CPU, CPU-sized; the GPU tests collect and skip, and the plan is still asked with
+# the lease's deadline and the last measured GPU rate.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${LEASE_PYTHON:-python3}
 L=${LEASE_DIR:-/tmp/lease}
 OUT=${OUT:-$L/out}
+PACK=${LEASE_PACK:-.lease}
 REHEARSAL=${LEASE_REHEARSAL:-0}
+WORKERS=${LEASE_TEST_WORKERS:-6}
+read -ra GPU_TESTS <<< "${LEASE_GPU_TESTS:-tests/test_gpu.py tests/test_gpu_whole_step.py}"   # what `first` collects and runs
 SPACE=search_spaces/all12.yaml
-DEFAULT_FLAGS=(--only dataset=mnist)   # the budget (epochs) is the plan's
-# LEASE_BUDGET_S: seconds from the first call's start (t0) until the machine goes back. The lease was
-# planned for 30 minutes (1800, the default); the device tool now lends 15 minutes per session, its start
-# included: read budget_left_s from the tool's status before the first call and pass that minus the start
-# (the H100 lease of 2026-11-26 started in under a minute; LEASE_BUDGET_S=640 took 431 s of a 585-s call).
-# Every step below scales with it (`gpu_lease.sh budget` prints them).
-# Under 25 minutes there is no room for a study beside the tests and the benchmark (a group compiles for
-# ~90 s and the plan needs whole groups): the tests and the benchmark get the time (40% each), and the
-# study call runs the benchmark with CUDA graphs (`--compile cudagraphs`; profiled: where a step's time goes,
-# benchmarks/step_profile.py; the packed processes with and without MPS, `--mps`), and stops (exit 4, saying so). Both fit one call: `first; study`. If time is left, a second call (within the 30 s
-# the machine stays warm) runs `gpu_lease.sh group`: one fused all12 group through sweep.py, rows and curves back
-# (~150 s on an H100, compile included); then give the machine back.
-BUDGET_S=${LEASE_BUDGET_S:-1800}
-CALL_S=575                 # a call's own budget (the tool's limit is 600 s)
-if (( BUDGET_S >= 1500 )); then
-  TESTS_S=420 BENCH_S=270                 # GPU tests <= 7 min, the benchmark <= 4.5 min
-  STUDY_END_S=$(( BUDGET_S - 300 ))       # from t0: the sweep's --deadline (the last call collects ~1.5 min)
-else
-  # tests and benchmark 40% each, each one call (<= 575 s), and 150 s kept for the unpacking and the
-  # calls' starts and returns (all inside the lend)
-  TESTS_S=$(( BUDGET_S * 40 / 100 )) STUDY_END_S=0
-  (( TESTS_S > 420 )) && TESTS_S=420
-  BENCH_S=$(( BUDGET_S - TESTS_S - 150 ))
-  (( BENCH_S > BUDGET_S * 40 / 100 )) && BENCH_S=$(( BUDGET_S * 40 / 100 ))
-  (( BENCH_S > CALL_S )) && BENCH_S=$CALL_S
-fi
-FINISH_END_S=$(( BUDGET_S - 210 ))
+MAIN_FLAGS=(--only dataset=mnist)   # the main job: the MNIST half of all12; the budget (epochs) is the plan's
+REHEARSAL_SWEEP=(--only dataset=mnist --only attention=softmax --only pe=luo_rpe --set train_subset=384
+                 --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)   # one CPU-sized group
+# the packed rate the rehearsal's plan is asked with (its own benchmark runs a tiny CPU model): the last lease's
+REHEARSAL_RATE=${LEASE_REHEARSAL_THROUGHPUT:-results/gpu_h100/lease_2026-11-26/throughput_packed.json}
 
 prepare() {
   local data=${1:?prepare needs the folder holding mnist.npz}
@@ -78,116 +73,240 @@ prepare() {
   ls -la .lease
 }
 
-[[ "${1:-}" == prepare ]] && { prepare "${2:-}"; exit $?; }
-(( BUDGET_S >= 540 )) || { echo "error: LEASE_BUDGET_S=$BUDGET_S leaves no time for the GPU tests and a collection; allowed: >= 540" >&2; exit 2; }
-if [[ "${1:-}" == budget ]]; then   # the lease's time plan for LEASE_BUDGET_S, without running anything
-  echo "budget_s=$BUDGET_S tests_s=$TESTS_S bench_s=$BENCH_S study_end_s=$STUDY_END_S finish_end_s=$FINISH_END_S"
-  exit 0
+case "${1:-}" in
+  prepare) prepare "${2:-}"; exit $? ;;
+  budget) exec "$PY" benchmarks/lease/timeline.py "${LEASE_BUDGET_S:-1800}" ;;
+  first|bench|main|group|study|finish) ;;
+  *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
+# BUDGET_S, CALL_END_S, RETURN_S, UNPACK_S, PLAN_S, COLLECT_S, GRACE_S, QUICK_GRACE_S, TEST_TIMEOUT_S,
+# TEST_COLLECT_S, GROUP_TWO_EPOCHS_S, LEASE_KIND, CALL2 and the parts' ends from t0: the numbers `budget` prints
+plan_values=$("$PY" benchmarks/lease/timeline.py "${LEASE_BUDGET_S:-1800}" --shell) || exit 2
+eval "$plan_values"
+if [[ $LEASE_KIND == long && $1 =~ ^(bench|main|group)$ ]]; then
+  echo "error: gpu_lease.sh $1 is a call of the short lease; LEASE_BUDGET_S=$BUDGET_S is a long one (1500 s or" \
+       "more): allowed: its calls first, study, finish (gpu_lease.sh budget)" >&2
+  exit 2
+fi
+if [[ $LEASE_KIND == short && $1 == study ]]; then
+  echo "error: a lease of LEASE_BUDGET_S=$BUDGET_S s (under 1500) has no study call; allowed: its calls first;" \
+       "bench, then main (gpu_lease.sh budget prints them)" >&2
+  exit 2
 fi
 
 mkdir -p "$L/site" "$L/results" "$L/data" "$OUT"
 export PYTHONPATH=$L/site:$PWD PYTHONUNBUFFERED=1 RPEVIT_DATA=$L/data
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}  # several compiling processes at once
-since_t0() { echo $(( $(date +%s) - $(cat "$L/t0") )); }
-device_name() {
-  "$PY" -c 'import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (rehearsal)")'
+
+# t0: `first` starts the lease; a later call on this machine keeps its t0, a call on a fresh one starts its own
+new_t0() { date +%s > "$L/t0"; T0=$(cat "$L/t0"); }
+keep_t0() { [[ -f $L/t0 ]] || date +%s > "$L/t0"; T0=$(cat "$L/t0"); }
+since_t0() { echo $(( $(date +%s) - T0 )); }
+# this call's end from t0: CALL_END_S after its start, and never after the budget's end less the return
+call_end() {
+  local end=$(( $(since_t0) + CALL_END_S ))
+  (( end > BUDGET_S - RETURN_S )) && end=$(( BUDGET_S - RETURN_S ))
+  echo "$end"
 }
+
+# capped END SIGNAL GRACE CMD...: CMD until t0 + END: SIGNAL GRACE s before END (pytest writes its XML, sweep.py
+# shuts Ray down, the benchmark stops MPS), SIGKILL at END, to CMD's whole process group (GNU timeout); a
+# part whose time has gone is skipped. Returns CMD's status, 124 when cut or skipped.
+capped() {
+  local end=$1 sig=$2 grace=$3; shift 3
+  local left=$(( end - $(since_t0) ))
+  if (( left <= 0 )); then
+    echo "lease: skipped at t0+$(since_t0) s, its time ended at t0+$end s: $*"
+    return 124
+  fi
+  local at=$(( left - grace )); (( at < 1 )) && at=1
+  local kill=$(( left - at )); (( kill < 1 )) && kill=1
+  timeout -s "$sig" -k "$kill" "$at" "$@"
+  local rc=$?
+  (( rc == 124 || rc == 137 )) && echo "lease: cut at t0+$(since_t0) s (its end: t0+$end s): $*"
+  return $rc
+}
+
+# .lease checked and unpacked into $L (once a machine: the marker says it was), until t0 + $1
+ensure_site() {
+  [[ -f $L/site/.unpacked ]] && return 0
+  if [[ ! -f $PACK/site.tar.xz ]]; then
+    echo "error: $L/site is not unpacked and $PACK/site.tar.xz is missing: carry .lease (carry=[.lease]; a fresh" \
+         "machine) or build it here first (gpu_lease.sh prepare DATA_DIR)" >&2
+    return 3
+  fi
+  rm -rf "$L/site"; mkdir -p "$L/site" "$L/data"
+  capped "$1" TERM "$QUICK_GRACE_S" bash -c 'set -eo pipefail; cd "$1"; sha256sum -c --quiet SHA256SUMS
+      xz -dc site.tar.xz | tar xf - -C "$2/site"; cp mnist.npz "$2/data/"' unpack "$PACK" "$L" || return 3
+  touch "$L/site/.unpacked"
+}
+
+record_image() {   # the image's Python, torch, GPU and packages (image.txt), and that the lease's imports work
+  local end=$1
+  { capped "$end" TERM "$QUICK_GRACE_S" "$PY" -c \
+        'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda)'
+    command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi
+    capped "$end" TERM "$QUICK_GRACE_S" "$PY" -m pip list --format=freeze; } > "$OUT/image.txt" 2>&1
+  capped "$end" TERM "$QUICK_GRACE_S" "$PY" -c \
+      'import ray.tune, sweep, rpevit.sweep.tune_run, tests.test_gpu; print("imports ok")' 2>&1 \
+      | tee "$OUT/imports.log" | tail -3
+}
+
+# the GPU tests until t0 + $1: collected first (pytest_gpu.collected, the ids), so a run cut at its time limit
+# reads as cut (summary.py: "N of M collected ran"); each test at most TEST_TIMEOUT_S (pytest-timeout's
+# thread method: a hang in CUDA ends its worker, xdist starts another); SIGINT before the end
+gpu_tests() {
+  local end=$1 collect_end=$(( $(since_t0) + TEST_COLLECT_S ))
+  (( collect_end > end )) && collect_end=$end
+  capped "$collect_end" TERM "$QUICK_GRACE_S" "$PY" -m pytest --collect-only -q -m gpu "${GPU_TESTS[@]}" -p no:cacheprovider \
+      > "$L/collect.log" 2>&1
+  grep '::' "$L/collect.log" > "$OUT/pytest_gpu.collected"
+  echo "collected $(wc -l < "$OUT/pytest_gpu.collected") GPU tests ($(tail -1 "$L/collect.log"))"
+  capped "$end" INT "$GRACE_S" "$PY" -m pytest -q -m gpu "${GPU_TESTS[@]}" -n "$WORKERS" -p no:cacheprovider -rfE \
+      --timeout "$TEST_TIMEOUT_S" --timeout-method thread --junitxml "$OUT/pytest_gpu.xml" 2>&1 \
+      | tee "$OUT/pytest_gpu.log" | tail -40
+}
+
+# the throughput benchmark until t0 + $1; $2 short: the short lease's question first (fused k=5 with CUDA
+# graphs, 4 packed processes without and with MPS, then the solo modes; the fused mode profiled), long: every
+# mode, profiled. A rehearsal runs the same order on the tiny model (no MPS without CUDA).
+run_bench() {
+  local end=$1 args
+  if [[ $REHEARSAL == 1 ]]; then
+    args=(--models tiny --fused 3 --packed 2 --samples 3 --steps 1 --warmup 1 --backend aot_eager --profile-steps 1)
+    [[ $2 == short ]] && args+=(--modes fused whole packed eager compiled --profile-modes fused whole)
+  elif [[ $2 == short ]]; then
+    args=(--models gpu --fused 5 --packed 4 --samples 3 --steps 10 --warmup 3 --compile cudagraphs
+          --modes fused whole packed mps eager compiled --profile-steps 5 --profile-modes fused whole)
+  else
+    args=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3 --profile-steps 5)
+  fi
+  capped "$end" TERM "$GRACE_S" "$PY" benchmarks/throughput.py "${args[@]}" --json "$OUT/throughput.json" 2>&1 \
+      | grep --line-buffered -v Warning | tee "$OUT/throughput.log"
+  cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
+  return 0
+}
+
+minutes() { printf '%d.%02dm' $(( $1 / 60 )) $(( $1 % 60 * 100 / 60 )); }   # --deadline's duration
+
+# the main job until t0 + $1 (the sweep's end): plan.py's epochs and estimate for the groups that end before
+# the sweep's stop signal, then sweep.py with that --deadline; where no group fits, one group instead
+run_main() {
+  local end=$1; shift
+  local flags=("${MAIN_FLAGS[@]}" "$@") deadline=$(( end - GRACE_S - $(since_t0) )) rate=$L/throughput.json
+  [[ $REHEARSAL == 1 ]] && { deadline=${LEASE_MAIN_SWEEP_S:-$deadline}; rate=$REHEARSAL_RATE; }  # the lease's own
+  capped $(( $(since_t0) + PLAN_S )) TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/plan.py --deadline-s "$deadline" \
+      --throughput "$rate" "${flags[@]}" > "$L/plan.txt" 2>&1
+  local rc=$?
+  cp "$L/plan.txt" "$OUT/lease_plan.txt"; cat "$L/plan.txt"
+  if (( rc != 0 )); then
+    grep -q "admits no group" "$L/plan.txt" || return 2
+    echo "lease: no whole group of the main job fits by t0+$end s: one fused group instead"
+    run_group "$end"
+    return
+  fi
+  local epochs est
+  read -r epochs est < <(tail -1 "$L/plan.txt")
+  local run=(--set "epochs=$epochs" --deadline-estimate "$est")
+  [[ $REHEARSAL == 1 ]] && { flags=("${REHEARSAL_SWEEP[@]}"); run=(--set epochs=1 --deadline-estimate 60); }
+  deadline=$(( end - GRACE_S - $(since_t0) ))
+  (( deadline > 0 )) || { echo "lease: no time left for the sweep (its end: t0+$end s)"; return 124; }
+  echo "lease: sweep.py ${flags[*]} ${run[*]} --deadline $(minutes "$deadline") at t0+$(since_t0) s"
+  capped "$end" TERM "$GRACE_S" "$PY" sweep.py --space $SPACE --results-dir "$L/results" --no-dashboard "${flags[@]}" \
+      "${run[@]}" --deadline "$(minutes "$deadline")" > "$L/sweep.log" 2>&1
+}
+
+# one fused all12 group through sweep.py until t0 + $1 (SIGTERM before it): by default MNIST favor + luo_rpe,
+# 3 seeds, 2 epochs where it has GROUP_TWO_EPOCHS_S, else 1 (a fixed budget, not a study result), compiled
+# as all12.yaml says; further arguments go to sweep.py (e.g. --set compile=cudagraphs)
+run_group() {
+  local end=$1; shift
+  local epochs=1
+  (( end - GRACE_S - $(since_t0) >= GROUP_TWO_EPOCHS_S )) && epochs=2
+  local run=(--only dataset=mnist --only attention=favor --only pe=luo_rpe --set "epochs=$epochs")
+  [[ $REHEARSAL == 1 ]] && run=("${REHEARSAL_SWEEP[@]/softmax/favor}" --set epochs=1)
+  echo "lease: one group, sweep.py ${run[*]} $* until t0+$end s"
+  capped "$end" TERM "$GRACE_S" "$PY" sweep.py --space $SPACE --results-dir "$L/results" --no-dashboard "${run[@]}" \
+      "$@" > "$L/sweep.log" 2>&1
+}
+
+device_label() {   # the figure's device where the rows do not name it
+  if command -v nvidia-smi > /dev/null; then timeout 20 nvidia-smi --query-gpu=name --format=csv,noheader | head -1
+  else echo "cpu (rehearsal)"; fi
+}
+
+# until t0 + $1: the sweep's rows so far, read as the analysis reads them (the compacted files and the parts a
+# running or cut sweep holds: rpevit.sweep.snapshot), its log, per-epoch curves naming the device, nvidia-smi
 collect() {
-  local d=$L/results/all12
-  for f in trials.parquet epochs.parquet space.json; do [[ -f $d/$f ]] && cp "$d/$f" "$OUT/$f"; done
+  local end=$1 folder=$L/results/all12 snap=$L/snapshot/all12
   [[ -f $L/sweep.log ]] && tail -c 2000000 "$L/sweep.log" > "$OUT/sweep.log"
-  [[ -f $d/epochs.parquet ]] && "$PY" benchmarks/lease/curves.py "$d" "$OUT/curves.png" "$(device_name)"
-  command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,utilization.gpu,memory.used --format=csv \
-      > "$OUT/smi.txt" 2>&1
+  rm -rf "$L/snapshot"
+  if [[ -d $folder ]] && capped "$end" TERM "$QUICK_GRACE_S" "$PY" -m rpevit.sweep.snapshot "$folder" "$snap"; then
+    for f in trials.parquet epochs.parquet space.json; do [[ -f $snap/$f ]] && cp "$snap/$f" "$OUT/$f"; done
+    [[ -f $snap/epochs.parquet ]] && capped "$end" TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/curves.py "$snap" \
+        "$OUT/curves.png" "$(device_label)"
+  fi
+  command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi --query-gpu=name,utilization.gpu,memory.used \
+      --format=csv > "$OUT/smi.txt" 2>&1
   return 0
 }
 sweep_running() { [[ -f $L/sweep.pid ]] && kill -0 "$(cat "$L/sweep.pid")" 2> /dev/null; }
 
-case "${1:-}" in
+case "$1" in
 first)
-  date +%s > "$L/t0"
-  (cd .lease && sha256sum -c SHA256SUMS) || exit 3
-  xz -dc .lease/site.tar.xz | tar xf - -C "$L/site" || exit 3
-  cp .lease/mnist.npz "$L/data/" || exit 3
-  { "$PY" -c 'import sys, torch; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda)'
-    command -v nvidia-smi > /dev/null && nvidia-smi
-    "$PY" -m pip list --format=freeze; } > "$OUT/image.txt" 2>&1
-  "$PY" -c 'import ray.tune, sweep, rpevit.sweep.tune_run, tests.test_gpu; print("imports ok")' 2>&1 \
-      | tee "$OUT/imports.log" | tail -3
-  if [[ $REHEARSAL == 1 ]]; then   # no CUDA: the gpu tests must collect (then skip); the cells run on the CPU
-    "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest_gpu.log" | tail -3
-    "$PY" -m tests.all12_cells --device cpu --backend "${REHEARSAL_BACKEND:-inductor}" \
-        --json "$OUT/cells.json" 2>&1 | tee "$OUT/cells.log"
-  else
-    # SIGINT at the limit: pytest stops, prints what ran and writes its XML (SIGTERM would lose both)
-    timeout -s INT -k 30 "$TESTS_S" "$PY" -m pytest -q -m gpu tests/test_gpu.py -n 6 -p no:cacheprovider -rfE \
-        --junitxml "$OUT/pytest_gpu.xml" 2>&1 | tee "$OUT/pytest_gpu.log" | tail -40
-  fi
-  echo "first call done at t0 + $(since_t0) s"
+  new_t0
+  ensure_site "$UNPACK_END" || exit 3
+  record_image "$UNPACK_END"
+  gpu_tests "$TESTS_END"
+  echo "first call done at t0+$(since_t0) s (its end in the plan: t0+$TESTS_END s)"
+  ;;
+bench)
+  keep_t0
+  ensure_site $(( $(since_t0) + UNPACK_S )) || exit 3
+  run_bench "$BENCH_END" short
+  echo "benchmark done at t0+$(since_t0) s (its end in the plan: t0+$BENCH_END s)"
+  ;;
+main|group)
+  command=$1; shift
+  keep_t0
+  end=$(call_end)
+  ensure_site $(( $(since_t0) + UNPACK_S )) || exit 3
+  if [[ $command == main ]]; then run_main $(( end - COLLECT_S )) "$@"; else run_group $(( end - COLLECT_S )) "$@"; fi
+  rc=$?
+  collect "$end"
+  grep -v -i warn "$L/sweep.log" 2> /dev/null | tail -25; ls -la "$OUT"
+  echo "$command call done at t0+$(since_t0) s (its end: t0+$end s)"
+  exit $rc
   ;;
 study)
-  call_start=$(date +%s)
-  shift; flags=("$@"); (( ${#flags[@]} )) || flags=("${DEFAULT_FLAGS[@]}")
-  if [[ $REHEARSAL == 1 ]]; then
-    bench=(--models tiny --fused 3 --packed 2 --samples 3 --steps 1 --warmup 1 --backend aot_eager --profile-steps 1)
-  else
-    bench=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3 --profile-steps 5)
-  fi
-  main_s=$BENCH_S
-  if (( STUDY_END_S == 0 )); then
-    # a short lease: the compiled modes with CUDA graphs, every fused size and the packed layout with and
-    # without MPS, in all of BENCH_S (the H100 lease of 2026-11-26 measured `on` beside eager and CUDA graphs:
-    # the step is launch-bound, `on` no faster than eager, CUDA graphs several times faster)
-    cg=("${bench[@]}" --compile cudagraphs --mps)   # --mps: the packed processes again under MPS
-    [[ $REHEARSAL == 1 ]] && cg=("${bench[@]}")   # no CUDA: the script's path, not CUDA graphs or MPS
-    timeout "$main_s" "$PY" benchmarks/throughput.py "${cg[@]}" --json "$OUT/throughput_cudagraphs.json" 2>&1 \
-        | grep -v Warning | tee "$OUT/throughput_cudagraphs.log"
-    echo "no study in a lease of $BUDGET_S s (under 1500): the GPU tests and the benchmark are its answer; a second"
-    echo "call within 30 s may run one fused group through the sweep (gpu_lease.sh group), else give the machine back"
-    exit 4
-  fi
-  timeout "$main_s" "$PY" benchmarks/throughput.py "${bench[@]}" --json "$OUT/throughput.json" 2>&1 \
-      | grep -v Warning | tee "$OUT/throughput.log"
-  cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
+  shift; flags=("$@"); (( ${#flags[@]} )) || flags=("${MAIN_FLAGS[@]}")
+  keep_t0
+  end=$(call_end)
+  ensure_site $(( $(since_t0) + UNPACK_S )) || exit 3
+  run_bench $(( $(since_t0) + BENCH_S )) long
   left=$(( STUDY_END_S - $(since_t0) ))
-  [[ $REHEARSAL == 1 ]] && left=$(( STUDY_END_S - 720 ))   # the lease's: its plan is made ~12 min in
-  "$PY" benchmarks/lease/plan.py --deadline-s "$left" --throughput "$L/throughput.json" "${flags[@]}" \
-      > "$L/plan.txt" 2>&1; rc=$?
+  [[ $REHEARSAL == 1 ]] && left=$LEASE_STUDY_PLAN_S   # the lease's: its plan is made ~13 min in
+  capped $(( $(since_t0) + PLAN_S )) TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/plan.py --deadline-s "$left" \
+      --throughput "$L/throughput.json" "${flags[@]}" > "$L/plan.txt" 2>&1; rc=$?
   cp "$L/plan.txt" "$OUT/lease_plan.txt"; cat "$L/plan.txt"
   (( rc == 0 )) || { echo "no group fits the lease's time left: the GPU tests and the benchmark are its answer"; exit 4; }
   read -r epochs est < <(tail -1 "$L/plan.txt")
   flags+=(--set "epochs=$epochs")
   if [[ $REHEARSAL == 1 ]]; then   # the plan above is the lease's; the sweep that runs is CPU-sized
-    flags=(--only dataset=mnist --only attention=softmax --only pe=luo_rpe --set epochs=1 --set train_subset=384
-           --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)
+    flags=("${REHEARSAL_SWEEP[@]}" --set epochs=1)
     est=600 left=3600
   fi
   setsid nohup "$PY" sweep.py --space $SPACE --results-dir "$L/results" --no-dashboard "${flags[@]}" \
-      --deadline "$(( left / 60 ))m" --deadline-estimate "$est" > "$L/sweep.log" 2>&1 < /dev/null &
+      --deadline "$(minutes "$left")" --deadline-estimate "$est" > "$L/sweep.log" 2>&1 < /dev/null &
   echo $! > "$L/sweep.pid"
-  end=$(( call_start + ${LEASE_WAIT_S:-$CALL_S} ))
-  while sweep_running && (( $(date +%s) < end )); do sleep 10; done
-  collect; tail -15 "$L/sweep.log"; echo "study call done at t0 + $(since_t0) s"
-  ;;
-group)
-  # one fused group of all12.yaml through sweep.py and Ray Tune, end to end (rows, per-epoch curves, a figure
-  # naming the device): by default MNIST favor + luo_rpe, 3 seeds, 2 epochs (a fixed budget, not a study
-  # result), compiled as all12.yaml says; extra flags (e.g. --set compile=cudagraphs) go to the sweep
-  shift; flags=("$@")
-  run=(--only dataset=mnist --only attention=favor --only pe=luo_rpe --set epochs=2)
-  [[ $REHEARSAL == 1 ]] && run=(--only dataset=mnist --only attention=favor --only pe=luo_rpe --set epochs=1
-                                --set train_subset=384 --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)
-  timeout "${LEASE_GROUP_S:-300}" "$PY" sweep.py --space $SPACE --results-dir "$L/results" --no-dashboard \
-      "${run[@]}" "${flags[@]}" > "$L/sweep.log" 2>&1
-  rc=$?
-  collect; grep -v -i warn "$L/sweep.log" | tail -25; ls -la "$OUT"
-  exit $rc
+  while sweep_running && (( $(since_t0) < end - COLLECT_S )); do sleep 5; done
+  collect "$end"; tail -15 "$L/sweep.log"; echo "study call done at t0+$(since_t0) s (its end: t0+$end s)"
   ;;
 finish)
-  end=$(( $(cat "$L/t0") + FINISH_END_S ))
-  while sweep_running && (( $(date +%s) < end )); do sleep 10; done
-  sweep_running && echo "the sweep is still running at t0 + $(since_t0) s: rows so far come back"
-  collect; tail -30 "$L/sweep.log"; ls -la "$OUT"
+  keep_t0
+  end=$(call_end)
+  while sweep_running && (( $(since_t0) < end - COLLECT_S )); do sleep 5; done
+  sweep_running && echo "the sweep is still running at t0+$(since_t0) s: rows so far come back"
+  collect "$end"; tail -30 "$L/sweep.log" 2> /dev/null; ls -la "$OUT"
   ;;
-*) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -5,6 +5,8 @@ groups (what `python sweep.py --space search_spaces/all12.yaml` runs: 4 groups p
     python benchmarks/throughput.py --models gpu                    # the lease's run (benchmarks/gpu_lease.sh)
     python benchmarks/throughput.py --models tiny --fused 3 --packed 2 --steps 2 --json out.json  # a CPU check
     python benchmarks/throughput.py --models gpu --fused 5 --packed 0 --profile-steps 5   # where the time goes
+    python benchmarks/throughput.py --models gpu --fused 5 --compile cudagraphs --modes fused packed mps eager \
+        --profile-steps 5 --profile-modes fused      # the short lease's: its question first (gpu_lease.sh bench)
 
 Every mode runs the real training step of the train task (tasks/train.py's solo_step, or train_group's
 StackedStep) on synthetic data kept on the device, with the recipe's augmentation, drop path and
@@ -17,8 +19,9 @@ median sample, and the spread (min-max) is printed beside it. Side by side in on
   datasheet's peak counts it as TWO, so a training image costs 2 x 3 x fvcore's forward count
   (forward + backward = 3 forwards); utilisation = that x images/s / peak (GPU: the dense bf16
   tensor-core peak by name; CPU: this run's own float32 matmul rate, 2 FLOPs per multiply-add too);
-- ratios to solo eager; a compiled mode whose compilation failed and fell back to eager says so
-  (`compile_fallback`) and is not a compiled figure;
+- ratios to the run's first mode with a rate (solo eager unless --modes puts another first); a compiled
+  mode whose compilation failed and fell back to eager says so (`compile_fallback`) and is not a
+  compiled figure;
 - projected hours of the CIFAR-10 half of all12.yaml (12 variants x 3 seeds x 200 epochs of 45,000
   images) at the packed rate, each variant scaled by its committed bench row's step time relative to
   softmax+ape (results/gpu_h100/bench_cifar10_gpu on a GPU, bench_cifar10_cpu on the CPU).
@@ -35,6 +38,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -100,6 +104,8 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
         data_generators = [torch.Generator(device=device).manual_seed(s) for s in range(k)]
         schedule = warmup_cosine(10 * (warmup + samples * steps), 1)
         mask_dtype = path_mask_dtype(cfg, device)
+        if compile_mode == "graph":  # the whole step in one graph (rpevit/tasks/whole_step.py), any k
+            return measure_whole(cfg, models, data, schedule, device, steps, warmup, samples, barrier, profile)
         if k == 1:
             model = models[0]
             optimizer = make_optimizer(model, cfg)
@@ -141,6 +147,59 @@ def measure(model_cfg: dict, k: int, compile_mode: str, device: torch.device, st
     row = {"members": k, "compile": compile_mode, "images_per_s": median, "images_per_s_samples": rates,
            "step_ms": 1e3 * k * batch / median, "warmup_s": warmup_s, "forward_flops_per_image_fvcore": flops,
            "compile_fallback": guard.fallback, "timed_together": together}
+    return {**row, "profile": profiled} if profiled else row
+
+
+def measure_whole(cfg: TrialConfig, models: list, data, schedule, device: torch.device, steps: int, warmup: int,
+                  samples: int, barrier: tuple[str, int] | None, profile: int) -> dict:
+    """measure() for `compile: graph`: the train task's WholeStep on the same synthetic data, its epoch
+    tables drawn once (every timed step is a full batch of them), each step what run_epoch does per step:
+    the host redraw schedule, the replay, LambdaLR's step. Timed as measure() times the other modes."""
+    from rpevit.tasks.generators import member_random
+    from rpevit.tasks.whole_step import WholeStep, advance_redraws, draw_epoch
+
+    k, batch = len(models), cfg.resolved_batch_size
+    stepper = WholeStep(models, cfg, device, data.normalize, schedule)
+    total = warmup + samples * steps + profile
+    stepper.prepare(data, 10 * total)
+    stepper.train()
+    s = stepper.state
+    draws = draw_epoch([member_random(seed, device, alone=False) for seed in range(k)], len(data.x_train),
+                       "crop_flip", data.spec.crop_padding, stepper.keeps, stepper.mask_dtype, device)
+    s["order"].copy_(draws.order), s["masks"].copy_(draws.masks)
+    for name, table in draws.augment.items():
+        s[f"aug_{name}"].copy_(table)
+
+    def run(first: int, count: int) -> None:
+        for _ in range(count):
+            with record_function("step_inputs"):
+                for model in models:
+                    advance_redraws(model)
+            with record_function("train_step"):
+                stepper.full.step(lambda fn: fn(s))
+                stepper.scheduler_step()
+
+    t0 = time.perf_counter()
+    run(0, warmup)
+    synchronize(device)
+    warmup_s = time.perf_counter() - t0
+    together = wait_for_others(*barrier) if barrier else True
+    rates = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        run(0, steps)
+        synchronize(device)
+        rates.append(k * batch * steps / (time.perf_counter() - t0))
+    profiled = profile_steps(run, 0, profile, device, synchronize) if profile else None
+    flops, _ = count_flops(models[0], data.normalize(data.x_train[:2]))
+    from torch._dynamo.utils import counters
+
+    median = sorted(rates)[len(rates) // 2]
+    row = {"members": k, "compile": "graph", "images_per_s": median, "images_per_s_samples": rates,
+           "step_ms": 1e3 * k * batch / median, "warmup_s": warmup_s, "forward_flops_per_image_fvcore": flops,
+           "compile_fallback": stepper.full.fallback, "timed_together": together,
+           "cudagraph_skips": int(sum(counters["inductor"].get(key, 0) for key in counters["inductor"]
+                                      if "cudagraph_skip" in key))}
     return {**row, "profile": profiled} if profiled else row
 
 
@@ -249,22 +308,43 @@ def projected_hours(rate_softmax_ape: float, device: torch.device) -> tuple[floa
     return sum(images_per_variant * r for r in ratios) / rate_softmax_ape / 3600, source
 
 
+MODE_KINDS = ("eager", "compiled", "fused", "whole", "packed", "mps")  # --modes: each kind of mode, in run order
+DEFAULT_MODES = ("eager", "compiled", "fused", "packed")  # and "mps" after "packed" with --mps
+
+
 def plan_modes(key: str, args: argparse.Namespace, device: torch.device) -> list[tuple[str, object]]:
-    """(name, thunk) of every mode, in the order they run."""
+    """(name, thunk) of every mode, in the order of args.modes (kinds of MODE_KINDS): a run cut short keeps
+    the modes that came first, so the short lease puts first the ones its question needs. Only the kinds in
+    args.profile_modes are profiled (a profile costs the steps it profiles and its tracing)."""
     model, steps, warmup, samples, mode = MODELS[key], args.steps, args.warmup, args.samples, args.compile
-    prof = args.profile_steps
-    plan = [("solo eager", lambda: measure(model, 1, "off", device, steps, warmup, samples, profile=prof)),
-            (f"solo compiled ({mode})", lambda: measure(model, 1, mode, device, steps, warmup, samples, profile=prof))]
-    plan += [(f"fused k={k} + compiled ({mode})", lambda k=k: measure(model, k, mode, device, steps, warmup, samples,
-                                                                     profile=prof)) for k in args.fused if k > 1]
-    if args.packed > 1:
-        k = min(args.fused)
-        plan.append((f"{args.packed} packed processes, fused k={k} + compiled",
-                     lambda: packed(key, args.packed, k, mode, device, steps, warmup, samples)))
-        if args.mps:
-            plan.append((f"{args.packed} packed processes under MPS, fused k={k} + compiled", lambda: packed_mps(
-                key, args.packed, k, mode, device, steps, warmup, samples)))
-    return plan
+
+    def prof(kind: str) -> int:
+        return args.profile_steps if kind in args.profile_modes else 0
+
+    k = min(args.fused)
+    by_kind = {
+        "eager": [("solo eager", lambda: measure(model, 1, "off", device, steps, warmup, samples,
+                                                 profile=prof("eager")))],
+        "compiled": [(f"solo compiled ({mode})", lambda: measure(model, 1, mode, device, steps, warmup, samples,
+                                                                 profile=prof("compiled")))],
+        "fused": [(f"fused k={f} + compiled ({mode})", lambda f=f: measure(model, f, mode, device, steps, warmup,
+                                                                           samples, profile=prof("fused")))
+                  for f in args.fused if f > 1],
+        "whole": [(f"fused k={f} + whole step in one graph (graph)", lambda f=f: measure(
+            model, f, "graph", device, steps, warmup, samples, profile=prof("whole"))) for f in args.fused],
+        "packed": [(f"{args.packed} packed processes, fused k={k} + compiled",
+                    lambda: packed(key, args.packed, k, mode, device, steps, warmup, samples))] if args.packed > 1 else [],
+        "mps": [(f"{args.packed} packed processes under MPS, fused k={k} + compiled", lambda: packed_mps(
+            key, args.packed, k, mode, device, steps, warmup, samples))] if args.packed > 1 else [],
+    }
+    return [entry for kind in args.modes for entry in by_kind[kind]]
+
+
+def mode_order(modes: list[str] | None, mps: bool) -> list[str]:
+    """--modes as given (each kind once), else the default order, with "mps" after "packed" under --mps."""
+    if modes:
+        return list(dict.fromkeys(modes))
+    return [*DEFAULT_MODES, "mps"] if mps else list(DEFAULT_MODES)
 
 
 def packed_mps(model_key: str, processes: int, k: int, compile_mode: str, device: torch.device, steps: int,
@@ -294,6 +374,12 @@ def main() -> None:
                         help="torch.compile's backend (aot_eager: a quick CPU check of this script, not a timing)")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="after each in-process mode's samples, profile this many more steps (where the time goes)")
+    parser.add_argument("--modes", nargs="+", default=None, choices=MODE_KINDS,
+                        help="which kinds of mode run, in this order (default: eager compiled fused packed, and mps "
+                             "with --mps); the JSON is written after each, so a run cut short keeps the first ones")
+    parser.add_argument("--profile-modes", nargs="+", default=["eager", "compiled", "fused", "whole"],
+                        choices=("eager", "compiled", "fused", "whole"),
+                        help="with --profile-steps: the in-process kinds that are profiled (default: all of them)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--table", nargs="+", default=None, metavar="JSON",
                         help="print the per-variant rows of these --variants files as one Markdown table, and stop")
@@ -307,9 +393,10 @@ def main() -> None:
         parser.error(f"--fused has value {min(args.fused)}; allowed: group sizes of 1 or more")
     if args.samples < 3 and not args.worker:
         parser.error(f"--samples has value {args.samples}; allowed: 3 or more (a median of fewer is no median)")
-    if args.mps and (args.device != "cuda" or args.packed < 2):
-        parser.error(f"--mps with --device {args.device} and --packed {args.packed}; allowed: --device cuda and "
-                     f"--packed 2 or more (MPS shares one CUDA device between processes)")
+    args.modes = mode_order(args.modes, args.mps)
+    if "mps" in args.modes and (args.device != "cuda" or args.packed < 2):
+        parser.error(f"--mps (or --modes mps) with --device {args.device} and --packed {args.packed}; allowed: "
+                     f"--device cuda and --packed 2 or more (MPS shares one CUDA device between processes)")
     if args.table:
         print(variants_table(args.table))
         return
@@ -318,6 +405,7 @@ def main() -> None:
         worker(args)
         return
     registry.load_all()
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -341,7 +429,7 @@ def main() -> None:
                 row["tflops"] = row["flops_per_image"] * row["images_per_s"] / 1e12
                 row["utilisation"] = row["flops_per_image"] * row["images_per_s"] / peak
             rows.append(row)
-            print(format_row(row, rows[0]), flush=True)
+            print(format_row(row, next(r for r in rows if "images_per_s" in r or r is row)), flush=True)
             if row.get("profile"):
                 print(format_profile(row["profile"]), flush=True)
             results["models"][key] = {"config": MODELS[key], "rows": rows}
@@ -359,6 +447,13 @@ def main() -> None:
             entry["variants"] = time_variants(key, max(args.fused), args.compile, device, args.steps, args.warmup,
                                               args.samples)
     write_json(args.json, results)
+
+
+def stop_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM (gpu_lease.sh's cap on the benchmark) unwinds like an exception: the MPS daemon a mode
+    started is told to quit (mps_daemon's finally), where the default action would leave it running
+    beside the next call's processes. What was measured is already in the JSON (written after each mode)."""
+    raise SystemExit(128 + signum)
 
 
 def write_json(path: str | None, results: dict) -> None:
@@ -420,14 +515,16 @@ def variants_table(paths: list[str], model: str = "cpu") -> str:
     return "\n".join(lines)
 
 
-def format_row(row: dict, solo: dict) -> str:
+def format_row(row: dict, base: dict) -> str:
+    """One mode's line; its ratio is to `base`, the run's first mode with a rate (named: the short lease's
+    first mode is a fused group, not solo eager)."""
     if "error" in row:
         return f"  {row['mode']:<42} failed: {row['error']}"
-    ratio = row["images_per_s"] / solo["images_per_s"] if "images_per_s" in solo else math.nan
+    ratio = row["images_per_s"] / base["images_per_s"] if "images_per_s" in base else math.nan
     spread = f"({min(row['images_per_s_samples']):.0f}-{max(row['images_per_s_samples']):.0f})"
     fallback = f"  COMPILE FELL BACK TO EAGER: {row['compile_fallback']}" if row.get("compile_fallback") else ""
     return (f"  {row['mode']:<42} {row['images_per_s']:>10.0f} images/s {spread:>17}  {row['step_ms']:>8.1f} ms/step  "
-            f"{row['tflops']:>8.3f} TFLOP/s  {100 * row['utilisation']:>6.2f}% of peak  {ratio:>5.2f}x solo eager"
+            f"{row['tflops']:>8.3f} TFLOP/s  {100 * row['utilisation']:>6.2f}% of peak  {ratio:>5.2f}x {base['mode']}"
             f"{fallback}")
 
 

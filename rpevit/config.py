@@ -174,8 +174,10 @@ class _CoreFields:
                             "checks of fused and compiled steps; amp autocasts on top)", choices=("float32", "float64"))
     compile: str = _field("off", "runtime", "torch.compile the training step's forward + loss (fullgraph): on = "
                           "inductor, cudagraphs = inductor with CUDA graphs; on the CPU it pays for some variants and "
-                          "slows others (results/compile_cpu_1thread/)",
-                          choices=("off", "on", "cudagraphs"))
+                          "slows others (results/compile_cpu_1thread/); graph = the whole step (inputs, forward, "
+                          "backward, clipping, AdamW) in one compiled function, one CUDA graph per batch shape, its "
+                          "randomness drawn per epoch (rpevit/tasks/whole_step.py)",
+                          choices=("off", "on", "cudagraphs", "graph"))
 
     # bench task
     bench_batch: int = _field(32, "bench", "batch size of the timed passes", ge=1, le=65536)

@@ -387,13 +387,20 @@ def _check_not_empty(name: str, n_images: int, n_train: int, n_val: int, n_test:
 
 def random_crop_flip(x: Tensor, generator: torch.Generator, padding: int = 4, flip: bool = True) -> Tensor:
     """Per-image random crop from a zero-padded copy (and horizontal flip), on x's device, uint8 in/out."""
-    b, c, h, w = x.shape
-    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
-    dev = x.device
+    b, dev = x.shape[0], x.device
     oy = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
     ox = torch.randint(0, 2 * padding + 1, (b,), generator=generator, device=dev)
     flipped = torch.rand(b, generator=generator, device=dev) < 0.5
     flipped &= flip
+    return crop_flip(x, oy, ox, flipped, padding)
+
+
+def crop_flip(x: Tensor, oy: Tensor, ox: Tensor, flipped: Tensor, padding: int = 4) -> Tensor:
+    """Each image of x (b, C, H, W) cropped at offsets (oy, ox) of its zero-padded copy and mirrored where
+    `flipped`: random_crop_flip with its draws passed in (compile: graph draws them per epoch)."""
+    b, c, h, w = x.shape
+    padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
+    dev = x.device
     rows = oy[:, None] + torch.arange(h, device=dev)  # b h
     cols = ox[:, None] + torch.arange(w, device=dev)  # b w
     cols = torch.where(flipped[:, None], cols.flip(-1), cols)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from rpevit.config import TrialConfig
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-COMPILE_MODES = {"on": None, "cudagraphs": "reduce-overhead"}  # compile field -> torch.compile mode
+COMPILE_MODES = {"on": None, "cudagraphs": "reduce-overhead", "graph": "reduce-overhead"}  # compile field -> mode
 COMPILE_BACKEND = "inductor"  # torch.compile's backend; tests swap in aot_eager (no C++ build) and counters
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s: coef = max_norm / (norm + 1e-6)
 

@@ -12,10 +12,15 @@ Used by tests/test_gpu.py (CUDA, Inductor) and by the CPU rehearsal of the devic
    random-feature redraws (redraw_interval 2, so a redraw happens inside the check): the fused group
    through StackedStep (compiled, clipped per member, one AdamW), each solo copy through solo_step
    with compile off (eager);
-3. compares, per member, the clipped gradients of the first step (relative L2 error over every
-   parameter) and every step's loss. Under bf16 the two differ by rounding (a few 1e-3 relative);
-   a wrong kernel differs by O(1). A compile that fell back to eager is a failure here (the check is
-   about the compiled path), named with its reason.
+3. compares, per member, the clipped gradients of every step (relative L2 error over every
+   parameter), every step's loss, and the parameters after the last step. Under bf16 the two differ
+   by rounding (a few 1e-3 relative); a wrong kernel differs by O(1). Every step, not the first only:
+   under CUDA graphs (`compile: cudagraphs`) the first step runs the compiled code without a graph
+   (warm-up), the second records it, and only the third and later replay it, reading their inputs from
+   the captured buffers; a replay that read a stale buffer (a redraw that replaced a tensor instead of
+   copying into it) would be wrong from step 3 on, in the gradients and the update before any loss
+   (issue 60). A compile that fell back to eager is a failure here (the check is about the compiled
+   path), named with its reason.
 """
 from __future__ import annotations
 
@@ -94,7 +99,7 @@ def check_cell(cfg: TrialConfig, members: int = 3, steps: int = 3) -> dict[str, 
     fused_masks = [torch.Generator(device=device).manual_seed(100 + i) for i in range(members)]
     solo_masks = [torch.Generator(device=device).manual_seed(100 + i) for i in range(members)]
     batch = cfg.resolved_batch_size
-    grad_error, loss_error, fused_s = 0.0, 0.0, []
+    grad_errors, loss_error, fused_s = [0.0] * steps, 0.0, []
     for t in range(steps):
         images = [data.x_train[(t * members + i) * batch:(t * members + i + 1) * batch] for i in range(members)]
         labels = [data.y_train[(t * members + i) * batch:(t * members + i + 1) * batch] for i in range(members)]
@@ -110,18 +115,30 @@ def check_cell(cfg: TrialConfig, members: int = 3, steps: int = 3) -> dict[str, 
             mask = model.draw_path_masks(batch, dtype=mask_dtype, device=device, generator=solo_masks[i])
             loss, _ = solo_step(model, optimizer, scheduler, forward_loss, images[i], labels[i], mask, cfg.grad_clip)
             loss_error = max(loss_error, abs(losses[i].item() - loss.item()) / max(abs(loss.item()), 1e-6))
-            if t == 0:  # the first step's clipped gradients, member by member
-                fused_grad = torch.cat([p.grad[i].flatten() for p in stepper.stack.params.values()
-                                        if p.grad is not None])
-                solo_grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-                grad_error = max(grad_error, relative_error(fused_grad, solo_grad))
+            grad_errors[t] = max(grad_errors[t], member_error(stepper, i, model, "grad"))
+    param_error = max(member_error(stepper, i, model, "param") for i, (model, *_) in enumerate(solo))
     tolerance = TOLERANCE["bf16" if training.uses_bf16(cfg, device) else "none"]
-    finite = all(math.isfinite(x) for x in (grad_error, loss_error))
+    grad_error = max(grad_errors)
+    finite = all(math.isfinite(x) for x in (grad_error, loss_error, param_error))
     fallback = stepper.forward_loss.fallback
-    return {"cell": cell_id(cfg), "grad_error": grad_error, "loss_error": loss_error, "tolerance": tolerance,
+    return {"cell": cell_id(cfg), "grad_error": grad_error, "grad_error_by_step": grad_errors,
+            "param_error": param_error, "loss_error": loss_error, "tolerance": tolerance, "steps": steps,
             "compile_fallback": fallback, "first_step_s": fused_s[0],
             "later_step_ms": 1e3 * (sum(fused_s[1:]) / max(1, len(fused_s) - 1)),
-            "ok": finite and not fallback and grad_error < tolerance and loss_error < tolerance}
+            "ok": finite and not fallback and max(grad_error, loss_error, param_error) < tolerance}
+
+
+def member_error(stepper: StackedStep, i: int, model: torch.nn.Module, what: str) -> float:
+    """Relative L2 error of fused member i's clipped gradients ("grad") or parameters ("param") against its
+    solo copy's, over every parameter, matched by name (the stack keeps the model's names)."""
+    solo = dict(model.named_parameters())
+    pairs = [(stacked[i] if what == "param" else stacked.grad[i], solo[name] if what == "param" else solo[name].grad)
+             for name, stacked in stepper.stack.params.items()
+             if what == "param" or (stacked.grad is not None and solo[name].grad is not None)]
+    if not pairs:
+        return math.inf  # nothing to compare is no evidence of equality
+    fused, reference = (torch.cat([t.detach().flatten() for t in side]) for side in zip(*pairs))
+    return relative_error(fused, reference)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--backend", default="inductor", help="torch.compile backend (inductor, aot_eager)")
     parser.add_argument("--depth", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="steps compared (4: under CUDA graphs steps 3 and 4 replay)")
     parser.add_argument("--members", type=int, default=3)
     parser.add_argument("--amp", default="bf16", choices=("bf16", "none"))
     parser.add_argument("--only", default=None, help="cells whose id contains this text")
@@ -149,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             row = {"cell": cell_id(cfg), "ok": False, "error": f"{type(err).__name__}: {' '.join(str(err).split())[:400]}"}
         row["wall_s"] = time.perf_counter() - start
         results.append(row)
-        detail = row.get("error") or (f"grad err {row['grad_error']:.2e} loss err {row['loss_error']:.2e} "
+        detail = row.get("error") or (f"grad err {row['grad_error']:.2e} (every step) param err "
+                                      f"{row['param_error']:.2e} loss err {row['loss_error']:.2e} "
                                       f"(tol {row['tolerance']:g}); first step {row['first_step_s']:.1f} s, then "
                                       f"{row['later_step_ms']:.0f} ms" + (f"; FELL BACK: {row['compile_fallback']}"
                                                                           if row["compile_fallback"] else ""))

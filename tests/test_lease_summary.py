@@ -106,3 +106,62 @@ def test_the_committed_summary_is_what_the_files_give(tmp_path):
     shutil.copytree(lease, copy)
     assert run(copy).returncode == 0
     assert (copy / "SUMMARY.md").read_text() == (lease / "SUMMARY.md").read_text()
+
+
+# -- issue 60: a cut test run reads as cut; a failed benchmark mode is a row, not a lost page ---------------
+
+COLLECTED = [f"tests/test_gpu.py::{name}" for name in ("test_a", "test_b[softmax-ape-off]", "test_c", "test_d",
+                                                      "test_e[mnist-49tok-favor+rope-cudagraphs]", "test_f")]
+
+
+def test_a_run_cut_at_its_time_limit_says_how_many_of_the_collected_tests_ran_and_which_did_not(tmp_path):
+    """The XML holds the 4 tests that ran; 6 were collected before the run (pytest --collect-only -q, as
+    gpu_lease.sh writes it: the ids, then a count line): the page says 4 of 6 ran, cut, and names the 2."""
+    (tmp_path / "pytest_gpu.xml").write_text(JUNIT)
+    (tmp_path / "pytest_gpu.collected").write_text("\n".join(COLLECTED) + "\n\n6 tests collected in 4.1s\n")
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert "| pytest_gpu.xml | 4 | 1 | 1 | 1 | 1 | 12 |" in page
+    assert ("- pytest_gpu.xml: 4 of 6 collected ran; cut at the time limit. Not run: "
+            "test_e\\[mnist-49tok-favor+rope-cudagraphs\\], test_f.") in page
+
+
+def test_a_complete_run_and_a_run_that_left_no_xml_are_told_apart(tmp_path):
+    (tmp_path / "1_pytest_gpu.xml").write_text(JUNIT)
+    (tmp_path / "1_pytest_gpu.collected").write_text("\n".join(COLLECTED[:4]) + "\n")
+    (tmp_path / "2_pytest_gpu.collected").write_text("\n".join(COLLECTED) + "\n")  # killed before its XML
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert "- 1_pytest_gpu.xml: 4 of 4 collected ran." in page and "cut at the time limit" not in page
+    assert "- 2_pytest_gpu.xml: 0 of 6 collected ran: no XML came back" in page
+
+
+def test_a_benchmark_mode_that_failed_is_a_row_with_its_error_and_the_page_is_still_written(tmp_path):
+    """Issue 60: an MPS row with an error and no rate raised KeyError and lost the whole page."""
+    data = bench(7000.0, 50000.0, 2.5)
+    rows = data["models"]["gpu"]["rows"]
+    rows.append({"mode": "4 packed processes under MPS, fused k=5 + compiled",
+                 "error": "RuntimeError: nvidia-cuda-mps-control is not on this machine's PATH: no MPS here"})
+    rows[0] = {"mode": "solo eager", "error": "TimeoutError: | cut"}  # even the ratios' base
+    (tmp_path / "throughput.json").write_text(json.dumps(data))
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert ("| throughput.json | gpu | 4 packed processes under MPS, fused k=5 + compiled | failed: RuntimeError: "
+            "nvidia-cuda-mps-control is not on this machine's PATH: no MPS here | - | - | - | - | - |") in page
+    assert "| solo eager | failed: TimeoutError: \\| cut |" in page
+    assert "| >= 100,000 | 50,000 | no |" in page  # the goals from the rows that measured
+    assert "1.00x of solo compiled (on)" in page  # no solo eager rate: the first measured mode is the base
+
+
+def test_the_short_lease_s_ratios_are_to_its_fused_baseline_and_say_so(tmp_path):
+    data = bench(7000.0, 50000.0, 2.5)
+    rows = data["models"]["gpu"]["rows"]
+    rows[0]["mode"] = "fused k=5 + compiled (cudagraphs)"  # the short lease's first mode
+    (tmp_path / "throughput.json").write_text(json.dumps(data))
+    assert run(tmp_path).returncode == 0
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert "| 50.00x of fused k=5 + compiled (cudagraphs) |" in page
+    assert "Where a file has no solo eager row, its ratios are to the mode the cell names" in page

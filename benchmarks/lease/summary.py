@@ -3,9 +3,13 @@ what failed), each throughput benchmark's rows, and the issue-40 goals beside wh
 
     python benchmarks/lease/summary.py results/gpu_h200/lease_2026-11-26
 
-Reads the folder's `*pytest*.xml` (JUnit, as `pytest --junitxml` writes it) and `*throughput*.json`
-(benchmarks/throughput.py --json) and writes SUMMARY.md beside them, so every figure quoted about a
-lease is generated from the files it returned, never typed. The files came back from another machine,
+Reads the folder's `*pytest*.xml` (JUnit, as `pytest --junitxml` writes it), beside each its `.collected`
+(the test ids `pytest --collect-only -q` listed before the run: benchmarks/gpu_lease.sh), and
+`*throughput*.json` (benchmarks/throughput.py --json), and writes SUMMARY.md beside them, so every figure
+quoted about a lease is generated from the files it returned, never typed. A run cut at its time limit
+writes an XML of the tests that ran, whose counts alone read as green: the page says "N of M collected
+ran; cut at the time limit" and names the ones that did not. A benchmark mode that failed is a row
+saying so, with its error; the rest of the page is still written. The files came back from another machine,
 so they are untrusted: read only when a regular file under MAX_BYTES, XML parsed by the stdlib's expat
 (no external entities; expat bounds entity amplification), every text made inert for Markdown, and
 the page written through the one no-follow atomic writer.
@@ -13,6 +17,7 @@ the page written through the one no-follow atomic writer.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -30,6 +35,8 @@ MAX_BYTES = 8 * 2**20
 GOAL_SOLO_COMPILED = 20_000.0
 GOAL_AGGREGATE = 100_000.0
 GOAL_ALL12_HOURS = 1.0
+COLLECTED_SUFFIX = ".collected"  # beside X.xml: X.collected, the ids `pytest --collect-only -q` listed
+MAX_LISTED = 10  # tests not run named on the page, at most
 
 
 def _read(path: Path) -> bytes:
@@ -40,7 +47,7 @@ def _read(path: Path) -> bytes:
 
 
 def test_counts(path: Path) -> dict[str, Any]:
-    """passed / failed / errors / skipped and the failing test names of one JUnit file."""
+    """passed / failed / errors / skipped, the failing test names and every test's name of one JUnit file."""
     root = ET.fromstring(_read(path))
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     cases = [case for suite in suites for case in suite.iter("testcase")]
@@ -50,35 +57,96 @@ def test_counts(path: Path) -> dict[str, Any]:
     seconds = sum(float(s.get("time", 0) or 0) for s in suites)
     return {"tests": len(cases), "failed": [c.get("name", "?") for c in failed],
             "errors": [c.get("name", "?") for c in errors], "skipped": len(skipped),
-            "passed": len(cases) - len(failed) - len(errors) - len(skipped), "seconds": seconds}
+            "passed": len(cases) - len(failed) - len(errors) - len(skipped), "seconds": seconds,
+            "names": {c.get("name", "?") for c in cases}}
+
+
+def collected_ids(path: Path) -> list[str] | None:
+    """The test ids collected before the run of `path` (its `.collected` beside it), or None: not recorded."""
+    listing = path.with_suffix(COLLECTED_SUFFIX)
+    if not listing.exists() and not listing.is_symlink():
+        return None
+    text = _read(listing).decode("utf-8", errors="replace")
+    return [line.strip() for line in text.splitlines() if "::" in line]
+
+
+def ran_line(name: str, ran: set[str] | None, collected: list[str]) -> str:
+    """One plain sentence: how many of the collected tests ran (`ran`: the XML's test names; None: no XML
+    came back), and which did not."""
+    if ran is None:
+        return (f"- {md_text(name)}: 0 of {len(collected)} collected ran: no XML came back (the run was stopped "
+                f"before pytest wrote it)")
+    missing = [test for test in collected if test.rsplit("::", 1)[-1] not in ran]
+    done = len(collected) - len(missing)
+    if not missing:
+        return f"- {md_text(name)}: {done} of {len(collected)} collected ran."
+    shown = ", ".join(md_text(test.rsplit("::", 1)[-1]) for test in missing[:MAX_LISTED])
+    more = f" and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
+    return f"- {md_text(name)}: {done} of {len(collected)} collected ran; cut at the time limit. Not run: {shown}{more}."
+
+
+def cell(value: Any) -> str:
+    """Text from a returned file as one inert table cell: md_text, and `|` escaped (it would split the cell)."""
+    return md_text(value).replace("|", "\\|")
 
 
 def _fmt(x: float, digits: int = 0) -> str:
     return f"{x:,.{digits}f}"
 
 
-def throughput_rows(path: Path) -> tuple[str, list[str], dict[str, float]]:
-    """The device and the Markdown rows of one benchmark file, and the best figures per goal."""
+def timed(row: Any) -> bool:
+    """A mode that measured: a rate and the figures printed beside it (a failed mode has an error instead)."""
+    return isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
+                                         for k in ("images_per_s", "step_ms", "tflops", "utilisation"))
+
+
+def _base(rows: list) -> tuple[float | None, str]:
+    """The rate the ratios divide by: solo eager's, else the file's first measured mode's (the short lease
+    runs a fused group first), and the mode's name where it is not solo eager."""
+    measured = [r for r in rows if timed(r)]
+    base = next((r for r in measured if r.get("mode") == "solo eager"), measured[0] if measured else None)
+    if base is None or base["images_per_s"] <= 0:
+        return None, ""
+    return base["images_per_s"], "" if base.get("mode") == "solo eager" else f" of {md_text(base.get('mode', '?'))}"
+
+
+def _mode_row(name: str, model: str, row: dict, base: float | None, of: str) -> str:
+    """One mode as a table row: its figures, or that it failed and why."""
+    mode = md_text(row.get("mode", "?")) if isinstance(row, dict) else "?"
+    if not timed(row):
+        error = cell(row.get("error", "no rate recorded")) if isinstance(row, dict) else "not a row"
+        return f"| {md_text(name)} | {md_text(model)} | {mode} | failed: {error} | - | - | - | - | - |"
+    samples = [x for x in row.get("images_per_s_samples") or [] if isinstance(x, (int, float))] or [row["images_per_s"]]
+    ratio = f"{row['images_per_s'] / base:.2f}x{of}" if base else "-"
+    return (f"| {md_text(name)} | {md_text(model)} | {mode} | "
+            f"{_fmt(row['images_per_s'])} ({_fmt(min(samples))}-{_fmt(max(samples))}, n={len(samples)}) | "
+            f"{row['step_ms']:.1f} | {row['tflops']:.2f} | {100 * row['utilisation']:.2f}% | {ratio} | "
+            f"{md_text(row.get('compile_fallback') or '-')} |")
+
+
+def throughput_rows(path: Path) -> tuple[str, list[str], list[str], dict[str, float], bool]:
+    """The device, the Markdown rows (a failed mode: a row saying so) and profiles of one benchmark file, the
+    best figures per goal, and whether a ratio is to another mode than solo eager."""
     data = json.loads(_read(path))
     device = md_text(data.get("device", "unknown device"))
     lines, profiles, best = [], [], {"solo_compiled": 0.0, "aggregate": 0.0, "hours": float("inf")}
+    other_base = False
     for model, result in data.get("models", {}).items():
-        base = next((r["images_per_s"] for r in result["rows"] if r["mode"] == "solo eager"), None)
-        for row in result["rows"]:
-            samples = row.get("images_per_s_samples") or [row["images_per_s"]]
-            ratio = f"{row['images_per_s'] / base:.2f}x" if base else "-"
-            lines.append(f"| {md_text(path.name)} | {md_text(model)} | {md_text(row['mode'])} | "
-                         f"{_fmt(row['images_per_s'])} ({_fmt(min(samples))}-{_fmt(max(samples))}, n={len(samples)}) | "
-                         f"{row['step_ms']:.1f} | {row['tflops']:.2f} | {100 * row['utilisation']:.2f}% | {ratio} | "
-                         f"{md_text(row.get('compile_fallback') or '-')} |")
-            if row.get("profile"):
-                profiles.append(_profile_row(path.name, model, row["mode"], row["profile"]))
-            if row["mode"].startswith("solo compiled"):
+        rows = result.get("rows") or []
+        base, of = _base(rows)
+        other_base |= bool(of)
+        for row in rows:
+            lines.append(_mode_row(path.name, model, row, base, of))
+            if not timed(row):
+                continue
+            if isinstance(row.get("profile"), dict):
+                profiles.append(_profile_row(path.name, model, row.get("mode", "?"), row["profile"]))
+            if str(row.get("mode", "")).startswith("solo compiled"):
                 best["solo_compiled"] = max(best["solo_compiled"], row["images_per_s"])
             best["aggregate"] = max(best["aggregate"], row["images_per_s"])
-        if "projected_all12_cifar10_hours" in result:
+        if isinstance(result.get("projected_all12_cifar10_hours"), (int, float)):
             best["hours"] = min(best["hours"], float(result["projected_all12_cifar10_hours"]))
-    return device, lines, profiles, best
+    return device, lines, profiles, best, other_base
 
 
 def _profile_row(name: str, model: str, mode: str, p: dict) -> str:
@@ -97,34 +165,47 @@ def _profile_row(name: str, model: str, mode: str, p: dict) -> str:
 def summary(folder: Path) -> str:
     xmls = sorted(p for p in folder.glob("*pytest*.xml"))
     benches = sorted(p for p in folder.glob("*throughput*.json"))
-    if not xmls and not benches:
+    unrun = sorted(p.with_suffix(".xml") for p in folder.glob(f"*pytest*{COLLECTED_SUFFIX}")
+                   if not os.path.lexists(p.with_suffix(".xml")))  # collected, and no XML came back
+    if not xmls and not benches and not unrun:
         raise SystemExit(f"lease summary: {folder} holds no *pytest*.xml or *throughput*.json; allowed: a folder "
                          f"a lease's files were committed to")
     out = [f"# GPU lease: {md_text(folder.name)}", "",
            "_Generated by `python benchmarks/lease/summary.py` from the files beside it; do not edit._", ""]
-    devices, rows, profiles = set(), [], []
+    devices, rows, profiles, other_base = set(), [], [], False
     best = {"solo_compiled": 0.0, "aggregate": 0.0, "hours": float("inf")}
     for path in benches:
-        device, lines, profiled, b = throughput_rows(path)
+        device, lines, profiled, b, other = throughput_rows(path)
         devices.add(device)
         rows += lines
         profiles += profiled
+        other_base |= other
         best = {"solo_compiled": max(best["solo_compiled"], b["solo_compiled"]),
                 "aggregate": max(best["aggregate"], b["aggregate"]), "hours": min(best["hours"], b["hours"])}
     out += [f"Device: {', '.join(sorted(devices)) or 'not recorded by a benchmark file'}", ""]
-    if xmls:
-        out += ["## GPU tests (`pytest -m gpu tests/test_gpu.py`)", "",
-                "| file | tests | passed | failed | errors | skipped | seconds | failing |", "|---|---|---|---|---|---|---|---|"]
+    if xmls or unrun:
+        out += ["## GPU tests (`pytest -m gpu tests/test_gpu.py`)", ""]
+        ran = []
+        if xmls:
+            out += ["| file | tests | passed | failed | errors | skipped | seconds | failing |",
+                    "|---|---|---|---|---|---|---|---|"]
         for path in xmls:
             c = test_counts(path)
             failing = ", ".join(md_text(n) for n in c["failed"] + c["errors"]) or "-"
             out.append(f"| {md_text(path.name)} | {c['tests']} | {c['passed']} | {len(c['failed'])} | {len(c['errors'])} | "
                        f"{c['skipped']} | {c['seconds']:.0f} | {failing} |")
+            collected = collected_ids(path)
+            if collected is not None:
+                ran.append(ran_line(path.name, c["names"], collected))
+        ran += [ran_line(path.name, None, collected_ids(path) or []) for path in unrun]
+        out += ["", "Of the tests collected before each run (`pytest --collect-only`):", "", *ran] if ran else []
         out.append("")
     if rows:
         out += ["## Throughput (`benchmarks/throughput.py`; median images/s of the samples, min-max, n samples)", "",
                 "| file | model | mode | images/s | ms/step | TFLOP/s | of peak | vs solo eager | compile fallback |",
                 "|---|---|---|---|---|---|---|---|---|", *rows, "",
+                *(["Where a file has no solo eager row, its ratios are to the mode the cell names (its first "
+                   "measured mode: the short lease's one-process baseline).", ""] if other_base else []),
                 "## Issue 40's goals (stated for an H100) beside the best measured", "",
                 "| goal | wanted | measured | met |", "|---|---|---|---|",
                 f"| one compiled trial, images/s | >= {_fmt(GOAL_SOLO_COMPILED)} | {_fmt(best['solo_compiled'])} | "

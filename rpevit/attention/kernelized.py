@@ -106,8 +106,10 @@ class KernelizedAttention(RandomFeatureBackend):
         """True from step redraw_until * total_steps on (never, while total_steps is unknown)."""
         return self.total_steps is not None and step >= self.redraw_until * self.total_steps
 
-    def advance_step(self) -> None:
-        """One training step begins: redraw if this step is a redraw step, then count it."""
+    def advance_step(self, count_on_device: bool = True) -> None:
+        """One training step begins: redraw if this step is a redraw step, then count it (count_on_device
+        False: only the host copy; the caller adds the step to `forward_count` itself, as the whole-step
+        graph of `compile: graph` does inside its graph)."""
         if self.training and self.uses_projection and self.redraw_interval > 0:
             count = self.steps_started
             if count > 0 and count % self.redraw_interval == 0 and not self.redraws_frozen(count):
@@ -115,7 +117,8 @@ class KernelizedAttention(RandomFeatureBackend):
                 if self.projection.is_cuda:  # from pinned memory the copy is queued, not waited for
                     draw = draw.pin_memory()
                 self.projection.copy_(draw, non_blocking=draw.is_pinned())
-            self.forward_count += 1  # the checkpointed count, updated on the device without a sync
+            if count_on_device:
+                self.forward_count += 1  # the checkpointed count, updated on the device without a sync
             self.steps_started = count + 1
 
     def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:

@@ -7,8 +7,9 @@ each step's inputs to a `Stepper` and knows nothing else of how the members are 
   vmapped forward + loss, one backward, per-member clipping, one AdamW. tests/test_fused_group.py
   proves it equal to the members' solo steps in float64.
 
-`make_stepper` picks: one member, or a mechanism that cannot run under vmap (`vmap_blockers`: the
-sparse CG Cayley solve), steps in turn; any other group is stacked.
+`make_stepper` picks: `compile: graph`, the whole step in one graph (tasks/whole_step.WholeStep, any
+group size); else one member, or a mechanism that cannot run under vmap (`vmap_blockers`: the sparse CG
+Cayley solve), steps in turn; any other group is stacked.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from rpevit.config import TrialConfig
 from rpevit.models.stacked import StackedModels, vmap_blockers
+from rpevit.tasks.whole_step import WholeStep
 from rpevit.training import (GuardedCompile, autocast_context, clip_grad_norm_per_member, forward_loss_fn, loss_of,
                              make_adamw)
 
@@ -67,6 +69,8 @@ def make_stepper(models: list[nn.Module], cfg: TrialConfig, device: torch.device
                  log: Callable[[str], None]) -> Stepper:
     """The stepper for these members: in turn for one member or a vmap blocker (the log says which
     blocks a group), stacked otherwise."""
+    if cfg.compile == "graph":  # the whole step in one graph, any group size (tasks/whole_step.py)
+        return WholeStep(models, cfg, device, normalize, schedule, log)
     if len(models) > 1 and not (blockers := vmap_blockers(models[0])):
         return StackedStep(models, cfg, device, normalize, schedule, log)
     if len(models) > 1:

@@ -36,6 +36,7 @@ from rpevit.tasks.generators import MemberRandom, member_random
 from rpevit.tasks.schedule import (WARMUP_MAX_FRACTION, cooldown_start, lr_factor, warmup_cosine,  # noqa: F401
                                    warmup_stable_decay, warmup_steps_for)
 from rpevit.tasks.steppers import StackedStep, Stepper, make_stepper
+from rpevit.tasks.whole_step import WholeStep
 from rpevit.training import autocast_context, default_dtype, path_mask_dtype
 
 EpochCallback = Callable[[dict, "Path | None"], None]
@@ -242,11 +243,13 @@ def fitting(path: Path | None) -> Iterator[None]:
 def train_epoch(stepper: Stepper, members: list[Member], data: Splits) -> tuple[list[float], list[float], float]:
     """One epoch of every member: (mean training losses, training accuracies, seconds). One host sync
     at the end, none per step."""
+    stepper.train()
+    if isinstance(stepper, WholeStep):  # compile: graph draws the epoch's inputs on the device, then replays
+        return stepper.run_epoch([m.random for m in members], data)
     cfg, device = members[0].cfg, data.x_train.device
     n_train, k = len(data.x_train), len(members)
     augment = data.spec.augment if cfg.augment == "auto" else cfg.augment
     mask_dtype = path_mask_dtype(cfg, device)
-    stepper.train()
     t0 = time.perf_counter()
     loss_sum = torch.zeros(k, device=device)  # the default dtype
     correct = torch.zeros(k, device=device, dtype=torch.long)
