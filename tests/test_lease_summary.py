@@ -165,3 +165,25 @@ def test_the_short_lease_s_ratios_are_to_its_fused_baseline_and_say_so(tmp_path)
     page = (tmp_path / "SUMMARY.md").read_text()
     assert "| 50.00x of fused k=5 + compiled (cudagraphs) |" in page
     assert "Where a file has no solo eager row, its ratios are to the mode the cell names" in page
+
+
+def test_unnamed_entries_of_a_stopped_run_are_not_passes_and_unmeasured_goals_say_so(tmp_path):
+    """A run stopped by SIGINT can leave <testcase/> entries without a name (the lease of 2026-11-27 had 6):
+    counted apart, never as passed. A goal with no mode of its kind reads 'not measured', not 0; a busy
+    fraction over 100% (overlapping device events) is not shown as one."""
+    stopped = JUNIT.replace('<testcase classname="tests.test_gpu" name="test_a" time="1"/>',
+                            '<testcase classname="tests.test_gpu" name="test_a" time="1"/><testcase time="0.002" />'
+                            '<testcase time="0.003" />')
+    (tmp_path / "pytest_gpu.xml").write_text(stopped)
+    data = bench(7000.0, 50000.0, 2.5)
+    rows = data["models"]["gpu"]["rows"]
+    rows[:] = [rows[2], {**rows[1], "mode": "fused k=5 + whole step in one graph (graph)",
+                         "profile": {**rows[1]["profile"], "device_busy_fraction": 5.32}}]
+    (tmp_path / "throughput.json").write_text(json.dumps(data))
+    assert run(tmp_path).returncode == 0
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert "| pytest_gpu.xml | 4 | 1 | 1 | 1 | 1 | 12 |" in page  # the 2 unnamed entries are not tests that passed
+    assert "2 more test entries without a name (stopped before they reported): not counted as run" in page
+    assert "| 40 | one compiled trial, images/s | >= 20,000 | not measured | - |" in page
+    assert "| 60 | one fused group, images/s | >= 80,000 | 7,000 | no |" in page
+    assert "not shown: device events overlap (532% of wall)" in page
