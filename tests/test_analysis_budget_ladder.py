@@ -1,5 +1,6 @@
 """The budget-ladder report (rpevit/analysis/budget_ladder.py) on constructed rows: per-budget means with
-their n, Kendall's tau of the rankings (by hand), and an interval that widens with seed noise."""
+their n, Kendall's tau of the rankings (by hand), the per-seed taus paired by seed and their interval, which
+widens with seed noise, and a highest mean that names the variants it is tied with."""
 from __future__ import annotations
 
 import math
@@ -32,22 +33,56 @@ def test_means_per_budget_and_tau_by_hand(tmp_path):
     text = budget_ladder.build(out)
     assert "5 epochs (0.225M images)" in text and "20 epochs (0.9M images)" in text
     assert "80 [" in text and "(n=3)" in text
-    table = budget_ladder.per_budget(budget_ladder.ladder_rows(pd.concat([pd.DataFrame(rows())])))
-    tau, lo, hi, k = budget_ladder.tau_interval(table, 5, 20)
+    ladder = budget_ladder.ladder_rows(pd.concat([pd.DataFrame(rows())]))
+    table = budget_ladder.per_budget(ladder)
+    tau, lo, hi, k = budget_ladder.tau_interval(table, 5, 20, ladder)
     # rankings at 5: softmax+ape > softmax+rope > favor+ape > favor+rope; at 20 favor+rope passes favor+ape:
-    # 5 concordant pairs, 1 discordant of 6: tau = (5 - 1) / 6
-    assert k == 4 and tau == pytest.approx(4 / 6) and lo <= tau <= hi
-    tau_same, *_ = budget_ladder.tau_interval(table, 5, 10)
+    # 5 concordant pairs, 1 discordant of 6: tau = (5 - 1) / 6; every seed shifts every variant alike, so each
+    # seed's own ranking is the means' and the per-seed taus are all 4/6: an interval of one point
+    assert k == 4 and tau == pytest.approx(4 / 6)
+    assert budget_ladder.seed_taus(ladder, 5, 20) == pytest.approx({0: 4 / 6, 1: 4 / 6, 2: 4 / 6})
+    assert lo == pytest.approx(4 / 6) and hi == pytest.approx(4 / 6)
+    tau_same, *_ = budget_ladder.tau_interval(table, 5, 10, ladder)
     assert tau_same == pytest.approx(1.0)
+    assert "tau of each seed's own ranking" in text and "0: 0.667, 1: 0.667, 2: 0.667" in text
     assert png_ok(out / "budget_ladder.png")
 
 
-def test_the_tau_interval_widens_with_seed_noise():
-    quiet = budget_ladder.per_budget(budget_ladder.ladder_rows(pd.DataFrame(rows(0.001))))
-    noisy = budget_ladder.per_budget(budget_ladder.ladder_rows(pd.DataFrame(rows(0.05))))
-    _, qlo, qhi, _ = budget_ladder.tau_interval(quiet, 5, 10)
-    _, nlo, nhi, _ = budget_ladder.tau_interval(noisy, 5, 10)
-    assert (nhi - nlo) > (qhi - qlo) and nlo < 0.5
+def noisy_rows(spread: float) -> list[dict]:
+    """rows(), each (variant, seed) shifted by its own reproducible noise, the same at every budget of the seed
+    (a seed's rungs share a trunk) plus as much of each rung's own."""
+    rng = np.random.default_rng(11)
+    shift = {(a, p, s): rng.normal(0, spread) for (a, p) in MEANS for s in range(3)}
+    out = []
+    for r in rows(0.0):
+        r = dict(r)
+        r["test_acc"] = r["test_acc_draw_mean"] = r["test_acc"] + shift[r["attention"], r["pe"], r["seed"]] \
+            + rng.normal(0, spread)
+        out.append(r)
+    return out
+
+
+def test_the_tau_interval_is_over_seeds_and_widens_with_seed_noise():
+    quiet_rows, noisy = (budget_ladder.ladder_rows(pd.DataFrame(noisy_rows(s))) for s in (0.001, 0.06))
+    _, qlo, qhi, _ = budget_ladder.tau_interval(budget_ladder.per_budget(quiet_rows), 5, 10, quiet_rows)
+    tau, nlo, nhi, _ = budget_ladder.tau_interval(budget_ladder.per_budget(noisy), 5, 10, noisy)
+    assert (nhi - nlo) > (qhi - qlo) and -1.0 <= nlo <= nhi <= 1.0
+    per_seed = list(budget_ladder.seed_taus(noisy, 5, 10).values())
+    from rpevit.analysis import stats
+    iv = stats.mean_interval(per_seed)  # by hand: the t interval of the three per-seed taus, clipped to [-1, 1]
+    assert (nlo, nhi) == pytest.approx((max(-1, iv.lo), min(1, iv.hi)))
+    # without the rows there is no interval, only the tau of the means
+    assert math.isnan(budget_ladder.tau_interval(budget_ladder.per_budget(noisy), 5, 10)[1])
+
+
+def test_the_highest_mean_names_the_variants_it_is_not_resolved_from(tmp_path):
+    close = [dict(r, test_acc=r["test_acc"] + (0.0095 if (r["attention"], r["pe"]) == ("softmax", "rope") else 0),
+                  test_acc_draw_mean=r["test_acc"] + (0.0095 if (r["attention"], r["pe"]) == ("softmax", "rope") else 0))
+             for r in rows(0.005)]  # softmax+rope 1.05 points under softmax+ape at 5 epochs, seeds +-0.5
+    out = write_sweep(tmp_path / "tie", "tie", close)
+    text = budget_ladder.summary(out)
+    assert "5 epochs (0.225M images): softmax+ape" in text
+    assert "not resolved from softmax+rope (1.05 points behind" in text
 
 
 def test_one_budget_is_not_a_ladder(tmp_path):

@@ -7,9 +7,10 @@ Reads the `train` rows of one study whose trials differ in `epochs` (a space wit
 e.g. search_spaces/cifar10_ladder_cpu.yaml). Every figure carries its budget as "N epochs (M images)":
 a ladder's rungs are fixed budgets, none of them "final". Per variant and budget: the judged accuracy
 (mean over fresh draws for random-feature models) as mean [95% t interval] (n seeds). Between every two
-budgets: Kendall's tau of the variants' rankings by mean accuracy, with an interval that carries each
-mean's seed uncertainty (a parametric bootstrap: each variant's mean drawn from its t distribution with
-n - 1 df, 4,000 draws, the 2.5th and 97.5th percentiles of tau). Everything here is exploratory: the
+budgets: Kendall's tau of the variants' rankings by mean accuracy, beside the tau of each seed's own
+ranking at the two budgets (paired by seed: a seed's rungs share its trunk) and a t interval over those
+per-seed taus; the highest mean at each budget names the variants it is not resolved from (Welch).
+Everything here is exploratory: the
 study's declared comparisons are in confirmatory.md (analysis/confirmatory.py). Writes
 budget_ladder.md and budget_ladder.png into RESULTS_DIR.
 """
@@ -27,8 +28,6 @@ from rpevit.analysis import stats, variants
 from rpevit.analysis.common import (fmt, judged_accuracy, markdown_table, pyplot, read_trials, save_figure,
                                     script_main, with_variant)
 
-TAU_DRAWS = 4000
-TAU_SEED = 0  # the bootstrap is seeded: the report regenerates byte for byte
 LEVEL = 0.95
 
 
@@ -61,36 +60,63 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float(scipy_stats.kendalltau(a, b).statistic)
 
 
-def tau_interval(table: pd.DataFrame, first: int, second: int) -> tuple[float, float, float, int]:
-    """(tau of the mean rankings at two budgets, interval low, high, variants compared) over the variants
-    measured at both, the interval from the parametric bootstrap of the module docstring (NaN without
-    2+ seeds in every mean)."""
+def seed_taus(rows: pd.DataFrame, first: int, second: int) -> dict[int, float]:
+    """Per seed: Kendall's tau between the variants' accuracies of THAT seed at the two budgets, over the
+    variants the seed has at both (3 or more). Paired by seed because a seed's rungs are one run: the
+    shorter budgets branch from the longest run of the same seed at their cool-down start
+    (rpevit/tasks/budget_ladder.py), so a seed's two accuracies are not independent draws, and its own
+    ranking at both budgets is the replicate."""
+    out = {}
+    for seed, g in rows.groupby("seed"):
+        at = {e: g[g["epochs"] == e].groupby("variant")["acc"].mean() for e in (first, second)}
+        common = sorted(set(at[first].index) & set(at[second].index))
+        if len(common) >= 3:
+            out[int(seed)] = kendall_tau(at[first][common].to_numpy(), at[second][common].to_numpy())
+    return out
+
+
+def tau_interval(table: pd.DataFrame, first: int, second: int,
+                 rows: pd.DataFrame | None = None) -> tuple[float, float, float, int]:
+    """(tau of the mean rankings at two budgets, low, high, variants compared). The interval is the
+    one-sample t interval of the per-seed taus (seed_taus; clipped to [-1, 1], the range of a tau), NaN
+    without 2+ seeds or without `rows`. Not a bootstrap of the means: perturbing every mean independently
+    shrinks tau (its draws sat below the point value) and ignores that a seed's rungs share a trunk."""
     a = table[table["epochs"] == first].set_index("variant")
     b = table[table["epochs"] == second].set_index("variant")
     common = sorted(set(a.index) & set(b.index))
     if len(common) < 3:
         return math.nan, math.nan, math.nan, len(common)
-    a, b = a.loc[common], b.loc[common]
-    tau = kendall_tau(a["mean"].to_numpy(), b["mean"].to_numpy())
-    if not (np.isfinite(a["se"]).all() and np.isfinite(b["se"]).all()):
+    tau = kendall_tau(a.loc[common, "mean"].to_numpy(), b.loc[common, "mean"].to_numpy())
+    if rows is None:
         return tau, math.nan, math.nan, len(common)
-    rng = np.random.default_rng(TAU_SEED)
-
-    def draw(side: pd.DataFrame) -> np.ndarray:
-        df = (side["n"] - 1).to_numpy(float)
-        return side["mean"].to_numpy() + side["se"].to_numpy() * rng.standard_t(df, size=(TAU_DRAWS, len(side)))
-
-    da, db = draw(a), draw(b)
-    taus = np.array([kendall_tau(x, y) for x, y in zip(da, db)])
-    lo, hi = np.nanpercentile(taus, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
-    return tau, float(lo), float(hi), len(common)
+    iv = stats.mean_interval(list(seed_taus(rows, first, second).values()), LEVEL)
+    if not iv.bounded:
+        return tau, math.nan, math.nan, len(common)
+    return tau, max(-1.0, iv.lo), min(1.0, iv.hi), len(common)
 
 
-def taus(table: pd.DataFrame) -> list[tuple[int, int, float, float, float, int]]:
+def taus(table: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[tuple[int, int, float, float, float, int]]:
     """(first, second, tau, low, high, variants) for every two budgets, shorter first."""
     budgets = sorted(table["epochs"].unique())
-    return [(first, second, *tau_interval(table, first, second))
+    return [(first, second, *tau_interval(table, first, second, rows))
             for first, second in itertools.combinations(budgets, 2)]
+
+
+def tied_with_top(rows: pd.DataFrame, group: pd.DataFrame) -> tuple[pd.Series, list[str]]:
+    """The variant with the highest mean at one budget, and the variants whose difference from it is not
+    resolved (Welch, 95%, exploratory): 'highest' alone would call a tie within seed noise a winner."""
+    top = group.loc[group["mean"].idxmax()]
+    epochs = int(top["epochs"])
+    at = rows[rows["epochs"] == epochs]
+    best = stats.finite(at.loc[at["variant"] == top["variant"], "acc"])
+    ties = []
+    for variant in sorted(group["variant"]):
+        if variant == top["variant"]:
+            continue
+        diff = stats.welch(best, stats.finite(at.loc[at["variant"] == variant, "acc"]))
+        if diff.bounded and not diff.excludes(0.0):
+            ties.append(f"{variant} ({fmt(diff.point, 3)} points behind, {diff.text()})")
+    return top, ties
 
 
 def variants_text(k: int) -> str:
@@ -106,7 +132,7 @@ def summary(results_dir: Path) -> str | None:
         return None
     table = per_budget(rows)
     between = []
-    for first, second, tau, lo, hi, k in taus(table):
+    for first, second, tau, lo, hi, k in taus(table, rows):
         if not math.isfinite(tau):
             between.append(f"{first} → {second} epochs not defined ({variants_text(k)} at both, 3 needed)")
             continue
@@ -114,11 +140,12 @@ def summary(results_dir: Path) -> str | None:
         between.append(f"{first} → {second} epochs {fmt(tau, 3)} {interval} ({variants_text(k)})")
     best = []
     for epochs, g in table.groupby("epochs"):
-        top = g.loc[g["mean"].idxmax()]
+        top, ties = tied_with_top(rows, g)
         best.append(f"{budget_label(int(epochs), float(top['images']))}: {top['variant']} "
-                    f"{top['interval'].text()} of {variants_text(len(g))}")
-    return (f"Kendall's tau of the variants' mean rankings (interval: seed uncertainty) {'; '.join(between)}; "
-            f"the highest mean at each fixed budget, %: {'; '.join(best)}")
+                    f"{top['interval'].text()} of {variants_text(len(g))}"
+                    + (f", not resolved from {', '.join(ties)}" if ties else ""))
+    return (f"Kendall's tau of the variants' mean rankings (interval: the per-seed taus', paired by seed) "
+            f"{'; '.join(between)}; the highest mean at each fixed budget, %: {'; '.join(best)}")
 
 
 def budget_label(epochs: int, images: float) -> str:
@@ -161,19 +188,23 @@ def build(results_dir: Path) -> str | None:
         by = g.set_index("epochs")
         acc_rows.append([variant, *(by.loc[e, "interval"].text() if e in by.index else "—" for e in budgets)])
     acc_rows.sort(key=lambda r: r[0])
-    tau_rows = [[f"{first} → {second} epochs", fmt(tau, 3), f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo)
-                 else "—", k] for first, second, tau, lo, hi, k in taus(table)]
+    tau_rows = [[f"{first} → {second} epochs", fmt(tau, 3), ", ".join(f"{seed}: {fmt(t, 3)}" for seed, t in
+                                                                        seed_taus(rows, first, second).items()) or "—",
+                 f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo) else "—", k]
+                for first, second, tau, lo, hi, k in taus(table, rows)]
     ns = sorted(set(table["n"]))
     lines = [trials.note(), "",
              "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Device: " + devices + ".",
              "", "### Judged test accuracy at each fixed budget, % (mean [95% t interval] (n seeds))", "",
              markdown_table(["variant", *(budget_label(e, images[e]) for e in budgets)], acc_rows), "",
              "### How stable the ranking of the variants is across budgets", "",
-             markdown_table(["budgets", "Kendall's tau of the mean rankings", "95% interval (seed uncertainty)",
-                             "variants"], tau_rows), "",
-             f"Tau: 1 = the same order at both budgets, 0 = unrelated, -1 = reversed. Its interval draws each variant's "
-             f"mean from its t distribution (n − 1 df, n = {', '.join(map(str, ns))} seeds) {TAU_DRAWS:,} times: "
-             f"two rankings whose variants sit within their seed noise of each other have a wide interval.", "",
+             markdown_table(["budgets", "Kendall's tau of the mean rankings", "tau of each seed's own ranking",
+                             "95% t interval of the per-seed taus", "variants"], tau_rows), "",
+             f"Tau: 1 = the same order at both budgets, 0 = unrelated, -1 = reversed. The interval is over seeds "
+             f"(n = {', '.join(map(str, ns))} per cell): each seed's own ranking at the two budgets, paired because a "
+             f"seed's shorter rungs branch from its longest run at their cool-down start; a t interval over those "
+             f"per-seed taus, clipped to [-1, 1]. A per-seed tau ranks single-seed accuracies, so it is noisier than "
+             f"the tau of the means beside it.", "",
              "![accuracy against budget](budget_ladder.png)", ""]
     return "\n".join(lines)
 
