@@ -86,7 +86,8 @@ STAND_INS = {
     "scontrol": 'echo "$@" >> "$LOG/scontrol"; [ "$1 $2" = "show hostnames" ] && printf "gpu07\\ngpu08\\n" '
                 '&& seq -f "gpu%06g" 1 200000',
     "squeue": 'echo "$@" >> "$LOG/squeue"; echo "$FAKE_END"',
-    "srun": 'printf "%s\\n" "$*" >> "$LOG/srun"; while [[ "$1" == --* ]]; do shift; done; exec "$@"',
+    "srun": 'printf "%s\\n" "$*" >> "$LOG/srun"; printf "%s %s\\n" "$RAY_AUTH_MODE" "$RAY_AUTH_TOKEN" >> "$LOG/srun_env"; '
+            'while [[ "$1" == --* ]]; do shift; done; exec "$@"',
     # Ray's symmetric-run on one node: record, then run the entrypoint (after --) as a dry run
     "ray": 'printf "%s\\n" "$*" >> "$LOG/ray"; while [ "$1" != "--" ]; do shift; done; shift; exec "$@" --dry-run',
 }
@@ -108,8 +109,9 @@ def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_ti
            "FAKE_END": end.strftime("%Y-%m-%dT%H:%M:%S"), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]",
            "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "16", "SLURM_GPUS_PER_TASK": "1",
            "SPACE": "search_spaces/smoke.yaml", "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
-           "PYTHONPATH": str(ROOT)}
-    env.pop("RAY_ADDRESS", None)
+           "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "home")}
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(name, None)
     out = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert (log / "srun").read_text().split() == ["--nodes=2", "--ntasks=2", "ray", "symmetric-run", "--address",
@@ -121,4 +123,8 @@ def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_ti
                                                   "--deadline", (end - dt.timedelta(minutes=20)).strftime(
                                                       "%Y-%m-%dT%H:%M")]
     assert "4 trials in sweep 'smoke'" in out.stdout  # sweep.py read the command and its space
+    # token auth on every node with one token (issue 59): made once where none exists, yours alone, exported to srun
+    token = tmp_path / "home" / ".ray" / "auth_token"
+    assert re.fullmatch(r"[0-9a-f]{64}", token.read_text()) and stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert (log / "srun_env").read_text().split() == ["token", token.read_text()]
     assert "data: read on the cluster's nodes" in out.stdout  # --address: the nodes' data, not this machine's

@@ -40,6 +40,16 @@ data=()
 if [[ -n "$DATA" ]]; then
   data=(--data-dir "$DATA")
 fi
+# Ray's token auth (docs/cluster.md, "Token auth"): `ray start --head` turns it on whenever a token exists
+# (~/.ray/auth_token: every local sweep writes one), a worker's `ray start --address` never does by itself,
+# so every node would have to agree by chance. Here it is on everywhere, with one token: the one of this user
+# (made once, readable by you alone, where none exists), exported to every srun task.
+token_file=${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}
+if [[ -z "${RAY_AUTH_TOKEN:-}" && ! -s "$token_file" ]]; then
+  (umask 077 && mkdir -p "$(dirname "$token_file")" && od -An -N32 -tx1 /dev/urandom | tr -d ' \n' >"$token_file")
+fi
+RAY_AUTH_TOKEN=${RAY_AUTH_TOKEN:-$(<"$token_file")}
+export RAY_AUTH_MODE=token RAY_AUTH_TOKEN
 echo "ray head at $address on $SLURM_JOB_NUM_NODES node(s); job ends ${end:-?}; ${deadline[*]:-no deadline}"
 
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \

@@ -88,6 +88,10 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         if idle is not None:  # a Ray that would run nothing is not started (nor imported)
             return summarize(out_dir, space, wall_s=0.0, resume=opts.resume_info(), deadline=idle)
         session.prefer_loopback(opts.address)  # before Ray's first import in this process (session.py)
+        session.probe_address(opts.address)  # a dead address: one line now, before Ray's import and its retries
+        joined_with = session.prepare_join(opts.address)  # a token-auth head: RAY_AUTH_MODE before Ray's import
+        if joined_with:
+            print(joined_with, flush=True)
         with sigterm.held():  # Ray's imports are not cut midway: C code can clear a SystemExit raised inside an
             # import and leave a module half imported (rpevit.sigterm); a SIGTERM ends the driver right after them
             session.import_ray()

@@ -113,6 +113,90 @@ def probe_address(address: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> No
                      f"$RAY_ADDRESS unset for a Ray of this sweep's own")
 
 
+AUTH_MODE_ENV = "RAY_AUTH_MODE"  # Ray's switch: "token" turns token auth on (read when Ray is imported)
+TOKEN_ENV, TOKEN_PATH_ENV = "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"  # where Ray reads the token, in this order
+AUTH_PROBE_METHOD = "/ray.rpc.NodeInfoGcsService/GetClusterId"  # read-only; every Ray head's GCS answers it
+TOKEN_ALLOWED = ("the head's token on this machine: `ray get-auth-token` on the head prints it; save it as "
+                 "~/.ray/auth_token (chmod 600) or put it in $RAY_AUTH_TOKEN (docs/cluster.md, \"Token auth\")")
+
+
+def local_token() -> tuple[str | None, str]:
+    """(the token a Ray driver on this machine sends, where it comes from), in Ray's own order:
+    $RAY_AUTH_TOKEN, else the file $RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token; (None, the places
+    looked at) when there is none. A file that cannot be read counts as none."""
+    if os.environ.get(TOKEN_ENV, "").strip():
+        return os.environ[TOKEN_ENV].strip(), "$RAY_AUTH_TOKEN"
+    path = token_path()
+    where = f"$RAY_AUTH_TOKEN_PATH ({path})" if os.environ.get(TOKEN_PATH_ENV) else str(path)
+    try:
+        if path.is_file():
+            text = path.read_text(errors="replace").strip()
+            if text:
+                return text, where
+    except OSError:
+        pass
+    return None, f"neither $RAY_AUTH_TOKEN nor {where}"
+
+
+def head_answers(target: tuple[str, int], token: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+    """How the Ray head's GCS at target answers one read-only gRPC call, sent with `token` (or
+    none): "ok", "unauthenticated" (it runs with token auth and the token is missing or not its
+    own), or "unknown" (no answer in time, not a Ray head, or another Ray version's API: Ray's own
+    join then decides). The call is what a Ray driver's first call is (the cluster id) on gRPC's
+    wire format alone: no Ray import, so RAY_AUTH_MODE can still be set for the join after it."""
+    try:
+        import grpc
+    except ImportError:
+        return "unknown"
+    host, port = target
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    metadata = [("authorization", f"Bearer {token}")] if token else None
+    try:
+        with grpc.insecure_channel(where) as channel:
+            channel.unary_unary(AUTH_PROBE_METHOD)(b"", timeout=timeout_s, metadata=metadata)
+        return "ok"
+    except grpc.RpcError as err:
+        code = err.code() if hasattr(err, "code") else None
+        return "unauthenticated" if code == grpc.StatusCode.UNAUTHENTICATED else "unknown"
+    except Exception:  # noqa: BLE001 - a probe only: anything odd leaves the decision to Ray's own join
+        return "unknown"
+
+
+def prepare_join(address: str | None) -> str | None:
+    """Before Ray is imported for a join of host:port (not `auto`, not ray://): find out whether the
+    head runs with Ray's token auth and make this driver send the token when it does. Ray turns token
+    auth on for `ray start --head` whenever a token exists there (~/.ray/auth_token: every local sweep
+    writes one), but a driver given an explicit address never turns it on by itself (Ray 2.60,
+    ray/_private/worker.py: only `auto` does), so the join failed after ~20 s of InvalidAuthToken lines.
+    Sets RAY_AUTH_MODE=token (read when Ray is imported) when the head asks for a token and the local
+    one opens it, and returns the line that says so; SpaceError, one line, when the head asks for a
+    token this machine does not have (or RAY_AUTH_MODE=disabled is set here); None otherwise."""
+    chosen = cluster_address(address)
+    target = check_address(address)
+    if target is None or chosen.startswith("ray://"):
+        return None
+    if head_answers(target, None) != "unauthenticated":
+        return None  # open, or not known: Ray's own rules
+    where_given = address_source(address)
+    mode = os.environ.get(AUTH_MODE_ENV)
+    token, where = local_token()
+    head = f"{where_given} has value {chosen!r}, a Ray head that runs with token auth (RAY_AUTH_MODE=token)"
+    if mode is not None and mode.strip().lower() == "disabled":
+        raise SpaceError(f"{head}, but RAY_AUTH_MODE=disabled is set here; allowed: unset RAY_AUTH_MODE (or set "
+                         f"it to token) with {TOKEN_ALLOWED}")
+    if token is None:
+        raise SpaceError(f"{head}, but this machine has no token ({where}); allowed: {TOKEN_ALLOWED}")
+    if head_answers(target, token) == "unauthenticated":
+        raise SpaceError(f"{head}, but the token in {where} is not the head's (it refused it); allowed: "
+                         f"{TOKEN_ALLOWED}")
+    if mode is not None and mode.strip().lower() == "token":
+        return None  # the user turned it on: Ray sends the token already
+    if "ray" in sys.modules:  # too late for Ray to read it (tests that imported Ray): say what to do
+        raise SpaceError(f"{head}; allowed: set RAY_AUTH_MODE=token before Ray is imported in this process")
+    os.environ[AUTH_MODE_ENV] = "token"
+    return f"ray head at {chosen} runs with token auth: joining with the token in {where} (RAY_AUTH_MODE=token)"
+
+
 @contextmanager
 def temporary_environ(changes: dict[str, str]) -> Iterator[None]:
     """Environment variables set for a block and restored after it."""
@@ -222,9 +306,15 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
                                          f"{JOIN_TIMEOUT_S:g} s (something listens, but not a Ray head, or `auto` "
                                          f"found a cluster that is gone); allowed: {ADDRESS_ALLOWED}"):
                 ctx = ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
+        except ray.exceptions.AuthenticationError as err:  # token auth: a missing or foreign token (auto)
+            token, source = local_token()
+            raise SpaceError(f"{where} has value {address!r}, a Ray cluster that runs with token auth, and it refused "
+                             f"this driver's token ({'from ' + source if token else source}: "
+                             f"{' '.join(str(err).split())[:200]}); allowed: {TOKEN_ALLOWED}") from err
         except (ConnectionError, RuntimeError, ValueError) as err:  # auto without a cluster, not a Ray head, ...
             raise SpaceError(f"{where} has value {address!r}, but Ray could not join a cluster there "
-                             f"({' '.join(str(err).split())[:300]}); allowed: {ADDRESS_ALLOWED}") from err
+                             f"({' '.join(str(err).split())[:300]}){auth_hint(address)}; allowed: "
+                             f"{ADDRESS_ALLOWED}") from err
     else:
         create_private_token()  # before Ray would write one readable by every user
         with temporary_environ({LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}):
@@ -243,6 +333,16 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
     print(f"ray {where}: {resources.get('CPU', 0):g} CPU, {resources.get('GPU', 0):g} GPU, "
           f"{len(ray.nodes())} node(s); dashboard: {'http://' + url if url else 'off'}{dashboard_note(url)}",
           flush=True)
+
+
+def auth_hint(address: str | None) -> str:
+    """Where a join failed and the head may want a token this driver does not send: the words that say
+    so (a head Ray's auth refused reads as "Failed to connect" in Ray's own error)."""
+    target = None if address is None or address == "auto" else check_address(address)
+    if target is not None and not address.startswith("ray://") and head_answers(target, None) == "unauthenticated":
+        return ("; the head runs with token auth (RAY_AUTH_MODE=token) and refused this driver: run with "
+                "RAY_AUTH_MODE=token and the head's token")
+    return ""
 
 
 def dashboard_note(url: str | None) -> str:
