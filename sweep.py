@@ -5,7 +5,8 @@ Results land in <results-dir>/<name>/{trials,epochs}.parquet; `--resume` continu
 sweep. `--deadline` starts only the trials predicted to end before it (rpevit/sweep/deadline.py) and
 prints the command that continues. Exit code: 0 all trials ok (or left for a later --resume by
 --deadline), 1 some failed, 2 bad space or options (or the sweep folder is in use by another driver),
-143 stopped by SIGTERM (at any moment: one line, Ray shut down, the lock released; rpevit/sigterm.py).
+130 interrupted by Ctrl-C (the running trials stopped, the rows so far kept; --resume continues), 143 stopped
+by SIGTERM (at any moment: one line, Ray shut down, the lock released; rpevit/sigterm.py).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from rpevit.sweep.deadline import check_estimate, parse_deadline  # noqa: E402
 from rpevit.sweep.lock import sweep_dir  # noqa: E402
 from rpevit.sweep.session import check_address  # noqa: E402
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides  # noqa: E402
+
+INTERRUPTED_EXIT = 130  # 128 + SIGINT (rpevit.sweep.summary.INTERRUPTED_EXIT; not imported: it loads pandas)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,6 +102,7 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
     local = is_local(args)
     if local and not args.dry_run:  # a dry run says it (dry_run.data_lines)
         dry_run.check_data(space, args.data_dir)  # a file a trial would refuse: refused before anything starts
+        dry_run.fetch_missing(space, args.data_dir)  # a missing file: fetched once here, or one line if it cannot be
     if local and any(t["device"] == "cuda" for t in space.trials):
         import torch
 
@@ -155,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
     sigterm.imports_done()  # from here a SIGTERM unwinds (Ray, the lock) instead of exiting at once
     try:
         return run(argv)
+    except KeyboardInterrupt:  # Ctrl-C outside the trials' run (the runner says what a run's Ctrl-C stopped)
+        if sigterm.received():
+            return sigterm.EXIT_CODE
+        print("\ninterrupted (Ctrl-C); rows and checkpoints written so far are kept: --resume continues (exit 130)",
+              file=sys.stderr, flush=True)
+        return INTERRUPTED_EXIT
     except BaseException:
         if sigterm.received():
             return sigterm.EXIT_CODE

@@ -106,7 +106,8 @@ def test_the_closing_table_ranks_variants_by_judged_accuracy_over_seeds(tmp_path
     printed = capsys.readouterr().out
     print(printed)
     line = next(l for l in printed.splitlines() if "attention=favor" in l)
-    assert mean_interval(favor_mean).text(digits=4) in line and mean_interval(favor_draw[:2]).text(digits=4) in line
+    assert mean_interval(favor_mean).text(scale=100, digits=4) in line  # percent, as report.md (issue 59, item 7)
+    assert mean_interval(favor_draw[:2]).text(scale=100, digits=4) in line
     assert line.startswith("3 ") and "2 ok, 1 failed" in line
     assert "mean [95% interval] (n seeds)" in printed and "training draw" in printed
     assert "next:\n  tensorboard --logdir results/ranked/tensorboard" in printed
@@ -122,6 +123,7 @@ def test_progress_prints_no_repeated_line_when_several_events_come_together(caps
         config = {"trial": {"name": "x", "members": [{"trial_key": "k1", "label": "attention=favor", "cfg": {}}]}}
 
     progress = Progress(total=1, every_s=1e9)
+    progress.on_trial_result(0, [], Trial(), {"kind": "summary", "trial_key": "k1", "row": {}})  # its row: done
     progress.on_trial_complete(0, [Trial()], Trial())
     progress.on_experiment_end([Trial()])
     progress.on_trial_complete(0, [Trial()], Trial())

@@ -92,6 +92,27 @@ def check_data(space: Space, data_dir: str | None) -> None:
     data_lines(space, data_dir, refuse=True)
 
 
+def fetch_missing(space: Space, data_dir: str | None, say=print) -> None:
+    """Before a local sweep starts (after check_data): each dataset file that is missing is fetched once,
+    here, by the download a trial would make (rpevit.data.load_arrays), so that a folder that plainly
+    lacks the file is one line before Ray starts whether or not RPEVIT_OFFLINE says downloads are off
+    (it used to be ~150 lines of Ray traceback per try, and every trial downloading the same file at
+    once where the machine is online). ConfigError, one line, when the download fails."""
+    from rpevit.data import load_arrays
+
+    for dataset, chosen in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
+        if dataset in FOLDERLESS_DATASETS:
+            continue
+        path = dataset_file(dataset, chosen or None)
+        if path.is_file():
+            continue
+        say(f"data: {path} is missing: downloading {dataset} there once, before any trial starts", flush=True)
+        try:
+            load_arrays(dataset, chosen or None)
+        except DataError as err:
+            raise ConfigError(f"{_source(data_dir, chosen)}: {err}") from err
+
+
 def gpu_warning(space: Space, resources: Resources, local: bool) -> str | None:
     """A space made for GPUs dry-run where torch sees no GPU, and how to run it on the CPU instead."""
     gpu = resources.gpus_per_trial > 0 or any(t[name] in values for name, values in GPU_FIELDS.items()

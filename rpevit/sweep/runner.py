@@ -95,15 +95,20 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         with sigterm.held():  # Ray's imports are not cut midway: C code can clear a SystemExit raised inside an
             # import and leave a module half imported (rpevit.sigterm); a SIGTERM ends the driver right after them
             session.import_ray()
-            from rpevit.sweep.tune_run import run_before_deadline, run_sweep_trials
-        with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
-            fixed_cluster = started_ray and not session.cluster_address(opts.address)
-            session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)
-            if deadline is None:
-                slots, t0 = run_sweep_trials(space, plan, opts, out_dir)
-                report = None
-            else:
-                slots, t0, report = run_before_deadline(space, plan, opts, out_dir, deadline)
-            wall = time.time() - t0 if t0 is not None else 0.0
+            from rpevit.sweep.tune_run import SweepInterrupted, run_before_deadline, run_sweep_trials
+        slots, t0, report, interrupted = 0, None, None, False
+        try:
+            with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
+                fixed_cluster = started_ray and not session.cluster_address(opts.address)
+                session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)
+                if deadline is None:
+                    slots, t0 = run_sweep_trials(space, plan, opts, out_dir)
+                else:
+                    slots, t0, report = run_before_deadline(space, plan, opts, out_dir, deadline)
+        except SweepInterrupted as stop:  # Ctrl-C: Tune stopped the running trials; every row so far is written
+            (slots, t0), interrupted = stop.args, True
+        except KeyboardInterrupt:  # a second Ctrl-C, or one before Tune ran: stopped at once, Ray shut down
+            interrupted = True
+        wall = time.time() - t0 if t0 is not None else 0.0
         return summarize(out_dir, space, wall_s=wall, slots=slots, started_after=t0 or 0.0,
-                         resume=opts.resume_info(), deadline=report)
+                         resume=opts.resume_info(), deadline=report, interrupted=interrupted)

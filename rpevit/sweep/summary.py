@@ -27,6 +27,10 @@ from rpevit.sweep.space import Space
 REPORT_SCRIPT = Path(__file__).resolve().parents[2] / "analysis" / "report.py"  # the analysis of a sweep folder
 
 
+INTERRUPTED_EXIT = 130  # 128 + SIGINT: what a shell reports for a program Ctrl-C ended
+PERCENT = 100.0  # accuracies are fractions in the rows; the summary shows them in percent, as report.md does
+
+
 @dataclass
 class SweepOutcome:
     """What one run of the runner did: its exit code, and the numbers of its throughput line."""
@@ -101,6 +105,7 @@ class SweepSummary:
     continue_command: str = ""  # "" when nothing is left to run
     continue_note: str = ""
     next_steps: list[tuple[str, str]] = field(default_factory=list)  # (command, what it gives)
+    interrupted: bool = False  # Ctrl-C ended the run: exit 130, the trials it stopped are "not run" (--resume)
 
 
 def judged_value(row: dict, metric: str) -> Any:
@@ -113,10 +118,19 @@ def judged_value(row: dict, metric: str) -> Any:
 
 
 def compute_summary(out_dir: Path, space: Space, wall_s: float, slots: int = 0, started_after: float = 0.0,
-                    resume: ResumeInfo | None = None, deadline: DeadlineReport | None = None) -> SweepSummary:
+                    resume: ResumeInfo | None = None, deadline: DeadlineReport | None = None,
+                    interrupted: bool = False) -> SweepSummary:
     """The summary of this space's trials and of this run (its trials: those started after
     `started_after`, a Unix time). With a deadline, trials it left are not a failure (exit code 0
-    if nothing failed)."""
+    if nothing failed). Interrupted (Ctrl-C): exit code 130 whatever ran, and the --resume command."""
+    summary = _compute_summary(out_dir, space, wall_s, slots, started_after, resume, deadline)
+    if interrupted:
+        summary.interrupted, summary.outcome.exit_code = True, INTERRUPTED_EXIT
+    return summary
+
+
+def _compute_summary(out_dir: Path, space: Space, wall_s: float, slots: int, started_after: float,
+                     resume: ResumeInfo | None, deadline: DeadlineReport | None) -> SweepSummary:
     table, _ = select_keys(driver_trials(out_dir), space.keys)  # never rows of an older space
     resume = resume or ResumeInfo()
     left = {space.keys[i] for i in deadline.left} if deadline is not None else set()
@@ -223,8 +237,9 @@ def _throughput(outcome: SweepOutcome, table: Any, space: Space, wall_s: float, 
                                       f"counted once)")
     outcome.trial_s = float(trial_seconds(ran).sum())
     outcome.trials_ran = len(ran)
-    if len(ran):
-        outcome.startup_s = float(unix_seconds(ran["started_at"]).min() - started_after)
+    if not len(ran):  # no per-trial figure to give ("nan s per trial" said nothing)
+        return f"wall time {wall_s:.1f} s; no trial of this run finished ok, so there is no per-trial overhead figure"
+    outcome.startup_s = float(unix_seconds(ran["started_at"]).min() - started_after)
     return (f"wall time {wall_s:.1f} s; sum of in-trial times {outcome.trial_s:.1f} s over {len(ran)} {unit}{note}; "
             f"{slots} at a time: {outcome.overhead_s_per_trial:.2f} s per {unit[:-1]} outside the {unit} "
             f"((wall x {slots} - in-trial) / {unit}; {outcome.startup_s:.1f} s of it before the first started)")
@@ -248,6 +263,9 @@ def _add_continue(summary: SweepSummary, space: Space, resume: ResumeInfo, deadl
 
 def print_summary(summary: SweepSummary, deadline: bool = False) -> None:
     """The summary as the runner prints it (failures on stderr)."""
+    if summary.interrupted:
+        print(f"\ninterrupted (Ctrl-C): the trials it stopped have no row and count as not run; --resume continues "
+              f"them from their last epoch checkpoint (exit {INTERRUPTED_EXIT})")
     if not summary.table and not summary.trial_table:
         print("no trial finished" + ("; " if not deadline else ""), end="" if not deadline else "\n")
         _print_continue(summary)
@@ -259,7 +277,7 @@ def print_summary(summary: SweepSummary, deadline: bool = False) -> None:
         print(summary.throughput)
     ok, failed, missing = summary.counts
     print(f"\n{ok} ok, {failed} failed, {missing} not run; results: {', '.join(summary.files)}")
-    if missing or deadline:
+    if missing or deadline or summary.interrupted:
         _print_continue(summary)
     if summary.failures:
         print("failures:", file=sys.stderr)
@@ -275,12 +293,14 @@ def format_variant_table(summary: SweepSummary) -> str:
     """The ranked variants: judged accuracy mean [95% t interval] (n) over seeds, the training draw of
     random-feature variants beside it, and what ran of each."""
     random_features = any(r.training_draw is not None for r in summary.table)
-    head = ["rank", "variant", f"{summary.metric_title}: mean [95% interval] (n seeds)"]
-    head += ["training draw"] if random_features else []
+    head = ["rank", "variant", f"{summary.metric_title} in %: mean [95% interval] (n seeds)"]
+    head += ["training draw, %"] if random_features else []
     lines = [[*head, "trials"]]
     for rank, row in enumerate(summary.table, 1):
-        cells = [str(rank) if math.isfinite(row.judged.point) else "-", row.label, row.judged.text(digits=4)]
-        cells += [row.training_draw.text(digits=4) if row.training_draw is not None else ""] if random_features else []
+        cells = [str(rank) if math.isfinite(row.judged.point) else "-", row.label,
+                 row.judged.text(scale=PERCENT, digits=4)]
+        cells += [row.training_draw.text(scale=PERCENT, digits=4) if row.training_draw is not None else ""] \
+            if random_features else []
         lines.append([*cells, row.status])
     widths = [max(len(line[j]) for line in lines) for j in range(len(lines[0]))]
     table = ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
@@ -301,8 +321,9 @@ def _print_continue(summary: SweepSummary) -> None:
 
 
 def summarize(out_dir: Path, space: Space, wall_s: float, slots: int = 0, started_after: float = 0.0,
-              resume: ResumeInfo | None = None, deadline: DeadlineReport | None = None) -> SweepOutcome:
+              resume: ResumeInfo | None = None, deadline: DeadlineReport | None = None,
+              interrupted: bool = False) -> SweepOutcome:
     """Compute and print the summary; returns the outcome (exit code and throughput figures)."""
-    summary = compute_summary(out_dir, space, wall_s, slots, started_after, resume, deadline)
+    summary = compute_summary(out_dir, space, wall_s, slots, started_after, resume, deadline, interrupted)
     print_summary(summary, deadline=deadline is not None)
     return summary.outcome

@@ -29,16 +29,59 @@ from rpevit.sweep import session
 from rpevit.sweep.launch_plan import Launch, deadline_plan_line, plan_deadline_round, plan_launch
 from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import SweepPlan
-from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, Member, TrialSpec, members_of
+from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, VARIANT_FAILED, Member, TrialSpec, members_of
 from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError
 from rpevit.sweep.store import read_rows
-from rpevit.sweep.writer import ParquetResults
+from rpevit.sweep.writer import ParquetResults, error_line, trial_traceback
 from rpevit.sweep.space import Space
 from rpevit.sweep.summary import DeadlineReport, judged_value
 from rpevit.sweep.trainable import StartBarrier, run_trial
 
 NO_TUNE_LOGGERS_ENV = "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"  # no per-trial CSV / JSON / TensorBoard files
 TUNE_ANALYSIS_LOGGER = "ray.tune.analysis.experiment_analysis"  # would warn once per trial about them
+# Tune's documented switch: 0 = no traceback of every failed try on the console (~150 lines each; the Progress
+# callback prints one line per failure instead, the traceback stays whole in the row's error_traceback)
+TRIAL_ERRORS_ENV = "TUNE_PRINT_ALL_TRIAL_ERRORS"
+TUNE_LOGGER = "ray.tune.tune"  # Tune's run loop: its Ctrl-C lines (TuneLines) come from here
+INTERRUPTED_LINE = ("interrupted (Ctrl-C): stopping the running trials; every finished trial's row and every epoch "
+                    "checkpoint so far is kept, and --resume continues the others from their last epoch; "
+                    "Ctrl-C again stops at once")
+
+
+class SweepInterrupted(Exception):
+    """Tuner.fit() ended because of Ctrl-C (SIGINT): the rows so far are written; the runner prints the
+    summary with what was stopped and exits 130."""
+
+
+class TuneLines(logging.Filter):
+    """Tune's own lines about a Ctrl-C, replaced by rpevit's: Tune's "Stop signal received ... Press
+    CTRL+C ... to skip" by INTERRUPTED_LINE, its "Resume experiment with: Tuner.restore(...)" hint
+    (a Python API this driver does not use; the summary prints the `--resume` command that does) and
+    its "Trials did not complete" list (the summary says which) dropped. Records whether Ctrl-C came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Stop signal received"):
+            self.interrupted = True
+            print(INTERRUPTED_LINE, flush=True)
+            return False
+        return not (message.startswith("Trials did not complete")
+                    or "has been interrupted, but the most recent state was saved" in message)
+
+
+@contextmanager
+def _tune_lines() -> Iterator[TuneLines]:
+    """TuneLines on Tune's logger for a block."""
+    lines, log = TuneLines(), logging.getLogger(TUNE_LOGGER)
+    log.addFilter(lines)
+    try:
+        yield lines
+    finally:
+        log.removeFilter(lines)
 
 
 def run_sweep_trials(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) -> tuple[int, float]:
@@ -70,11 +113,13 @@ def run_tuner(space: Space, launch: Launch, opts: SweepOptions, out_dir: Path) -
         run_config=tune.RunConfig(
             name=time.strftime("run-%Y%m%d-%H%M%S"), storage_path=str(out_dir / "ray"),
             failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-            callbacks=[writer, Progress(len(items), opts.progress_every_s)], log_to_file=True, verbose=0),
+            callbacks=[writer, Progress(len(items), opts.progress_every_s, out_dir)], log_to_file=True,
+            verbose=0),
     )
     fit_started = time.time()
     try:
-        with session.temporary_environ({NO_TUNE_LOGGERS_ENV: "1"}), _quiet(TUNE_ANALYSIS_LOGGER):  # Parquet is the result
+        with session.temporary_environ({NO_TUNE_LOGGERS_ENV: "1", TRIAL_ERRORS_ENV: "0"}), \
+                _quiet(TUNE_ANALYSIS_LOGGER), _tune_lines() as tune_lines:  # Parquet is the result
             tuner.fit()
     except Exception:  # Tune wraps a callback's error in a TuneError holding its traceback as text
         if writer.write_error is None:
@@ -86,6 +131,8 @@ def run_tuner(space: Space, launch: Launch, opts: SweepOptions, out_dir: Path) -
         if barrier is not None:
             ray.kill(barrier)
     writer.finish()  # rows after Tune's experiment end, if any; the store compacted (rpevit.sweep.store)
+    if tune_lines.interrupted:
+        raise SweepInterrupted(launch.slots, fit_started)
     return launch.slots, fit_started
 
 
@@ -165,19 +212,31 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 class Progress(Callback):
-    """Prints running/pending/done/failed and the best judged test accuracy of the finished trials (every_s, and per trial end)."""
+    """Prints running/pending/done/failed (and stopped: ended by Ctrl-C or a deadline without a row) and the
+    best judged test accuracy of the finished trials (every_s, and per trial end); one line per failure."""
 
-    def __init__(self, total: int, every_s: float) -> None:
-        self.total, self.every_s = total, every_s
+    def __init__(self, total: int, every_s: float, out_dir: Path | None = None) -> None:
+        self.total, self.every_s, self.out_dir = total, every_s, out_dir
         self.best: tuple[float, str] = (-math.inf, "")
         self.last = 0.0
         self.notes: set[str] = set()
         self.shown = ""  # the last line printed, without its time
+        self.reported: set[str] = set()  # the trial keys that reported their end (a summary or a failure row)
+
+    def _reported(self, trial, result) -> None:
+        if result.get("kind") in (SUMMARY, VARIANT_FAILED):
+            self.reported.add(result.get("trial_key"))
+
+    def finished(self, trial) -> bool:
+        """Whether every member of the Tune trial reported its end (a row, ok or failed): Tune's TERMINATED
+        alone also holds for a trial that Ctrl-C stopped."""
+        return {m.trial_key for m in members_of(trial)} <= self.reported
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         """Best = the highest judged test accuracy of the finished trials (summary rows): the mean over
         fresh draws for random-feature models, whose one-draw val_acc ranks a lottery (issue 31). A
         trial's NOTE (TensorBoard skipped, ...) is printed, each distinct line once."""
+        self._reported(trial, result)
         if result.get("kind") == NOTE:
             line = str(result.get("error", ""))
             if line and line not in self.notes:
@@ -195,7 +254,24 @@ class Progress(Callback):
         self.show(trials, force=True)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        self.say_failure(trial, retried=False)
         self.show(trials, force=True)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self.say_failure(trial, retried=True)
+
+    def say_failure(self, trial, retried: bool) -> None:
+        """One line per failed try: the trial, the whole error as one line, where the traceback is (Tune's own
+        console traceback is off: TRIAL_ERRORS_ENV)."""
+        members = members_of(trial)
+        if not members:
+            return
+        keys = " ".join(m.trial_key for m in members)
+        label = members[0].label if len(members) == 1 else _group_label(members)
+        where = (f"; traceback: error_traceback in {self.out_dir / 'trials.parquet'}, the trial's lines: "
+                 f"{self.out_dir / 'trials'}/<trial_key>/log.txt" if self.out_dir is not None else "")
+        what = "failed; retried from its last checkpoint" if retried else "failed"
+        print(f"trial {keys} ({label}) {what}: {error_line(trial_traceback(trial))}{where}", flush=True)
 
     def on_step_end(self, iteration, trials, **info):
         self.show(trials)
@@ -210,12 +286,15 @@ class Progress(Callback):
             return
         trials = [t for t in trials if members_of(t)]  # not the warm-up trials
         count = lambda *s: sum(t.status in s for t in trials)  # noqa: E731
-        best = f"{self.best[0]:.4f} ({self.best[1]})" if self.best[1] else "-"
+        best = f"{100 * self.best[0]:.2f}% ({self.best[1]})" if self.best[1] else "-"  # percent, as the summary
         groups = [_group_label(members_of(t)) for t in trials
                   if t.status == "RUNNING" and len(members_of(t)) > 1 and TrialSpec.from_tune_config(t.config).fused]
         running = f" | running groups: {'; '.join(groups)}" if groups else ""
-        line = (f"running {count('RUNNING')} | pending {count('PENDING', 'PAUSED')} | done {count('TERMINATED')} | "
-                f"failed {count('ERROR')} | of {self.total} | best judged test acc {best}{running}")
+        done = sum(t.status == "TERMINATED" and self.finished(t) for t in trials)
+        stopped = sum(t.status == "TERMINATED" and not self.finished(t) for t in trials)
+        line = (f"running {count('RUNNING')} | pending {count('PENDING', 'PAUSED')} | done {done} | "
+                f"failed {count('ERROR')} | {f'stopped {stopped} | ' if stopped else ''}of {self.total} | "
+                f"best judged test acc {best}{running}")
         if force and line == self.shown:
             return
         self.last, self.shown = time.monotonic(), line

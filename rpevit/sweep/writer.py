@@ -148,18 +148,18 @@ class ParquetResults(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
         """Every member of the Tune trial without a row of its own fails with Tune's error."""
-        traceback = re.sub(r"\x1b\[[0-9;]*m", "", _error_text(trial))  # no terminal colours
-        lines = [ln for ln in traceback.strip().splitlines() if ln.strip()]
+        traceback = trial_traceback(trial)
         for member in members_of(trial):
             key = member.trial_key
             if key not in self.standing or self.standing[key][1] != trial.trial_id:
-                self.record_failure(key, lines[-1] if lines else "unknown error (no error file)", traceback,
+                self.record_failure(key, error_line(traceback), traceback,
                                     trial.trial_id, max(1, traceback.count("Failure # ")))  # one entry per try
         self.flush()
 
     def record_failure(self, key: str, error: str, traceback: str, tune_trial_id: str, attempts: int) -> None:
         self._add_trial({
-            "sweep": self.sweep, **self.trials[key], "trial_key": key, "status": FAILED, "error": error,
+            "sweep": self.sweep, **self.trials[key], "trial_key": key, "status": FAILED,
+            "error": " ".join(error.split())[:ERROR_CHARS],
             "error_traceback": traceback[-10000:], "tune_trial_id": tune_trial_id, "attempts": attempts,
             "epochs_done": self.epochs_done(key),
         })
@@ -222,6 +222,32 @@ class ParquetResults(Callback):
 
 def _keys(keys: Any) -> pa.Array:
     return pa.array(list(keys), type=pa.string())
+
+
+ERROR_CHARS = 2000  # a trial row's `error`: the whole message of the exception that ended it, as one line
+# the line that starts an exception's message in a traceback: `rpevit.data.DataError: ...`, `ValueError: ...`
+# (Ray's `ray.exceptions.RayTaskError(DataError): ray::ImplicitFunc.train() ...` too; continuation lines of a
+# message, `Tried https://...`, `<urlopen error ...>`, `); put mnist.npz ...`, do not match)
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?: \S")
+
+
+def trial_traceback(trial) -> str:
+    """Tune's error text of a failed trial (its error file), without terminal colours."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", _error_text(trial))
+
+
+def error_line(traceback: str) -> str:
+    """The error of a traceback as one line: the last exception's type and its WHOLE message (from its
+    first line to the end, whitespace joined), not the traceback's last line, which for a message of
+    several lines (a download error quoting the server's answers) was a fragment such as `); put
+    mnist.npz ...`. The traceback itself is kept whole in the row's error_traceback."""
+    lines = [line.rstrip() for line in traceback.strip().splitlines()]
+    if not any(line.strip() for line in lines):
+        return "unknown error (no error file)"
+    start = next((i for i in range(len(lines) - 1, -1, -1) if _EXCEPTION_LINE.match(lines[i])), None)
+    if start is None:  # no exception line: the last non-empty line, as before
+        return next(line.strip() for line in reversed(lines) if line.strip())
+    return " ".join(" ".join(lines[start:]).split())[:ERROR_CHARS]
 
 
 def _error_text(trial) -> str:
