@@ -20,6 +20,20 @@ computed anew. Every claim is labelled:
 
 The wording rule is the README's: every interval carries its n; an effect is claimed only where its
 interval at its Holm level excludes 0.
+
+Only published study folders are read (`published_folders`): the folders results/.gitignore re-includes
+(`!/<folder>/`: what git tracks under results/, so what a fresh clone holds) and those results/STUDIES lists.
+Within them: the report's studies (STUDIES), the validation studies (`*_val_*`), the declared ones (a
+`declaration.json`), the running declared ones (`in_progress/<study>/`, one line each, no verdict) and the
+sweeps one level below a published folder (`gpu_h100/<sweep>/`, `pilots/<sweep>/`). Any other folder under
+results/ is a user's own (README command 1 writes `results/smoke/`; a sweep of one's own `results/<name>/`):
+it is never read into generated text, whatever it holds (rows, a declaration.json, a `_val_` in its name), so
+running command 1 before the tests (command 2) leaves every generated text as committed. A results folder that
+holds neither file (one's own results folder, a test's) is read whole.
+
+A declared study that was redeclared (`sweep.py --redeclare`) says so, with when and what changed, wherever it
+appears: its section and table here, the README's block, results/README.md's declared-studies block
+(rpevit.analysis.confirmatory.redeclared_text).
 """
 from __future__ import annotations
 
@@ -39,14 +53,14 @@ import pandas as pd
 
 from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
 from rpevit.analysis import validation_choice
-from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features,
+from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_sweep, read_trials, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
 from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
 from rpevit.config import FIRST_DEFAULTS, TrialConfig, recorded_values
-from rpevit.sweep.declaration import DECLARATION_FILE
+from rpevit.sweep.declaration import DECLARATION_FILE, DeclarationError
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE
 
@@ -116,6 +130,7 @@ def exploratory(folders: Iterable[str], results_dir: Path) -> str:
     folders = sorted(set(folders))
     declared = [f for f in folders if (results_dir / f / DECLARATION_FILE).exists()]
     undeclared = [f for f in folders if f not in declared]
+    redeclared = [f for f in declared if confirmatory.declared_status(results_dir / f) != "declared"]
     parts = []
     if undeclared:
         parts.append(f"{', '.join(f'`{f}`' for f in undeclared)} declared no comparisons before "
@@ -123,6 +138,9 @@ def exploratory(folders: Iterable[str], results_dir: Path) -> str:
     if declared:
         parts.append(f"the declared comparisons of {', '.join(f'`{f}`' for f in declared)} are judged in \"Declared "
                      f"comparisons\" on their declared seeds; the figures here, over every row, are not")
+    if redeclared:
+        parts.append(f"{', '.join(f'`{f}`' for f in redeclared)} {'was' if len(redeclared) == 1 else 'were'} "
+                     f"redeclared (`sweep.py --redeclare`; when and what changed: \"Declared comparisons\")")
     parts += [f"in `{f}`, {STUDY_NOTES[f]}" for f in folders if f in STUDY_NOTES]
     return f"_Exploratory: {'; '.join(parts)}._"
 
@@ -320,13 +338,55 @@ def epochs_of(sources: Sources, dataset: str) -> str:
     return " / ".join(map(str, epochs)) + " epochs"
 
 
+# ---------------------------------------------------------------- which folders are published
+GITIGNORE = ".gitignore"
+REINCLUDED = re.compile(r"!/?(?P<name>[^/*?\[\]!#\\\s]+)/?")  # a `!/<folder>/` line of results/.gitignore
+
+
+def published_folders(results_dir: Path) -> set[str] | None:
+    """The folders directly under results_dir that the generated text may read (module docstring): the ones
+    results_dir/.gitignore re-includes (`!/<folder>/`, the committed studies; its `/*/` ignores every other)
+    and the ones results_dir/STUDIES lists. None where results_dir holds neither file: every folder is read."""
+    results_dir = Path(results_dir)
+    listed = listed_studies(results_dir)
+    path = results_dir / GITIGNORE
+    if not os.path.lexists(path):
+        return None if listed is None else set(listed)
+    if path.is_symlink() or not path.is_file():
+        raise AnswersError(f"{path} is not a regular file; allowed: the committed results/.gitignore")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, ValueError) as err:
+        raise AnswersError(f"{path} cannot be read ({' '.join(str(err).split())[:200]}); allowed: the committed "
+                           f"results/.gitignore") from err
+    found = {m["name"] for m in (REINCLUDED.fullmatch(line.strip()) for line in lines) if m}
+    return found | set(listed or ())
+
+
+def is_published(results_dir: Path, folder: Path) -> bool:
+    """Whether a sweep folder under results_dir (any depth) lies in a published folder (published_folders)."""
+    allowed = published_folders(results_dir)
+    return allowed is None or Path(folder).relative_to(results_dir).parts[0] in allowed
+
+
 # ---------------------------------------------------------------- sections
 def confirmatory_studies(results_dir: Path, *, running: bool = False) -> list[Path]:
-    """Every sweep folder under results_dir (any depth) whose study declared its comparisons: the published
-    ones, or with `running` those still running (results/in_progress/, rows so far, not published)."""
+    """Every published sweep folder under results_dir (any depth) whose study declared its comparisons: the
+    ones published as results, or with `running` those still running (results/in_progress/, rows so far, not
+    results yet). A folder of one's own with a declaration.json is not read (published_folders)."""
     found = sorted(p.parent for p in Path(results_dir).rglob(DECLARATION_FILE)
                    if p.is_file() and not p.is_symlink() and (p.parent / TRIALS_FILE).exists())
-    return [f for f in found if (f.relative_to(results_dir).parts[0] == IN_PROGRESS) == running]
+    return [f for f in found if (f.relative_to(results_dir).parts[0] == IN_PROGRESS) == running
+            and is_published(results_dir, f)]
+
+
+def status_of(folder: Path) -> str:
+    """'' for a study declared once before its first trial; else how it was redeclared, when and what
+    changed (confirmatory.redeclared_text, inert Markdown)."""
+    status = confirmatory.declared_status(folder)
+    if status.startswith("refused: "):  # a hand-edited declaration.json: one line, not a table
+        raise AnswersError(status.removeprefix("refused: "))
+    return "" if status == "declared" else status
 
 
 def running_lines(results_dir: Path) -> list[str]:
@@ -336,7 +396,8 @@ def running_lines(results_dir: Path) -> list[str]:
     for folder in confirmatory_studies(results_dir, running=True):
         decl, _, families, _ = confirmatory.judge(folder)
         items = sum(len(outcomes) for _, outcomes in families)
-        lines.append(f"- Running, declared before its first trial: {code_span(folder.relative_to(results_dir).as_posix())} "
+        status = status_of(folder) or "declared before its first trial"
+        lines.append(f"- Running, {status}: {code_span(folder.relative_to(results_dir).as_posix())} "
                      f"({confirmatory.question_text(decl)}; {items} judged items in {len(families)} families, "
                      f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete.")
     return lines
@@ -373,7 +434,10 @@ def declared_section(sources: Sources, detail: bool) -> list[str]:
         rel = folder.relative_to(sources.results_dir).as_posix()
         decl, _, families, _ = confirmatory.judge(folder)
         n = len(decl.seeds)
-        lines.append(f"- {code_span(rel)} (confirmatory): {confirmatory.question_text(decl)} Metric: "
+        status = status_of(folder)
+        label = "confirmatory" if not status else \
+            f"confirmatory over the rows that started after its last declaration; {status}"
+        lines.append(f"- {code_span(rel)} ({label}): {confirmatory.question_text(decl)} Metric: "
                      f"{confirmatory.METRIC_TEXT[decl.metric]}, in points; n = {n} declared seeds per cell; Holm "
                      f"within each declared family of k comparisons; each a − b at its Holm level:")
         lines += [family_line(name, outcomes, n) for name, outcomes in families]
@@ -465,8 +529,9 @@ def rotation_section(sources: Sources) -> list[str]:
 
 
 def validation_folders(results_dir: Path) -> list[Path]:
-    """The validation studies (a knob chosen on the validation split): folders named *_val_*."""
-    return sorted(p.parent for p in Path(results_dir).glob(f"*_val_*/{TRIALS_FILE}"))
+    """The published validation studies (a knob chosen on the validation split): folders named *_val_*."""
+    return sorted(p.parent for p in Path(results_dir).glob(f"*_val_*/{TRIALS_FILE}")
+                  if is_published(results_dir, p.parent))
 
 
 def validation_lines(folder: Path, short: bool = False) -> list[str]:
@@ -701,12 +766,13 @@ def declared_verdicts(sources: Sources, dataset: str, a: str, b: str) -> str:
         if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
             continue
         decl, _, families, _ = confirmatory.judge(folder)
+        redeclared = ", redeclared" if status_of(folder) else ""
         for name, outcomes in families:
             for o in outcomes:
                 if o.kind == "comparison" and (o.a_short, o.b_short) == (a, b) and o.metric == decl.metric:
                     verdict = (f"resolved, {o.holm.text()}" if o.resolved else
                                o.verdict(len(decl.seeds)).split(" (no verdict")[0])
-                    found.append(f"{code_span(folder.name)} ({name}): {verdict}")
+                    found.append(f"{code_span(folder.name)}{redeclared} ({name}): {verdict}")
     return "; ".join(found)
 
 
@@ -795,12 +861,13 @@ IN_PROGRESS = "in_progress"  # results/in_progress/<study>/: rows of studies sti
 
 
 def folder_rows(results_dir: Path) -> list[dict]:
-    """Per sweep folder under results_dir (and one level below): its current rows' ok / failed counts, rows set
-    aside, seeds, thread-hours in the trials and the commits the rows record. Studies still running
-    (results/in_progress/) are left out: their rows change at every stop and are not published."""
+    """Per published sweep folder under results_dir (and one level below): its current rows' ok / failed counts,
+    rows set aside, seeds, thread-hours in the trials and the commits the rows record. Studies still running
+    (results/in_progress/) are left out: their rows change at every stop and are not published; so is every
+    folder of one's own (published_folders: results/smoke/ of README command 1)."""
     out = []
     for path in sorted(results_dir.glob(f"*/{TRIALS_FILE}")) + sorted(results_dir.glob(f"*/*/{TRIALS_FILE}")):
-        if path.relative_to(results_dir).parts[0] == IN_PROGRESS:
+        if path.relative_to(results_dir).parts[0] == IN_PROGRESS or not is_published(results_dir, path.parent):
             continue
         frame = read_sweep(path, path.parent)
         if frame is None or frame.empty:
@@ -821,16 +888,30 @@ def declared_studies_block(sources: Sources) -> str:
     which did not (exploratory), from the declaration.json files, so the sentence cannot go stale."""
     def names(folders: list[Path]) -> str:
         return ", ".join(code_span(f.relative_to(sources.results_dir).as_posix()) for f in folders)
+
+    def redeclared(folders: list[Path]) -> str:
+        return "; ".join(f"{names([f])} ({status_of(f)})" for f in folders)
     published = confirmatory_studies(sources.results_dir)
     running = confirmatory_studies(sources.results_dir, running=True)
+    once = [f for f in published if not status_of(f)]
+    again = [f for f in published if status_of(f)]
     text = ("Declared its comparisons before it ran, so confirmatory over exactly those (its `confirmatory.md`, "
-            f"written by `python analysis/confirmatory.py results/<folder>`): {names(published)}. Every other study "
-            "here declared none (`rpevit/sweep/declaration.py`), so every claim from it is exploratory."
-            if published else "None of the studies here declared its comparisons before it ran "
-            "(`rpevit/sweep/declaration.py`), so every claim from them is exploratory.")
+            f"written by `python analysis/confirmatory.py results/<folder>`): {names(once)}." if once else "")
+    if again:
+        text += (f"{' ' if text else ''}Declared, then redeclared, so confirmatory only over the rows that started after "
+                 f"its last declaration (every earlier row is exploratory; its `confirmatory.md` says what changed): "
+                 f"{redeclared(again)}.")
+    text += (" Every other study here declared none (`rpevit/sweep/declaration.py`), so every claim from it is "
+             "exploratory." if published else "None of the studies here declared its comparisons before it ran "
+             "(`rpevit/sweep/declaration.py`), so every claim from them is exploratory.")
     if running:
-        text += (f" Running, declared before its first trial (rows so far, judged once complete and published): "
-                 f"{names(running)}.")
+        first = [f for f in running if not status_of(f)]
+        later = [f for f in running if status_of(f)]
+        if first:
+            text += (f" Running, declared before its first trial (rows so far, judged once complete and published): "
+                     f"{names(first)}.")
+        if later:
+            text += f" Running, redeclared (rows so far, judged once complete and published): {redeclared(later)}."
     return text
 
 
@@ -1076,8 +1157,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with one_read_per_folder():  # each folder's rows read once for every block
             expected = expected_texts(args.results_dir)
-    except (AnswersError, GeneratedTextError) as err:
-        raise SystemExit(f"error: {err}") from None
+    except (AnswersError, GeneratedTextError, DeclarationError) as err:
+        raise SystemExit(f"error: {' '.join(str(err).split())}") from None
     root = args.results_dir.resolve().parent
     if args.check:
         messages = stale(expected, root) + provenance_mismatches(args.results_dir)
@@ -1093,4 +1174,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 __all__ = ["BLOCKS", "COMMAND", "AnswersError", "Sources", "answers_file", "confirmatory_studies", "declared_section",
-           "expected_texts", "main", "provenance_mismatches", "readme_block"]
+           "expected_texts", "is_published", "main", "provenance_mismatches", "published_folders", "readme_block"]

@@ -11,6 +11,12 @@ declared family size, fixed in advance); it is "resolved" only where that interv
 gets no verdict at all until both cells hold every declared seed ("incomplete": a comparison read
 before its n is reached would be a second look). Every other figure any script prints about the study
 is exploratory, and this file says how many rows it set aside and why. Writes confirmatory.md.
+
+A study whose declaration was recorded with `sweep.py --redeclare` (a changed declaration, or a first one
+recorded after trials had begun) says so in every text written from it (`redeclared_text`: when, and what
+changed: seeds added, alpha, metric, families), and every row it uses started after the declaration in
+force; a resumed row is set aside too, since its earlier epochs may predate it. A declaration.json edited
+by hand (its sha256 no longer its declaration's digest) is refused in one line (declaration.read_record).
 """
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ import pandas as pd
 
 from rpevit.analysis import stats
 from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, md_text, read_trials
-from rpevit.sweep.declaration import (DECLARATION_FILE, Declaration, DeclarationError, Family, Pair, Trend, cell_of,
-                                      read_record)
+from rpevit.sweep.declaration import (AFTER_TRIALS, DECLARATION_FILE, Declaration, DeclarationError, Family, Pair,
+                                      Trend, cell_of, read_record, redeclarations, utc_text)
 from rpevit.sweep.results import unix_seconds
 
 METRIC_TEXT = {"judged": "judged accuracy (mean over fresh draws for random-feature models, test_acc otherwise)",
@@ -106,6 +112,20 @@ class Outcome:
         if self.kind == "trend":
             return f"resolved: the gap {'rises' if up else 'falls'} from the shorter budget to the longer"
         return f"resolved: {self.a} {'higher' if up else 'lower'}"
+
+
+def redeclared_text(record: dict[str, Any]) -> str:
+    """'' for a study declared once, before its first trial; otherwise one Markdown phrase saying it was
+    redeclared, when, and what each redeclaration changed (names from the file made inert): 'redeclared
+    with `sweep.py --redeclare`: first declared 2026-11-26T11:11:48Z; 2026-11-27T09:00:00Z: seeds 0, 1, 2 →
+    0, 1, 2, 3, 4 (added 3, 4)'."""
+    found = redeclarations(record)
+    if not found:
+        return ""
+    first = record["declarations"][0]
+    steps = [] if first.get(AFTER_TRIALS) else [f"first declared {utc_text(first['recorded_at'])}"]
+    steps += [f"{utc_text(at)}: {', '.join(what)}" for at, what in found]
+    return f"redeclared with `sweep.py --redeclare`: {md_text('; '.join(steps))}"
 
 
 def side_label(side: dict[str, Any]) -> str:
@@ -252,7 +272,7 @@ def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[st
     entry = record["declarations"][-1]
     decl: Declaration = entry["parsed"]
     frame = read_trials(results_dir, ["train"]).frame
-    redeclared = len(record["declarations"]) > 1
+    redeclared = bool(redeclarations(record))
     rows, set_aside = usable_rows(frame, decl, entry["recorded_at"], redeclared) if not frame.empty else (frame, {})
     rows = rows.reset_index(drop=True)
     families = []
@@ -290,8 +310,14 @@ def build(results_dir: Path) -> str:
     decl, entry, families, set_aside = judge(results_dir)
     n = len(decl.seeds)
     kinds = list(dict.fromkeys(f.kind for f in decl.families))
-    lines = [f"Declared {entry.get('recorded_at_utc', '')} (declaration.json, sha256 {entry['sha256'][:12]}), before "
-             f"the rows used here started."]
+    record = read_record(results_dir)
+    redeclared = redeclared_text(record)
+    since = utc_text(entry["recorded_at"])
+    lines = [f"Declared {since} (declaration.json, sha256 {entry['sha256'][:12]}), before the rows used here started."
+             if not redeclared else
+             f"**Redeclared.** The study was {redeclared}. The declaration in force (declaration.json, sha256 "
+             f"{entry['sha256'][:12]}) was recorded {since}; only rows that started after it, and were not resumed "
+             f"from an earlier start, are used here, and every earlier row is exploratory."]
     if decl.question:
         lines.append(f"Question: {question_text(decl)}")
     metrics = list(dict.fromkeys(m for f in decl.families for m in f.metrics(decl.metric)))
@@ -311,18 +337,41 @@ def build(results_dir: Path) -> str:
     return "\n".join(lines)
 
 
+def declared_status(folder: Path) -> str:
+    """'declared': declared once, before its first trial; 'redeclared: …' (redeclared_text); 'refused: …'
+    where its declaration.json cannot be used (the one-line reason); '' where it holds none."""
+    try:
+        record = read_record(folder)
+    except DeclarationError as err:
+        return f"refused: {md_text(' '.join(str(err).split()))}"
+    if record is None:
+        return ""
+    redeclared = redeclared_text(record)
+    return redeclared or "declared"
+
+
 def exploratory_note(folders: Sequence[Path]) -> str:
     """One Markdown line for a report over these sweep folders: which declared their comparisons before they
-    ran (only those comparisons are confirmatory) and that every other verdict is exploratory."""
-    declared = sorted(Path(f).name for f in folders if os.path.lexists(Path(f) / DECLARATION_FILE))
-    if not declared:
+    ran (only those comparisons are confirmatory), which were redeclared (when and what changed), and that
+    every other verdict is exploratory."""
+    status = {md_text(Path(f).name): declared_status(Path(f)) for f in folders
+              if os.path.lexists(Path(f) / DECLARATION_FILE)}
+    declared = sorted(name for name, s in status.items() if s == "declared")
+    redeclared = [f"{name} ({s})" for name, s in sorted(status.items()) if s.startswith("redeclared")]
+    refused = [f"{name} ({s})" for name, s in sorted(status.items()) if s.startswith("refused")]
+    if not status:
         return ("_Exploratory: no study in this report declared its comparisons before it ran (no folder holds a "
                 f"{DECLARATION_FILE}), so every verdict below describes these rows under Holm families chosen after "
                 "the data were seen. A study that declares them (a `declare:` block in its space) gets its "
                 "confirmatory table from `python analysis/confirmatory.py FOLDER`._")
-    return (f"_Declared before their runs: {', '.join(declared)}; only their declared comparisons are confirmatory "
-            f"(`confirmatory.md` in each, `python analysis/confirmatory.py FOLDER`). Every verdict below is "
-            f"exploratory: it describes these rows under Holm families chosen after the data were seen._")
+    parts = [f"Declared before their runs: {', '.join(declared)}" if declared else "", "; ".join(redeclared)]
+    later = "; a redeclared study's over the rows that started after its last declaration" if redeclared else ""
+    head = (f"{'; '.join(p for p in parts if p)}; only their declared comparisons are confirmatory (`confirmatory.md` "
+            f"in each, `python analysis/confirmatory.py FOLDER`{later}). " if declared or redeclared else "")
+    tail = (f"A declaration.json that cannot be used makes nothing of its study confirmatory: {'; '.join(refused)}. "
+            if refused else "")
+    return (f"_{head}{tail}Every verdict below is exploratory: it describes these rows under Holm families chosen "
+            f"after the data were seen._")
 
 
 def main() -> None:
@@ -338,4 +387,4 @@ def main() -> None:
                 "declared comparisons", text)
 
 
-__all__ = ["Outcome", "build", "exploratory_note", "judge", "main"]
+__all__ = ["Outcome", "build", "declared_status", "exploratory_note", "judge", "main", "redeclared_text"]

@@ -9,6 +9,17 @@ that changes once rows exist is refused unless `sweep.py --redeclare` is given, 
 one beside the old: rows that started before it are then exploratory for every comparison. This is
 what makes seeds added after a look, or a metric picked after the fact, visible by construction.
 
+"Once rows exist" means once any trial of the sweep began (`trials_began`): a trial row, an epoch row, or a
+trial folder (`trials/<key>/`: its log and checkpoints), so trials killed before the block was added (epoch
+rows and checkpoints, no trial row yet) make it a redeclaration too. A declaration recorded with
+`--redeclare` (a change, or a first one after trials began; `after_trials_began` in its entry) is a
+redeclaration: the analysis says so, with what changed and when (`redeclarations`), in every text it writes.
+
+declaration.json is checked whenever it is read (`read_record`): each entry's sha256 must be the digest of
+the declaration it records and its recorded_at_utc the time of its recorded_at, so a hand edit (a raised
+alpha, a dropped seed, a moved time) is refused in one line, not judged. Edit the space's `declare:` block and
+run with `--redeclare` instead: that change is recorded, and shown.
+
     declare:
       question: Does the Luo RPE close the softmax / FAVOR+ gap?     # optional, one line
       metric: judged            # judged (draw mean for random-feature rows, else test_acc) | test_acc
@@ -43,8 +54,10 @@ is unchanged, so its study resumes without --redeclare.
 """
 from __future__ import annotations
 
+import calendar
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -327,9 +340,82 @@ def _check_side(trials: Sequence[dict[str, Any]], side: Side, fixed: dict[str, A
 
 
 # ---------------------------------------------------------------- the record in the sweep folder
+UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+UTC_SLACK_S = 2.0  # records before this check took recorded_at_utc from a second clock read, just after recorded_at
+ENTRY_KEYS = ("sha256", "recorded_at", "recorded_at_utc", "declaration", "after_trials_began")
+PARTS_DIR = "parts"  # rpevit.sweep.store.PARTS_DIR (not imported: store imports space, through protocol, and space imports this module)
+TRIAL_FOLDERS = "trials"  # <sweep>/trials/<trial_key>/: a trial's log.txt and checkpoints
+AFTER_TRIALS = "after_trials_began"  # in an entry recorded (with --redeclare) once trials of the sweep had begun
+
+
+def utc_text(seconds: float) -> str:
+    """'2026-11-26T11:11:48Z'."""
+    return time.strftime(UTC_FORMAT, time.gmtime(seconds))
+
+
+def trials_began(out_dir: str | os.PathLike) -> list[str]:
+    """What in a sweep folder shows that trials of it began (empty: none did): trial rows (trials.parquet),
+    epoch rows (epochs.parquet: a trial killed before its row was written leaves them), rows in parts/ (the
+    store's flushes, before compaction), and trial folders under trials/ (each trial's log.txt and
+    checkpoints, made as it starts). The driver records a declaration without --redeclare only where this is
+    empty."""
+    from rpevit.sweep.results import EPOCHS_FILE, TRIALS_FILE
+
+    out_dir = Path(out_dir)
+    found = [f"{what} ({name})" for name, what in ((TRIALS_FILE, "trial rows"), (EPOCHS_FILE, "epoch rows"))
+             if os.path.lexists(out_dir / name)]
+    for folder, what in ((PARTS_DIR, "row part(s) under parts/"), (TRIAL_FOLDERS, "trial folder(s) under trials/ "
+                                                                                 "(logs, checkpoints)")):
+        try:
+            with os.scandir(out_dir / folder) as entries:
+                count = sum(1 for _ in entries)
+        except (FileNotFoundError, NotADirectoryError):
+            count = 0
+        if count:
+            found.append(f"{count} {what}")
+    return found
+
+
+def _entry(value: Any, i: int, path: Path, previous_at: float) -> dict[str, Any]:
+    """One entry of declaration.json, checked: its declaration re-validated, its sha256 that declaration's
+    digest, its times consistent and in order. One line naming the field, the value and what is allowed."""
+    where = f"{path}: declarations[{i}]"
+    restore = ("allowed: the file the driver wrote (restore it from git; to change a declaration, edit the space's "
+               "declare: block and run sweep.py --redeclare, which records the change and shows it)")
+    required = {"sha256", "recorded_at", "declaration"}
+    if not isinstance(value, dict) or set(value) - set(ENTRY_KEYS) or not required <= set(value):
+        shown = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise DeclarationError(f"{where} has keys {shown!r}; allowed: sha256, recorded_at, declaration, optionally "
+                               f"recorded_at_utc and {AFTER_TRIALS} (the entry the driver wrote)")
+    entry = dict(value)
+    entry["parsed"] = parse(entry["declaration"], f"{where}.declaration")
+    digest = entry["parsed"].digest()
+    if entry["sha256"] != digest:
+        raise DeclarationError(f"{where}.sha256 has value {str(entry['sha256'])[:80]!r}, but the declaration it records "
+                               f"hashes to {digest!r}: the file was edited after the driver wrote it; {restore}")
+    at = entry["recorded_at"]
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at <= 0 or at < previous_at:
+        raise DeclarationError(f"{where}.recorded_at has value {at!r}; allowed: Unix seconds, not before the entry "
+                               f"above it; {restore}")
+    entry["recorded_at"] = float(at)
+    utc = entry.get("recorded_at_utc")
+    if utc is not None:
+        try:
+            stamp = calendar.timegm(time.strptime(utc, UTC_FORMAT)) if isinstance(utc, str) else math.nan
+        except ValueError:
+            stamp = math.nan
+        if not abs(stamp - at) <= UTC_SLACK_S:
+            raise DeclarationError(f"{where}.recorded_at_utc has value {str(utc)[:40]!r}; allowed: the time of its "
+                                   f"recorded_at, {utc_text(at)!r}; {restore}")
+    if not isinstance(entry.get(AFTER_TRIALS, False), bool):
+        raise DeclarationError(f"{where}.{AFTER_TRIALS} has value {entry[AFTER_TRIALS]!r}; allowed: true or false")
+    return entry
+
+
 def read_record(out_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """declaration.json of a sweep folder (None: none). Untrusted: parsed as JSON, its declaration
-    re-validated; a damaged file is an error naming it."""
+    """declaration.json of a sweep folder (None: none). Untrusted: parsed as JSON, and each entry checked
+    (`_entry`: its declaration re-validated, its stored sha256 that declaration's digest, its times
+    consistent), so a hand-edited file is an error naming the field, not a declaration."""
     path = Path(out_dir) / DECLARATION_FILE
     if not os.path.lexists(path):
         return None
@@ -337,46 +423,109 @@ def read_record(out_dir: str | os.PathLike) -> dict[str, Any] | None:
         raise DeclarationError(f"{path} is not a regular file; allowed: the file the driver wrote")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        entries = record["declarations"]
-        for entry in entries:
-            entry["parsed"] = Declaration.from_dict(entry["declaration"])
-            entry["recorded_at"] = float(entry["recorded_at"])
-    except (ValueError, KeyError, TypeError) as err:
+    except (OSError, ValueError) as err:
         raise DeclarationError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
                                f"allowed: the file the driver wrote (restore it from git)") from err
+    if not isinstance(record, dict) or set(record) != {"declarations"} or not isinstance(record["declarations"], list):
+        shown = str(sorted(record) if isinstance(record, dict) else record)[:80]
+        raise DeclarationError(f"{path} holds {type(record).__name__} {shown}; allowed: the file the driver wrote, "
+                               f"{{\"declarations\": [...]}} (restore it from git)")
+    entries, previous_at = [], 0.0
+    for i, value in enumerate(record["declarations"]):
+        entries.append(_entry(value, i, path, previous_at))
+        previous_at = entries[-1]["recorded_at"]
     if not entries:
         raise DeclarationError(f"{path} holds no declaration; allowed: the file the driver wrote")
-    return record
+    return {"declarations": entries}
 
 
-def record(out_dir: Path, decl: Declaration | None, *, rows_exist: bool, redeclare: bool) -> str | None:
-    """Record the space's declaration in the sweep folder before any trial of this run starts. Returns a
-    line for the driver to print (None when nothing changed)."""
+def changes(old: Declaration, new: Declaration) -> list[str]:
+    """What a redeclaration changed, one plain phrase each (names come from a file: escape them before Markdown):
+    'seeds 0, 1, 2 → 0, 1, 2, 3, 4 (added 3, 4)', 'alpha 0.05 → 0.1', "family 'gap': its comparisons changed"."""
+    out = []
+    if old.question != new.question:
+        out.append("question changed")
+    if old.metric != new.metric:
+        out.append(f"metric {old.metric} → {new.metric}")
+    if old.seeds != new.seeds:
+        added = [s for s in new.seeds if s not in old.seeds]
+        removed = [s for s in old.seeds if s not in new.seeds]
+        moved = "; ".join(part for part in (f"added {_ints(added)}" if added else "",
+                                            f"removed {_ints(removed)}" if removed else "") if part)
+        out.append(f"seeds {_ints(old.seeds)} → {_ints(new.seeds)}" + (f" ({moved})" if moved else " (reordered)"))
+    if old.alpha != new.alpha:
+        out.append(f"alpha {old.alpha:g} → {new.alpha:g}")
+    before = {f.name: f.to_dict() for f in old.families}
+    after = {f.name: f.to_dict() for f in new.families}
+    out += [f"family {name!r} added" for name in after if name not in before]
+    out += [f"family {name!r} removed" for name in before if name not in after]
+    for name in (n for n in after if n in before and after[n] != before[n]):
+        keys = [k for k in dict.fromkeys([*before[name], *after[name]]) if before[name].get(k) != after[name].get(k)]
+        out.append(f"family {name!r}: its {', '.join(keys)} changed")
+    if not out and [f.name for f in old.families] != [f.name for f in new.families]:
+        out.append("families reordered")
+    return out or ["the declaration changed"]
+
+
+def _ints(values: Sequence[int]) -> str:
+    return ", ".join(map(str, values))
+
+
+def redeclarations(record: dict[str, Any]) -> list[tuple[float, list[str]]]:
+    """Each time a declaration was recorded with --redeclare, and what it changed (plain phrases, as
+    `changes`): an entry after the first, or a first one recorded once trials of the sweep had begun. Empty
+    for a study declared once before its first trial."""
+    out = []
+    entries = record["declarations"]
+    for i, entry in enumerate(entries):
+        what = changes(entries[i - 1]["parsed"], entry["parsed"]) if i else []
+        if entry.get(AFTER_TRIALS):
+            what.append("declared after trials of the sweep had begun" if i == 0 else
+                        "recorded after trials of the sweep had begun")
+        if what:
+            out.append((entry["recorded_at"], what))
+    return out
+
+
+def record(out_dir: Path, decl: Declaration | None, *, rows_exist: bool | Sequence[str], redeclare: bool) -> str | None:
+    """Record the space's declaration in the sweep folder before any trial of this run starts. `rows_exist`:
+    whether trials of the sweep began (truthy), as `trials_began` finds them (a list of what it found, named
+    in the refusal). Returns a line for the driver to print (None when nothing changed)."""
     if decl is None:
         return None
     path = out_dir / DECLARATION_FILE
     old = read_record(out_dir)
-    entry = {"sha256": decl.digest(), "recorded_at": time.time(),
-             "recorded_at_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "declaration": decl.to_dict()}
+    now = time.time()
+    entry = {"sha256": decl.digest(), "recorded_at": now, "recorded_at_utc": utc_text(now),
+             "declaration": decl.to_dict()}
     if old is not None and old["declarations"][-1]["sha256"] == entry["sha256"]:
         return None
+    found = f" (found: {'; '.join(rows_exist)})" if rows_exist and not isinstance(rows_exist, bool) else ""
     if old is not None or rows_exist:
         if not redeclare:
-            what = "changed" if old is not None else "was added"
+            what = (f"changed after trials of this sweep ran{found}" if old is not None and rows_exist else
+                    f"changed after it was recorded ({DECLARATION_FILE}, "
+                    f"{utc_text(old['declarations'][-1]['recorded_at'])})" if old is not None else
+                    f"was added after trials of this sweep ran{found}")
             raise DeclarationError(
-                f"{out_dir}: the space's declare block {what} after trials of this sweep ran; allowed: the "
-                f"declaration recorded before the runs ({DECLARATION_FILE}), or --redeclare to record this one, "
-                f"which makes every row that started before it exploratory")
+                f"{out_dir}: the space's declare block {what}; allowed: the declaration recorded before the runs "
+                f"({DECLARATION_FILE}), or --redeclare to record this one, which makes every row that started before "
+                f"it exploratory and is shown, with what changed and when, wherever the study is reported")
+    if rows_exist:
+        entry[AFTER_TRIALS] = True
     entries = [] if old is None else [{k: v for k, v in e.items() if k != "parsed"} for e in old["declarations"]]
     entries.append(entry)
     from rpevit.sweep.results import atomic_file  # the one no-follow atomic writer of results files
 
     with atomic_file(path) as handle:
         handle.write(json.dumps({"declarations": entries}, indent=1).encode("utf-8"))
-    return (f"declared comparisons recorded in {path} ({sum(len(f.comparisons) for f in decl.families)} comparison(s) "
-            f"in {len(decl.families)} famil{'y' if len(decl.families) == 1 else 'ies'}, metric {decl.metric}, seeds "
-            f"{', '.join(map(str, decl.seeds))})" + ("; rows that started before it are exploratory" if old else ""))
+    items = sum(f.size for f in decl.families)
+    return (f"declared comparisons recorded in {path} ({items} item(s) in {len(decl.families)} "
+            f"famil{'y' if len(decl.families) == 1 else 'ies'}, metric {decl.metric}, seeds "
+            f"{', '.join(map(str, decl.seeds))})"
+            + ("; a redeclaration: rows that started before it are exploratory" if old or rows_exist else ""))
 
 
-__all__ = ["DECLARATION_FILE", "Declaration", "DeclarationError", "Family", "Pair", "Side", "Trend",
-           "check_against_space", "family_levels", "parse", "read_record", "record"]
+__all__ = ["AFTER_TRIALS", "DECLARATION_FILE", "Declaration", "DeclarationError", "Family", "Pair", "Side", "Trend",
+           "changes", "check_against_space", "family_levels", "parse", "read_record", "record", "redeclarations",
+           "trials_began", "utc_text"]

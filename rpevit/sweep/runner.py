@@ -29,8 +29,8 @@ from rpevit.sweep.launch_plan import nothing_fits
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import plan_sweep, write_space_file
-from rpevit.sweep.results import TRIALS_FILE, DamagedResults
-from rpevit.sweep.store import compact, holds_rows
+from rpevit.sweep.results import DamagedResults
+from rpevit.sweep.store import compact
 from rpevit.sweep.space import Space, check_name
 from rpevit.sweep.summary import SweepOutcome, summarize
 
@@ -71,7 +71,7 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         compact_left_over(out_dir, space)
         write_space_file(out_dir, space)
         declared = declaration.record(out_dir, space.declaration, redeclare=opts.redeclare,
-                                      rows_exist=holds_rows(out_dir, TRIALS_FILE))
+                                      rows_exist=declaration.trials_began(out_dir))  # epoch rows, checkpoints too
         if declared:
             print(declared, flush=True)
         print(f"sweep {space.name!r}: {len(space.trials)} trials, {len(space.trials) - len(plan.pending)} already "
