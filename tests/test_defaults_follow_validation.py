@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from rpevit.analysis.answers import is_published, validation_folders
 from rpevit.analysis.validation_choice import JOINT, chosen_for_every_variant
 from rpevit.config import FIRST_DEFAULTS, TrialConfig, recorded_values
 from rpevit.data import DATASET_SPECS
@@ -36,7 +37,7 @@ def default_values(dataset: str, knob: tuple[str, ...]) -> tuple:
 
 def published_choices() -> dict[tuple[str, tuple[str, ...]], tuple[str, tuple]]:
     found = {}
-    for folder in sorted(RESULTS.glob("*_val_*")):
+    for folder in validation_folders(RESULTS):  # the published ones: a folder of one's own named *_val_* is not
         chosen = chosen_for_every_variant(folder)
         if chosen is not None:
             dataset, knob, value = chosen
@@ -89,7 +90,8 @@ def test_a_row_written_before_a_field_existed_resolves_to_what_its_code_ran():
 
 @pytest.mark.parametrize("folder", sorted(p.parent.relative_to(RESULTS).as_posix() for p in RESULTS.glob("**/space.json")
                                           if not p.parent.relative_to(RESULTS).parts[0] in ("gpu_h100", "gpu_h200",
-                                                                                            "pilots")))
+                                                                                            "pilots")
+                                          and is_published(RESULTS, p.parent)))  # not a sweep of one's own
 def test_every_committed_study_space_still_expands_to_the_keys_it_ran(folder):
     """A moved default must not change what a committed study's space file means: each still expands to the
     trial keys its rows were stored under. (Left out: GPU leases and pilots, run with --set/--only
