@@ -146,6 +146,17 @@ def test_a_raised_alpha_is_refused_by_the_analysis_and_by_resume(tmp_path):
     assert "Declared before their runs" not in note
 
 
+def test_the_answers_stop_in_one_line_on_a_hand_edited_declaration(tmp_path):
+    folder = declared_study(tmp_path / "results" / "headline")
+    edit(folder, lambda e: e["declaration"].update(alpha=0.45))
+    with pytest.raises(SystemExit) as err:
+        answers.main([str(tmp_path / "results"), "--check"])
+    assert str(err.value).startswith("error: ") and "declarations[0].sha256 has value" in str(err.value)
+    assert "\n" not in str(err.value)
+    with pytest.raises(answers.AnswersError, match="sha256 has value"):
+        answers.exploratory(["headline"], tmp_path / "results")
+
+
 @pytest.mark.parametrize("change, match", [
     (lambda e: e.update(recorded_at=e["recorded_at"] - 3600), r"recorded_at_utc has value '.*'; allowed: the time of "
                                                               r"its recorded_at"),

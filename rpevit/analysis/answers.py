@@ -130,7 +130,7 @@ def exploratory(folders: Iterable[str], results_dir: Path) -> str:
     folders = sorted(set(folders))
     declared = [f for f in folders if (results_dir / f / DECLARATION_FILE).exists()]
     undeclared = [f for f in folders if f not in declared]
-    redeclared = [f for f in declared if confirmatory.declared_status(results_dir / f) != "declared"]
+    redeclared = [f for f in declared if status_of(results_dir / f)]
     parts = []
     if undeclared:
         parts.append(f"{', '.join(f'`{f}`' for f in undeclared)} declared no comparisons before "
