@@ -260,3 +260,16 @@ def test_a_trend_is_paired_by_seed_and_needs_every_rung_of_a_seed(tmp_path):
     ape = dict(families)["trend (epochs 5 → 10)"][0]
     assert not ape.complete and ape.verdict(3) == ("incomplete: 2 of the 3 declared seeds with every rung (no verdict "
                                                    "before n is reached)")
+
+
+def test_a_family_with_a_secondary_metric_gets_both_verdicts_side_by_side(tmp_path):
+    (_, _, families, _), folder = judged_ladder(tmp_path, ladder_rows(time.time() + 10))
+    text = confirmatory.build(folder)
+    assert "### narrowing (epochs = 5): both declared metrics side by side" in text
+    assert ("| item | judged accuracy: at its Holm level | judged accuracy: verdict | training draw (test_acc): at its "
+            "Holm level | training draw (test_acc): verdict | judged accuracy − training draw (test_acc) (point) |") in text
+    # favor's training draw is 2 points above its fresh-draw mean in every cell: the contrast is the same on both
+    # metrics, so the difference of the two estimates is 0 (a gap alone would differ by the 2-point penalty)
+    row = next(line for line in text.splitlines() if line.startswith("| (softmax+ape − favor+ape) − (softmax+rope"))
+    assert row.endswith("| 0 |")
+    assert text.count("the fresh-draw penalty") >= 3  # the header and one sentence per side-by-side table

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -78,6 +78,7 @@ class Outcome:
     kind: str = "comparison"
     metric: str = "judged"
     counts: tuple[int, ...] = ()  # seeds found per cell (per seed-with-every-cell for a trend)
+    where: str = ""  # the family's name with its for_each value (and trend), without the metric
 
     @property
     def resolved(self) -> bool:
@@ -279,11 +280,25 @@ def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[st
     for fam in decl.families:
         for level in levels_of(frame, fam):
             fixed = {fam.for_each: level} if fam.for_each else {}
+            where = family_title(replace(fam, secondary_metric=None), level, decl.metric, decl.metric)
             for metric in fam.metrics(decl.metric):
                 values = metric_values(rows, metric) if not rows.empty else pd.Series(dtype=float)
                 families.append((family_title(fam, level, metric, decl.metric),
-                                 judge_family(rows, values, fam, fixed, decl, metric)))
+                                 [replace(o, where=where) for o in judge_family(rows, values, fam, fixed, decl, metric)]))
     return decl, entry, families, set_aside
+
+
+def side_by_side(primary: list[Outcome], secondary: list[Outcome], n: int) -> str:
+    """One family's items on its two metrics in one table: each at its Holm level with its verdict, and the
+    difference of the two point estimates (for a softmax − random-feature gap: the fresh-draw penalty)."""
+    rows = []
+    for p, q in zip(primary, secondary):
+        diff = p.holm.point - q.holm.point if p.complete and q.complete else math.nan
+        rows.append([p.label, p.holm.text() if p.complete else "—", p.verdict(n),
+                     q.holm.text() if q.complete else "—", q.verdict(n), fmt(diff, 3)])
+    first, second = (METRIC_SHORT[o[0].metric] if o else "" for o in (primary, secondary))
+    return markdown_table(["item", f"{first}: at its Holm level", f"{first}: verdict", f"{second}: at its Holm level",
+                           f"{second}: verdict", f"{first} − {second} (point)"], rows)
 
 
 def outcome_row(o: Outcome, n: int) -> list[str]:
@@ -331,8 +346,12 @@ def build(results_dir: Path) -> str:
               f"An item is resolved only where its interval at its Holm level excludes 0.",
               "- Rows set aside: " + (", ".join(f"{v} ({k})" for k, v in set_aside.items() if v) or "none") + ".",
               "- Everything else reported about this study is exploratory.", ""]
-    for name, outcomes in families:
+    for i, (name, outcomes) in enumerate(families):
         kind = outcomes[0].kind if outcomes else "comparison"
+        later = families[i + 1][1] if i + 1 < len(families) else []
+        if outcomes and later and later[0].where == outcomes[0].where and later[0].metric != outcomes[0].metric:
+            lines += [f"### {outcomes[0].where}: both declared metrics side by side", "",
+                      side_by_side(outcomes, later, n), "", PENALTY_SENTENCE, ""]
         lines += [f"### {name}", "", markdown_table(HEADERS[kind], [outcome_row(o, n) for o in outcomes]), ""]
     return "\n".join(lines)
 
