@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_options(args: argparse.Namespace, space: Space) -> None:
     """What the space alone cannot know, checked before the dry run prints its table."""
-    space.resources.with_overrides(args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent, space.source)
+    resources = space.resources.with_overrides(args.cpus_per_trial, args.gpus_per_trial, args.max_concurrent,
+                                               space.source)
     check_results_dir(args.results_dir, space.name)
     for chosen in ([args.data_dir] if args.data_dir is not None else []) + [t["data_dir"] for t in space.trials]:
         if "\0" in chosen:
@@ -100,6 +101,9 @@ def check_options(args: argparse.Namespace, space: Space) -> None:
                               f"--data-dir out")
     check_address(args.address)  # its form (auto, host:port); whether a head answers: when Ray starts
     local = is_local(args)
+    refusal = dry_run.cpu_refusal(resources, local)  # a trial bigger than this machine: before Ray starts, not after
+    if refusal and not args.dry_run:  # a dry run says it among its lines (dry_run.describe)
+        raise ConfigError(refusal)
     if local and not args.dry_run:  # a dry run says it (dry_run.data_lines)
         dry_run.check_data(space, args.data_dir)  # a file a trial would refuse: refused before anything starts
         dry_run.fetch_missing(space, args.data_dir)  # a missing file: fetched once here, or one line if it cannot be

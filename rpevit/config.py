@@ -34,6 +34,18 @@ class ConfigError(ValueError):
     """A trial config that cannot run; the message names field, value and allowed values."""
 
 
+def did_you_mean(name: Any, candidates: "typing.Iterable[str]") -> str:
+    """' did you mean 'epochs'?' for a key close to one of the candidates (difflib's ratio >= 0.6; the
+    closest, and any others as close as it within 0.1, at most 3), else '': a typo of one field is
+    answered with the field, not only with a list of every field there is (issue 59, item 7)."""
+    import difflib
+
+    ratio = lambda c: difflib.SequenceMatcher(None, str(name), c).ratio()  # noqa: E731
+    close = [(ratio(c), c) for c in difflib.get_close_matches(str(name), list(candidates), n=3, cutoff=0.6)]
+    close = [c for r, c in close if r >= close[0][0] - 0.1] if close else []
+    return f" did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
 def field_error(source: str, name: str, value: Any, allowed: str) -> ConfigError:
     """The one-line refusal of a field's value: where, the field, the value, what is allowed."""
     return ConfigError(f"{source}: field {name!r} has value {value!r}; allowed: {allowed}")
@@ -219,7 +231,9 @@ class _TrialConfigMethods:
         types = field_types()
         unknown = sorted(set(values) - set(types))
         if unknown:
-            raise ConfigError(f"{source}: unknown field(s) {unknown}; allowed fields: {', '.join(sorted(types))}")
+            hint = did_you_mean(unknown[0], types) if len(unknown) == 1 else ""
+            raise ConfigError(f"{source}: unknown field(s) {unknown};{hint} allowed fields: "
+                              f"{', '.join(sorted(types))}")
         cfg = cls(**{k: _coerce(k, v, types[k], source) for k, v in values.items()})
         cfg.validate(source=source)
         return cfg

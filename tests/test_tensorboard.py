@@ -15,7 +15,7 @@ from rpevit.config import TrialConfig
 from rpevit.sweep import trainable
 from rpevit.sweep.protocol import EPOCH, SUMMARY, Member, TrialSpec
 from rpevit.sweep.results import TENSORBOARD_DIR
-from rpevit.sweep.tensorboard_events import EVENTS_PREFIX, EpochBoard
+from rpevit.sweep.tensorboard_events import EVENTS_PREFIX, EpochBoard, tensorboard_dir
 from rpevit.sweep.space import trial_key
 
 pytest.importorskip("tensorboard")
@@ -71,7 +71,7 @@ def test_a_resumed_trial_has_every_epoch_once_in_its_event_file(tmp_path, report
     monkeypatch.setattr(trainable.tune, "report", dies_after_epoch_2)
     with pytest.raises(Killed):
         trainable.run_single(spec, one)
-    folder = tmp_path / "sweep" / TENSORBOARD_DIR / one.trial_key
+    folder = tensorboard_dir(spec.checkpoint_root, one.trial_key, one.cfg)  # <variant>-<trial_key> (issue 59)
     assert [step for step, _ in events(folder)["val_acc"]] == [1, 2]
 
     monkeypatch.setattr(trainable.tune, "report", real_report)
@@ -94,12 +94,12 @@ def test_each_member_of_a_fused_group_has_its_own_event_file(tmp_path, reports):
     trainable.run_fused(spec)
     assert sum(r["kind"] == SUMMARY for r in reports) == 2
     for one in seeds:
-        written = events(tmp_path / "sweep" / TENSORBOARD_DIR / one.trial_key)
+        written = events(tensorboard_dir(spec.checkpoint_root, one.trial_key, one.cfg))
         rows = epoch_rows(reports, one.trial_key)
         for tag in SCALARS:
             assert [step for step, _ in written[tag]] == [1, 2]
             assert [v for _, v in written[tag]] == pytest.approx([rows[1][tag], rows[2][tag]], rel=1e-6)
-    first, second = (events(tmp_path / "sweep" / TENSORBOARD_DIR / m.trial_key) for m in seeds)
+    first, second = (events(tensorboard_dir(spec.checkpoint_root, m.trial_key, m.cfg)) for m in seeds)
     assert first["train_loss"] != second["train_loss"]  # each member's own curve
 
 

@@ -9,9 +9,12 @@
 - a warning when the space is made for GPUs (gpus_per_trial > 0, CUDA graphs, bf16, device cuda) and
   torch sees none on this machine, with the flags that run it on the CPU (`compile: on` alone is no
   GPU request: on the CPU it pays for some variants, results/compile_cpu_1thread/);
+- what the run would refuse before any trial starts: a trial that asks for more CPUs than this machine
+  has (`cpus_per_trial`: the run stops on it before Ray starts, `cpu_refusal`), with the flag that fits;
 - an estimate of the run's wall time from measured rows of this sweep's folder (the rows
-  `--deadline` plans from, rpevit.sweep.deadline), labelled with where it came from, or a line
-  saying that none is available.
+  `--deadline` plans from, rpevit.sweep.deadline), labelled with where it came from; without such rows,
+  an order of magnitude from the committed bench studies of this device class (`bench_estimate`:
+  results/bench_*/, training steps only, scaled by tokens, width and depth), labelled as such.
 
 The same data check runs before a real local sweep (`check_data`): a file that cannot be had stops it
 before anything starts.
@@ -21,10 +24,11 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.data import FOLDERLESS_DATASETS, DataError, dataset_file
+from rpevit.data import DIGITS_TEST_FRACTION, FOLDERLESS_DATASETS, DataError, dataset_file
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.lock import sweep_dir
 from rpevit.sweep.launch_plan import deadline_units, plan_launch
@@ -113,6 +117,22 @@ def fetch_missing(space: Space, data_dir: str | None, say=print) -> None:
             raise ConfigError(f"{_source(data_dir, chosen)}: {err}") from err
 
 
+def local_cpus() -> int:
+    """The CPUs this process may use: what the planner counts for this machine (local_node)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def cpu_refusal(resources: Resources, local: bool) -> str | None:
+    """The one line a local run refuses a trial bigger than this machine with (a trial that asks for more
+    CPUs than there are would wait forever on the embedded Ray), or None; the same rule as the run's
+    check after Ray started (session.check_fits), so that a dry run says it and a run stops before Ray."""
+    cpus = local_cpus()
+    if not local or resources.cpus_per_trial <= cpus:
+        return None
+    return (f"cpus_per_trial has value {resources.cpus_per_trial:g} but this machine has {cpus:g}; allowed: "
+            f"<= {cpus:g} (--cpus-per-trial {cpus:g}, or join a bigger cluster with --address)")
+
+
 def gpu_warning(space: Space, resources: Resources, local: bool) -> str | None:
     """A space made for GPUs dry-run where torch sees no GPU, and how to run it on the CPU instead."""
     gpu = resources.gpus_per_trial > 0 or any(t[name] in values for name, values in GPU_FIELDS.items()
@@ -130,6 +150,8 @@ def gpu_warning(space: Space, resources: Resources, local: bool) -> str | None:
     fixes = (["--gpus-per-trial 0"] if resources.gpus_per_trial > 0 else []) + [
         f"--set {name}={'off' if name == 'compile' else 'none' if name == 'amp' else 'cpu'}"
         for name, values in CPU_FIXES.items() if any(t[name] in values for t in space.trials)]
+    if resources.cpus_per_trial > local_cpus():  # the whole advice: with these flags the run starts here
+        fixes.append(f"--cpus-per-trial {local_cpus():g}")
     return (f"warning: this space is made for GPUs ({', '.join(asks)}) and torch sees no GPU on this machine: "
             f"trials that need a GPU never start here, and bf16 is slow on a CPU (compile pays there for some "
             f"variants only: results/compile_cpu_1thread/). On the CPU: "
@@ -157,8 +179,13 @@ def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir
     units = deadline_units(launch.specs)
     estimator = deadlines.Estimator(rows, space.task, has_epochs=bool(task_metrics(space.task).epoch))
     if not estimator.measured:
-        return (f"estimate: none available (no finished trial of task {space.task!r} in {out_dir / TRIALS_FILE} "
-                f"to measure from); `--deadline` would run one trial first and plan the rest from it")
+        none = f"no finished trial of task {space.task!r} in {out_dir / TRIALS_FILE} to measure from"
+        rough = bench_estimate(space, launch.trial_indices(space), resources, launch.slots, local)
+        if rough is not None:
+            return f"estimate: none measured ({none}); {rough}; `--deadline` would run one trial first and plan " \
+                   f"the rest from it"
+        return (f"estimate: none available ({none}); `--deadline` would run one trial first and plan the rest "
+                f"from it")
     slots = launch.slots
     plan = deadlines.plan_units(units, estimator, slots=slots, now=0.0, deadline=deadlines.Deadline(math.inf),
                                 checkpoint_root=out_dir / "trials", probe=False)
@@ -170,10 +197,100 @@ def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir
             + (f"; {unknown} without a matching row not counted" if unknown else ""))
 
 
+BENCH_ROOT = Path(__file__).resolve().parents[2] / "results"  # the committed studies (results/STUDIES)
+TRAIN_IMAGES = {"digits": round(1797 * (1 - DIGITS_TEST_FRACTION)), "mnist": 60_000, "cifar10": 50_000,
+                "cifar100": 50_000}  # each dataset's training split, before the validation hold-out
+
+
+def forward_cost(cfg: dict[str, Any]) -> float:
+    """A ViT's multiply-adds per image, up to a constant: depth x tokens x dim x (the linear layers'
+    (4 + 2 mlp_ratio) dim + the attention's 2 tokens). Only its ratio between two models is used."""
+    tokens = (int(cfg["image_size"]) // int(cfg["patch_size"])) ** 2
+    dim = float(cfg["dim"])
+    return float(cfg["depth"]) * tokens * dim * ((4 + 2 * float(cfg["mlp_ratio"])) * dim + 2 * tokens)
+
+
+def committed_bench_rows(device_class: str, root: Path = BENCH_ROOT) -> list[dict[str, Any]]:
+    """The ok rows of the committed bench studies (results/**/bench*/trials.parquet) measured on this
+    device class ("cpu": no CUDA device; "gpu": one), each with its folder; [] where none is readable."""
+    rows = []
+    for path in sorted(root.glob("**/bench*/trials.parquet")):
+        try:
+            found = read_rows(path)
+        except (DamagedResults, OSError):
+            continue
+        for row in found:
+            on_gpu = isinstance(row.get("cuda_device"), (int, float)) and row["cuda_device"] >= 0
+            step = row.get("train_step_ms")
+            if row.get("status") == OK and row.get("task") == "bench" and on_gpu == (device_class == "gpu") \
+                    and isinstance(step, (int, float)) and math.isfinite(step) and step > 0:
+                rows.append({**row, "folder": str(path.parent.relative_to(root.parent))})
+    return rows
+
+
+def bench_seconds(trial: dict[str, Any], rows: list[dict[str, Any]]) -> tuple[float, set[str]] | None:
+    """(seconds of a train trial's training steps, the bench folders they come from), from committed bench
+    rows (committed_bench_rows) of its attention and encoding (the same dataset where there are some): their
+    training step per image scaled by forward_cost to the trial's model and batch, at least their cheapest
+    step per block times its depth (a small model's step is its fixed cost per block: launches, AdamW,
+    Python, not its FLOPs), times its steps and epochs. None without such rows. Against the 731 committed
+    CPU train rows' measured train_s_per_epoch: median 1.1x, 90% of them within 0.57x to 2.8x of it
+    (tests/test_newcomer_small_things.py checks a sample)."""
+    same = [r for r in rows if r.get("attention") == trial["attention"] and r.get("pe") == trial["pe"]]
+    same = [r for r in same if r.get("dataset") == trial["dataset"]] or same
+    if not same:
+        return None
+    per_image_s = sorted(r["train_step_ms"] / 1000 / max(1, int(r.get("bench_batch") or 1))
+                         * forward_cost(trial) / forward_cost(r) for r in same)[len(same) // 2]
+    floor_s = min(r["train_step_ms"] / 1000 / max(1, int(r.get("depth") or 1)) for r in same) * int(trial["depth"])
+    images = round(TRAIN_IMAGES.get(trial["dataset"], 50_000) * (1 - float(trial["val_fraction"])))
+    images = min(images, int(trial["train_subset"])) if trial["train_subset"] else images
+    batch = max(1, min(int(trial["batch_size"]), images))
+    seconds = max(per_image_s * batch, floor_s) * math.ceil(images / batch) * int(trial["epochs"])
+    return seconds, {r["folder"] for r in same}
+
+
+def bench_estimate(space: Space, indices: list[int], resources: Resources, slots: int, local: bool,
+                   root: Path = BENCH_ROOT) -> str | None:
+    """An order of magnitude of a train space's wall time without rows of its own: each trial's training
+    steps from the committed bench rows of this device class (bench_seconds), summed and shared over the
+    slots that run at once; the line says what it leaves out (evaluation, start-up, contention) and where
+    it comes from. None for other tasks or without such rows."""
+    if space.task != "train" or not indices:
+        return None
+    gpu = resources.gpus_per_trial > 0
+    if gpu and local:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    rows = committed_bench_rows("gpu" if gpu else "cpu", root)
+    if not rows:
+        return None
+    total, used, unmatched = 0.0, set(), 0
+    for i in indices:
+        found = bench_seconds(space.trials[i], rows)
+        if found is None:
+            unmatched += 1
+            continue
+        total, used = total + found[0], used | found[1]
+    if not used:
+        return None
+    devices = sorted({str(r.get("device_name")) for r in rows if r["folder"] in used})
+    where = "on this machine" if local else "(--address: the cluster's slots are not known here)"
+    counted = len(indices) - unmatched
+    wall = deadlines.STARTUP_S + (total + deadlines.PER_TRIAL_S * counted) / max(1, slots)  # as --deadline plans
+    return (f"order of magnitude only, from the committed bench rows of {', '.join(sorted(used))} "
+            f"({'; '.join(devices)}: training steps, scaled by tokens, width, depth and batch, with --deadline's "
+            f"{deadlines.STARTUP_S:g} s of start-up and {deadlines.PER_TRIAL_S:g} s per trial; evaluation and other "
+            f"load on the machine not counted): about {deadlines.span(wall)} for {counted} of {len(indices)} "
+            f"trial(s), {slots} at a time {where}"
+            + (f"; {unmatched} without a bench row of their attention and encoding not counted" if unmatched else ""))
+
+
 def local_node(resources: Resources) -> dict[str, float]:
     """This machine as the planner sees a node: the CPUs this process may use, and its GPUs when a
     trial asks for some (torch is asked only then)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = local_cpus()
     if resources.gpus_per_trial <= 0:
         return {"CPU": float(cpus)}
     import torch
@@ -189,6 +306,8 @@ def describe(space: Space, overrides: dict[str, Any], resources: Resources, *, r
              + (f", at most {resources.max_concurrent} at once" if resources.max_concurrent else "")]
     lines += data_lines(space, data_dir) if local else [
         "data: read on the cluster's nodes (--address / $RAY_ADDRESS): not checked here"]
+    refusal = cpu_refusal(resources, local)
+    lines += [f"warning: the run would refuse this before any trial starts: {refusal}"] if refusal else []
     warning = gpu_warning(space, resources, local)
     lines += [warning] if warning else []
     lines.append(estimate_line(space, resources, results_dir, data_dir, resume, local))

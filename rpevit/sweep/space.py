@@ -68,7 +68,7 @@ from typing import Any, BinaryIO, Iterator
 import yaml
 
 from rpevit import registry
-from rpevit.config import (FIRST_DEFAULTS, ConfigError, TrialConfig, load_registry, resolve_values,
+from rpevit.config import (FIRST_DEFAULTS, ConfigError, TrialConfig, did_you_mean, load_registry, resolve_values,
                            unused_encoding_options)
 from rpevit.tasks.budget_ladder import LADDER_FIELDS, check_ladder
 from rpevit.tasks.grouping import GROUP_FIELDS, check_group
@@ -109,7 +109,8 @@ class Resources:
                              f"{', '.join(allowed)}")
         for key, value in values.items():
             if key not in allowed:
-                raise SpaceError(f"{source}: unknown key resources.{key}; allowed: {', '.join(allowed)}")
+                raise SpaceError(f"{source}: unknown key resources.{key};{did_you_mean(key, allowed)} allowed: "
+                                 f"{', '.join(allowed)}")
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                     or value < 0):
                 raise SpaceError(f"{source}: resources.{key} has value {value!r}; allowed: a finite number >= 0")
@@ -160,7 +161,8 @@ class Timing:
                              f"({', '.join(sorted(registry.TIMING_TASKS))}); remove the key")
         for key, value in values.items():
             if key not in allowed:
-                raise SpaceError(f"{source}: unknown key timing.{key}; allowed: {', '.join(allowed)}")
+                raise SpaceError(f"{source}: unknown key timing.{key};{did_you_mean(key, allowed)} allowed: "
+                                 f"{', '.join(allowed)}")
             if key == "repeats":
                 _count(value, "timing.repeats", source)
             elif not isinstance(value, bool):
@@ -255,7 +257,10 @@ class Space:
                 return [f"#{trunk_of[i]}" if i in trunk_of else "(trunk)"]
             return []
 
-        rows = [[str(i), key, *extra_cell(i), *(str(t[c]) for c in columns[3 if extra else 2:])]
+        def cell(trial: dict[str, Any], name: str) -> str:  # an option its encoding never reads: '-', not 0.0
+            return "-" if name in unused_encoding_options(trial.get("pe", TrialConfig.pe)) else str(trial[name])
+
+        rows = [[str(i), key, *extra_cell(i), *(cell(t, c) for c in columns[3 if extra else 2:])]
                 for i, (t, key) in enumerate(zip(self.trials, self.keys))]
         widths = [max(len(c), *(len(r[j]) for r in rows)) for j, c in enumerate(columns)]
         line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -437,7 +442,8 @@ def _read_spec(spec: Any, source: str, default_name: str) -> _SpecParts:
                          f"keys {', '.join(TOP_LEVEL_KEYS)}")
     for key in spec:
         if key not in TOP_LEVEL_KEYS:
-            raise SpaceError(f"{source}: unknown key {key!r}; allowed: {', '.join(TOP_LEVEL_KEYS)}")
+            raise SpaceError(f"{source}: unknown key {key!r};{did_you_mean(key, TOP_LEVEL_KEYS)} allowed: "
+                             f"{', '.join(TOP_LEVEL_KEYS)}")
     name = check_name(str(spec.get("name", default_name)), f"{source}: 'name'")
     fixed = _mapping(spec.get("fixed", {}), "fixed", source)
     task = spec.get("task", fixed.get("task", "train"))
@@ -577,10 +583,14 @@ KEY_BASELINE = {**_DEFAULTS, **FIRST_DEFAULTS}
 
 
 def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
+    """A key that is not a config field is refused in one line; a typo close to a field names that field
+    first ("did you mean 'epochs'?") and points to the list instead of printing all ~70 fields."""
     for key in values:
         if key not in _FIELDS:
-            raise SpaceError(f"{source}: {where} key {key!r} is not a TrialConfig field; "
-                             f"allowed: {', '.join(_FIELDS)} (each described by: python sweep.py --fields)")
+            hint = did_you_mean(key, _FIELDS)
+            allowed = (f"a TrialConfig field ({len(_FIELDS)} of them: python sweep.py --fields lists each with its "
+                       f"help)" if hint else f"{', '.join(_FIELDS)} (each described by: python sweep.py --fields)")
+            raise SpaceError(f"{source}: {where} key {key!r} is not a TrialConfig field;{hint} allowed: {allowed}")
 
 
 def _mapping(value: Any, where: str, source: str) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """TensorBoard event files of a sweep's trials (issue 31, item 3), written in the worker.
 
 Every epoch row a trial reports also goes, as scalars at step = epoch, into an event file of its own,
-`results/<sweep>/tensorboard/<trial_key>/` (a fused group: one folder per member): `tensorboard
---logdir results/<sweep>/tensorboard`. The folder is rewritten from the checkpointed history whenever
+`results/<sweep>/tensorboard/<dataset>-<attention>-<pe>-seed<seed>-<trial_key>/` (a fused group: one folder
+per member): `tensorboard --logdir results/<sweep>/tensorboard`. TensorBoard names each run by its folder, so
+the variant leads the name (the run list reads and sorts by it) and the key makes it unique; a folder named
+by the key alone (before issue 59) is renamed to that when its trial runs again. The folder is rewritten from the checkpointed history whenever
 the trial (re)starts, so a resumed or retried trial shows each epoch once. TensorBoard is optional
 for a trial: without the `tensorboard` package, or when the folder cannot be written (a symbolic link
 there: nothing is written through it), the trial trains on and says why in one line, through the
@@ -14,18 +16,36 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import re
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from rpevit.sweep.results import TENSORBOARD_DIR, trial_folder
 
 EVENTS_PREFIX = "events.out.tfevents."  # the name SummaryWriter gives its event files
 
 
-def tensorboard_dir(checkpoint_root: str | Path, key: str) -> Path:
-    """results/<sweep>/tensorboard/<trial_key> (checkpoint_root is results/<sweep>/trials); the key is
+RUN_FIELDS = ("dataset", "attention", "pe")  # what a run's name shows first, then seed<seed>, then the key
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.+=]+")  # what may not stand in a folder name (a value's '/', spaces, ...)
+
+
+def run_name(key: str, cfg: dict[str, Any] | None = None) -> str:
+    """The TensorBoard run of a trial: 'mnist-favor-rope-seed0-<trial_key>', its variant (from its own
+    config: the same name whatever space it runs in, so a resumed trial writes into the same folder)
+    and its key; the key alone without a config."""
+    if not cfg:
+        return key
+    parts = [str(cfg[name]) for name in RUN_FIELDS if cfg.get(name) is not None]
+    parts += [f"seed{cfg['seed']}"] if cfg.get("seed") is not None else []
+    parts = [p for p in (_UNSAFE.sub("_", p).strip("._") for p in parts) if p]
+    return "-".join([*parts, key])
+
+
+def tensorboard_dir(checkpoint_root: str | Path, key: str, cfg: dict[str, Any] | None = None) -> Path:
+    """results/<sweep>/tensorboard/<run_name> (checkpoint_root is results/<sweep>/trials); the key is
     checked before it names a folder (results.trial_folder)."""
-    return trial_folder(Path(checkpoint_root).parent / TENSORBOARD_DIR, key)
+    by_key = trial_folder(Path(checkpoint_root).parent / TENSORBOARD_DIR, key)
+    return by_key.with_name(run_name(key, cfg))
 
 
 class EpochBoard:
@@ -57,9 +77,12 @@ class EpochBoard:
             self.skipped(f"{err}; `pip install tensorboard` for them", this_trial=False)
             return
         try:
-            for path in (self.folder.parent, self.folder):
+            by_key = self.folder.with_name(self.key)  # the folder of a run named by its key alone (older)
+            for path in (self.folder.parent, self.folder, by_key):
                 if path.is_symlink():
                     raise OSError(f"{path} is a symbolic link")
+            if by_key != self.folder and by_key.is_dir() and not self.folder.exists():
+                by_key.rename(self.folder)  # its stale event files go below: the run appears once, renamed
             self.folder.mkdir(parents=True, exist_ok=True)
             with os.scandir(self.folder) as entries:
                 stale = [Path(e.path) for e in entries if e.name.startswith(EVENTS_PREFIX)

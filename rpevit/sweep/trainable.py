@@ -254,7 +254,8 @@ def report_epoch(key: str, row: dict) -> None:
 @contextmanager
 def epoch_reporter(spec: TrialSpec, member: Member) -> Iterator[Callable[[dict], None]]:
     """report(row): one epoch row to the driver (epochs.parquet) and to the member's TensorBoard folder."""
-    board = EpochBoard(tensorboard_dir(spec.checkpoint_root, member.trial_key), member.trial_key, member.label,
+    board = EpochBoard(tensorboard_dir(spec.checkpoint_root, member.trial_key, member.cfg), member.trial_key,
+                       member.label,
                        say=lambda line: say_note(member, trial_folder(Path(spec.checkpoint_root), member.trial_key),
                                                  line))
     try:
