@@ -53,3 +53,23 @@ def figures(monkeypatch) -> list:
     for module in (gap_closure.figure, efficiency.figure, string_study, kernel_mse, token_scaling, budget_ladder):
         monkeypatch.setattr(module, "save_figure", keep)
     return kept
+
+
+RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+
+
+@pytest.fixture(autouse=True)
+def _ray_environment_unchanged(request):
+    """No test leaves Ray's auth or address variables changed: a RAY_AUTH_MODE=token left behind makes
+    every later embedded Ray start its GCS with token auth while the driver, which read the variable at
+    import, sends none (InvalidAuthToken in every Ray test after it). The leaking test fails, not those."""
+    before = {name: os.environ.get(name) for name in RAY_ENV}
+    yield
+    after = {name: os.environ.get(name) for name in RAY_ENV}
+    changed = {name: (before[name], after[name]) for name in RAY_ENV if before[name] != after[name]}
+    for name, (old, _) in changed.items():  # put back, so one leak reddens one test only
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+    assert not changed, f"{request.node.nodeid} left Ray's environment changed (before, after): {changed}"

@@ -77,7 +77,11 @@ def private_env(tmp_path, monkeypatch):
     home.mkdir()
     monkeypatch.setenv("HOME", str(home))
     for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS"):
-        monkeypatch.delenv(name, raising=False)
+        # setenv first: monkeypatch restores only what it changed, and delenv of an unset name changes
+        # nothing, so the RAY_AUTH_MODE=token that prepare_join sets would outlive the test and turn token
+        # auth on for every later Ray started in this process (CI, 2026-11-27: 13 Ray tests red)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     monkeypatch.delitem(sys.modules, "ray", raising=False)
     return home
 
