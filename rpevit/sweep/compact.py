@@ -31,6 +31,7 @@ def run_on_folders(argv: list[str] | None, description: str, action: Callable[[P
     `error:` line and exit 2."""
     from rpevit.config import ConfigError
     from rpevit.sweep.lock import sweep_lock
+    from rpevit.sweep.results import DamagedResults
 
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("folders", nargs="+", type=Path, help=f"sweep folders (each holding {TRIALS_FILE})")
@@ -41,6 +42,11 @@ def run_on_folders(argv: list[str] | None, description: str, action: Callable[[P
         try:
             with sweep_lock(folder):
                 print(action(folder), flush=True)
+        except DamagedResults as err:  # checked before anything is written (store.check_files)
+            print(f"error: {err}; nothing in {folder} was rewritten or removed: `sweep.py ... --resume` sets it aside "
+                  f"as {err.path.name}.damaged-<time> (kept) and runs again what it held, or move it out of the "
+                  f"folder (keep it) and run this again", file=sys.stderr)
+            return 2
         except ConfigError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

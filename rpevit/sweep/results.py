@@ -41,6 +41,7 @@ import math
 import numbers
 import os
 import re
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -59,6 +60,7 @@ from rpevit.registry import TaskMetrics
 TRIALS_FILE = "trials.parquet"
 EPOCHS_FILE = "epochs.parquet"
 SPACE_FILE = "space.json"
+MAX_SPACE_FILE_BYTES = 64 * 2**20  # a space.json of 10^6 trials is ~20 MB of keys; far above any real one
 TENSORBOARD_DIR = "tensorboard"  # <sweep>/tensorboard/<trial_key>/: one event file per trial (tensorboard_events.EpochBoard)
 KEY_SCHEME = "resolved"  # space.json's "key_scheme" once a folder's keys hash resolved configs (migrate.py)
 STORED_KEY = "stored_trial_key"  # in memory only: the key a row was stored under (migrate.resolved_frame)
@@ -351,7 +353,8 @@ def temp_pattern(names: str) -> re.Pattern[str]:
     return re.compile(rf"\.({names})\.(\d+)\.tmp")
 
 
-_TEMP = temp_pattern("|".join(re.escape(n) for n in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE)))
+DECLARATION_NAME = "declaration.json"  # rpevit.sweep.declaration.DECLARATION_FILE (a test checks they agree)
+_TEMP = temp_pattern("|".join(re.escape(n) for n in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE, DECLARATION_NAME)))
 
 
 def remove_stale_temps(out_dir: Path, temps: re.Pattern[str] = _TEMP) -> list[Path]:
@@ -387,9 +390,10 @@ REQUIRED_COLUMNS = {TRIALS_FILE: ("trial_key", "status"), EPOCHS_FILE: ("trial_k
 class DamagedResults(ConfigError):
     """A trials.parquet / epochs.parquet that cannot be read as one; the message names it and why."""
 
-    def __init__(self, path: Path, reason: str) -> None:
+    def __init__(self, path: Path, reason: str, kind: str | None = None) -> None:
         self.path, self.reason = Path(path), reason
-        super().__init__(f"{path} cannot be read as a sweep's {Path(path).name} ({reason})")
+        what = f"a sweep's {self.path.name}" if kind in (None, self.path.name) else f"a part of a sweep's {kind}"
+        super().__init__(f"{path} cannot be read as {what} ({reason})")
 
 
 class ResultsWriteError(ConfigError):
@@ -420,47 +424,271 @@ def read_results_table(path: Path, kind: str | None = None, columns: list[str] |
     """The table of a trials.parquet / epochs.parquet (or of a part of one: `kind` names which,
     rpevit.sweep.store), None where there is no such file; DamagedResults where there is one that
     cannot be read as one (truncated, random bytes, empty, a folder, a table without the columns every
-    such file has). `columns`: only those of them the file has."""
+    such file has). `columns`: only those of them the file has.
+
+    Three checks come before any row is read, because the store merges what it reads into the files
+    it keeps and deletes the parts it merged (issue 59, items 1, 5 and 7):
+    - the path is opened only if it is a regular file (`open_regular`): a FIFO blocks open() until a
+      writer comes, so one planted in parts/ hung every reader, the compact tool and the driver (which
+      holds the sweep lock while it waits);
+    - the file's declared types fit its kind's schema (`check_schema`, on the footer, whatever
+      `columns` asks for): a part whose trial_key was int64 once made a compaction turn 20 trial rows
+      into 2 and delete the parts; such a file is damaged, and set aside whole as a truncated one is;
+    - what the rows cost in memory (`check_cost`): a 137 KB part once decoded to 3.4 GB."""
     path = Path(path)
     kind = kind or path.name
     if not os.path.lexists(path):
         return None
     if path.is_dir():
-        raise DamagedResults(path, "it is a folder, not a Parquet file")
+        raise DamagedResults(path, "it is a folder, not a Parquet file", kind)
     try:  # one open file for the footer and the pages: a path is opened twice by pq.read_table, and a driver
         # replacing the file between the two opens (a compaction) gave a torn read (tests/test_sweep_snapshot.py)
-        with pa.OSFile(str(path), "r") as handle, pq.ParquetFile(handle) as file:
-            names = file.schema_arrow.names
-            table = file.read(columns=None if columns is None else [c for c in columns if c in names],
-                              use_pandas_metadata=columns is None)
+        with open_regular(path) as handle:
+            size = os.fstat(handle.fileno()).st_size
+            with pq.ParquetFile(handle) as footer:
+                schema, metadata = footer.schema_arrow, footer.metadata
+                names = schema.names
+                twice = sorted({n for n in names if names.count(n) > 1})
+                if twice:
+                    raise DamagedResults(path, f"column {twice[0]!r} appears more than once; allowed: the file "
+                                               f"sweep.py writes (one column per name)")
+                missing = [c for c in REQUIRED_COLUMNS.get(kind, ()) if c not in names]
+                if missing:
+                    raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
+                wanted = None if columns is None else [c for c in columns if c in names]
+                text = [f.name for f in schema if _is_text(f.type) and (wanted is None or f.name in wanted)]
+                if check_cost(metadata, wanted, set(text), size, path) <= read_budget(size):
+                    text = []  # even decoded plainly it fits: read as it is
+                if kind in REQUIRED_COLUMNS:
+                    check_schema(schema, kind, path, footer)
+            handle.seek(0)
+            with pq.ParquetFile(handle, metadata=metadata, read_dictionary=text or None) as file:
+                table = file.read(columns=wanted, use_pandas_metadata=columns is None)
+            if text or any(pa.types.is_dictionary(f.type) for f in table.schema):
+                table = _decoded(table, schema, size, path)
+    except DamagedResults as err:  # named as what it was read as: a part, or the file itself
+        raise DamagedResults(path, err.reason, kind) from None
     except (pa.ArrowException, OSError, ValueError, EOFError) as err:  # ArrowInvalid, thrift errors, ...
-        raise DamagedResults(path, one_line(err)) from err
-    missing = [c for c in REQUIRED_COLUMNS.get(kind, ()) if c not in table.column_names]
-    if missing:
-        raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
-    if kind == TRIALS_FILE:
-        check_number_columns(table, path)
+        raise DamagedResults(path, one_line(err), kind) from err
+    return table
+
+
+# ---- what a results file may be before its rows are read ----
+MAX_READ_BYTES = 256 * 2**20  # any results file may take this much memory once read ...
+MAX_READ_BYTES_PER_BYTE = 1024  # ... or this many times its size on disk (committed studies: at most 4x; a
+# 10^5-trial file of repeated rows, the most compressible a sweep writes: 133x)
+
+
+def read_budget(size: int) -> int:
+    """The memory a results file of `size` bytes may take once read (MAX_READ_BYTES, MAX_READ_BYTES_PER_BYTE)."""
+    return max(MAX_READ_BYTES, MAX_READ_BYTES_PER_BYTE * size)
+
+
+_FILE_KINDS = ((stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISDIR, "a folder"), (stat.S_ISCHR, "a device"),
+               (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+def not_regular(mode: int) -> str | None:
+    """What a file of st_mode `mode` is, where it is not a regular file (None where it is one)."""
+    if stat.S_ISREG(mode):
+        return None
+    return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
+
+
+@contextmanager
+def open_regular(path: Path) -> Iterator[BinaryIO]:
+    """`path` opened for reading only if it is a regular file, else DamagedResults saying what it is:
+    open() of a FIFO blocks until a writer comes, and a device never ends. Opened without blocking, then
+    checked on the open file itself (fstat), so nothing can be swapped in between."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        found = not_regular(os.fstat(fd).st_mode)
+        if found is not None:
+            raise DamagedResults(path, f"it is {found}, not a regular file; allowed: the Parquet file sweep.py writes")
+        os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb", buffering=0)  # Arrow reads whole ranges: no buffer of our own
+    except BaseException:
+        os.close(fd)
+        raise
+    with handle:
+        yield handle
+
+
+def read_regular_bytes(path: Path, limit: int, allowed: str) -> bytes | None:
+    """The bytes of `path` (None where nothing is there), if it is a regular file of at most `limit`
+    bytes; ConfigError naming the file, what it is and `allowed` otherwise (a FIFO would block the
+    reader, a device never end)."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open_regular(path) as handle:
+            data = handle.read(limit + 1)
+    except DamagedResults as err:
+        raise ConfigError(f"{path}: {err.reason.split(';')[0]}; allowed: {allowed}") from None
+    if len(data) > limit:
+        raise ConfigError(f"{path} is larger than {limit:,} bytes; allowed: {allowed}")
+    return data
+
+
+_WIDTHS = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8}
+
+
+def check_cost(metadata: pq.FileMetaData, columns: list[str] | None, dictionary: set[str], size: int,
+               path: Path) -> int:
+    """DamagedResults where the footer says reading `columns` (None: all) would take more than read_budget:
+    each value's width (plus offsets for text), and for text columns their pages' decompressed size (the
+    top-level ones, `dictionary`, can be read as dictionaries, so a value repeated a million times is held
+    once; `_decoded` checks their plain size before it is made). Nested text stored as a dictionary is
+    counted as if each value could be the whole dictionary. Returns the most the read could take with
+    `dictionary` decoded plainly (each value as long as its whole dictionary): where that fits the budget,
+    the file is read plainly (a sweep's files are small; no dictionary round trip)."""
+    budget, total, worst = read_budget(size), 0, 0
+    leaves = metadata.schema
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        for c in range(group.num_columns):
+            column = group.column(c)
+            path_in = column.path_in_schema
+            top = next((n for n in (columns if columns is not None else [path_in.split(".")[0]])
+                        if path_in == n or path_in.startswith(n + ".")), None)
+            if top is None:
+                continue
+            values = max(column.num_values, group.num_rows)
+            physical = column.physical_type
+            if physical == "BYTE_ARRAY":
+                data = column.total_uncompressed_size
+                plain = data * values if column.has_dictionary_page else data
+                if path_in != top or top not in dictionary:  # nested text: not read as a dictionary
+                    data = plain
+                total += values * 9 + data
+                worst += values * 9 + plain
+            elif physical == "FIXED_LEN_BYTE_ARRAY":
+                total += values * (leaves.column(c).length + 1)
+                worst += values * (leaves.column(c).length + 1)
+            else:
+                total += values * (_WIDTHS.get(physical, 8) + 1)
+                worst += values * (_WIDTHS.get(physical, 8) + 1)
+            if total > budget:
+                raise DamagedResults(path, _too_costly(total, metadata.num_rows, size, budget))
+    return worst
+
+
+def _too_costly(cost: int, rows: int, size: int, budget: int) -> str:
+    return (f"its {rows:,} rows would take at least {cost / 2**20:,.0f} MiB in memory, from {size:,} bytes on disk; "
+            f"allowed: at most {budget / 2**20:,.0f} MiB (the larger of {MAX_READ_BYTES / 2**20:,.0f} MiB and "
+            f"{MAX_READ_BYTES_PER_BYTE}x the file's size): sweep.py never writes such a file")
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    kind = kind.value_type if pa.types.is_dictionary(kind) else kind
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+
+
+def _decoded(table: pa.Table, schema: pa.Schema, size: int, path: Path) -> pa.Table:
+    """`table`, read with its text columns as dictionaries, with those columns in the types the file
+    declares (schema). The plain size of every text dictionary is summed first, and DamagedResults raised
+    where the whole would exceed read_budget: a value a million rows repeat is a million copies once the
+    column is decoded, here or where the store brings it to the schema's plain text (store._concat)."""
+    plain, dictionary = 0, []
+    for i, field in enumerate(table.schema):
+        declared = schema.field(field.name).type if field.name in schema.names else field.type
+        if pa.types.is_dictionary(field.type) and _is_text(field.type):
+            if not pa.types.is_dictionary(declared):
+                dictionary.append((i, declared))
+            for chunk in table.column(i).chunks:
+                lengths = pc.binary_length(chunk.dictionary).fill_null(0)
+                plain += int(pc.sum(pc.take(lengths, chunk.indices)).as_py() or 0) + 9 * len(chunk)
+        else:
+            plain += table.column(i).nbytes
+    budget = read_budget(size)
+    if plain > budget:
+        raise DamagedResults(path, _too_costly(plain, table.num_rows, size, budget))
+    for i, declared in dictionary:
+        table = table.set_column(i, table.schema.field(i).with_type(declared), table.column(i).cast(declared))
     return table
 
 
 _NUMBER_KINDS = (F64, I64, TIMESTAMP, BOOL)
+_KIND_WORDS = {STR: "text", I64: "integers", F64: "numbers", BOOL: "booleans",
+               TIMESTAMP: "timestamps (or Unix seconds: older files)",
+               F64_LIST: "lists of numbers (or text: older files)"}
 
 
-def check_number_columns(table: pa.Table, path: Path) -> None:
-    """DamagedResults where a column the schema of the file's task(s) declares a number (a metric, an
-    int or float config field, a time) is stored as text: sweep.py never writes that, and every mean,
-    interval and sort over it would fail or mislead. (Older writers' float times and text lists are
-    fine: those are numbers, or not declared numbers.)"""
-    tasks = set(table.column("task").unique().to_pylist()) if "task" in table.column_names else set()
-    declared = {f.name for task in (tasks or {"train"}) if isinstance(task, str)
-                for f in trials_schema(task) if f.type in _NUMBER_KINDS}
-    for field in table.schema:
-        if field.name in declared and (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
-                                       or pa.types.is_binary(field.type)):
-            value = next((v for v in table.column(field.name).to_pylist() if v is not None), None)
-            shown = repr(value) if value is None or len(repr(value)) <= 40 else repr(value)[:37] + "..."
-            raise DamagedResults(path, f"column {field.name!r} holds text (such as {shown}), where the file sweep.py "
-                                       f"writes holds numbers")
+_DECLARED: dict[tuple, dict[str, set[pa.DataType]]] = {}
+
+
+def declared_types(kind: str) -> dict[str, set[pa.DataType]]:
+    """Column name -> the type(s) the schemas of every registered task declare for it, in a `kind`
+    (TRIALS_FILE / EPOCHS_FILE) file. Kept per set of registered tasks and TrialConfig class: every file
+    read asks (the schemas take milliseconds to build)."""
+    load_registry()
+    from rpevit.config import trial_config_class
+
+    key = (kind, id(trial_config_class()), tuple((t, id(m)) for t, m in registry.METRICS.items()))
+    if key not in _DECLARED:
+        out: dict[str, set[pa.DataType]] = {}
+        for task in list(registry.METRICS) or ["train"]:
+            for f in (trials_schema(task) if kind == TRIALS_FILE else epochs_schema(task)):
+                out.setdefault(f.name, set()).add(f.type)
+        _DECLARED[key] = out
+    return _DECLARED[key]
+
+
+def fits_declared(actual: pa.DataType, declared: pa.DataType, key: bool = False) -> bool:
+    """Whether a column stored as `actual` holds what a column `declared` by the schema holds, as this
+    or an earlier sweep.py wrote it (every such type converts to `declared` without loss of a row: ints
+    of any width, float seconds for times, text for lists), or only nulls. `key`: a column rows are told
+    apart by (trial_key, status, epoch), which must hold its own kind of values, never nulls alone."""
+    actual = actual.value_type if pa.types.is_dictionary(actual) else actual
+    types = pa.types
+    number = types.is_integer(actual) or types.is_floating(actual)
+    if types.is_null(actual):
+        return not key
+    if declared == STR:
+        return _is_text(actual)
+    if declared == I64:
+        return types.is_integer(actual) or (not key and types.is_floating(actual))
+    if declared == F64:
+        return number
+    if declared == BOOL:
+        return types.is_boolean(actual)
+    if declared == TIMESTAMP:
+        return types.is_timestamp(actual) or number
+    if declared == F64_LIST:
+        if types.is_list(actual) or types.is_large_list(actual) or types.is_fixed_size_list(actual):
+            item = actual.value_type
+            return types.is_integer(item) or types.is_floating(item) or types.is_null(item)
+        return _is_text(actual)
+    return actual == declared
+
+
+def check_schema(schema: pa.Schema, kind: str, path: Path, file: pq.ParquetFile | None = None) -> None:
+    """DamagedResults naming the first column whose stored type does not hold what the schema of a `kind`
+    file declares (fits_declared), e.g. a trial_key stored as int64: read beside other files, its rows
+    would be brought to one type, value by value, and keys turned to nulls merge. A column the schema
+    declares a number but that holds text names a value of it (read from `file`). Columns no task
+    declares are kept whatever they hold."""
+    declared, keys = declared_types(kind), REQUIRED_COLUMNS[kind]
+    for field in schema:
+        allowed = declared.get(field.name)
+        if not allowed or any(fits_declared(field.type, t, field.name in keys) for t in allowed):
+            continue
+        wanted = sorted(allowed, key=str)[0]
+        if wanted in _NUMBER_KINDS and _is_text(field.type):
+            raise DamagedResults(path, _text_in_numbers(field.name, file))
+        raise DamagedResults(path, f"column {field.name!r} holds {field.type}, where the file sweep.py writes holds "
+                                   f"{_KIND_WORDS.get(wanted, str(wanted))} ({wanted}); allowed: the file sweep.py "
+                                   f"writes")
+
+
+def _text_in_numbers(name: str, file: pq.ParquetFile | None) -> str:
+    """Why a number column stored as text is refused, with its first value (read alone: check_cost has
+    passed)."""
+    values = file.read(columns=[name]).column(name).to_pylist() if file is not None else []
+    value = next((v for v in values if v is not None), None)
+    shown = repr(value) if value is None or len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    return f"column {name!r} holds text (such as {shown}), where the file sweep.py writes holds numbers"
 
 
 def set_aside(path: Path, reason: str) -> Path:
@@ -510,10 +738,11 @@ def current_keys(results_dir: str | os.PathLike) -> list[str] | None:
     folder = Path(results_dir)
     folder = folder.parent if folder.suffix == ".parquet" else folder
     path = folder / SPACE_FILE
-    if not path.exists():
-        return None
-    try:
-        keys = json.loads(path.read_text())["trial_keys"]
+    try:  # a regular file only: a FIFO there would block the reader (issue 59, item 5)
+        data = read_regular_bytes(path, MAX_SPACE_FILE_BYTES, "the JSON object sweep.py writes")
+        if data is None:
+            return None
+        keys = json.loads(data)["trial_keys"]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise ValueError(f"{path} cannot be read as a sweep's space.json ({err}); allowed: the file "
                          f"sweep.py writes (a JSON object with a 'trial_keys' list)") from err
@@ -528,8 +757,9 @@ def space_key_scheme(results_dir: str | os.PathLike) -> str | None:
     folder = Path(results_dir)
     folder = folder.parent if folder.suffix == ".parquet" else folder
     try:
-        scheme = json.loads((folder / SPACE_FILE).read_text(encoding="utf-8")).get("key_scheme")
-    except (OSError, ValueError, AttributeError, RecursionError):
+        data = read_regular_bytes(folder / SPACE_FILE, MAX_SPACE_FILE_BYTES, "")
+        scheme = json.loads(data or b"{}").get("key_scheme")
+    except (OSError, ValueError, AttributeError, RecursionError):  # ConfigError is a ValueError
         return None
     return scheme if isinstance(scheme, str) else None
 

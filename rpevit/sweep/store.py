@@ -39,6 +39,14 @@ scripts read them as before); during one, `read_frame(FOLDER)` is the reader tha
 
 Readers never lock: a reader lists the parts before it opens the compacted file, and starts again
 when a listed part has gone (a merge or compaction removed it meanwhile), READ_ATTEMPTS times.
+
+Untrusted files (issue 59). Every file is read through rpevit.sweep.results.read_results_table, which
+opens only regular files (a FIFO in parts/ once hung every reader and the driver under its lock), checks
+the footer's types against the schema (a part whose trial_key was int64 once turned a compaction of 20
+trials into 2) and bounds what the rows take in memory, before any row is read: such a file raises
+DamagedResults naming it, which the driver answers by setting it aside whole (driver_table). A compaction
+checks every file it would merge first (check_files), so it writes and removes nothing when one is bad;
+where tables of one kind differ in type all the same, they are brought to the schema's types (_concat).
 """
 from __future__ import annotations
 
@@ -58,9 +66,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rpevit.sweep.protocol import OK
-from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, TRIALS_LOST, DamagedResults, check_key_column,
-                                  epochs_schema, read_results_table, set_aside, temp_pattern, to_table,
-                                  trials_schema, write_table_atomic)
+from rpevit.sweep.results import (EPOCHS_FILE, MAX_SPACE_FILE_BYTES, SPACE_FILE, TIMESTAMP, TRIALS_FILE, TRIALS_LOST,
+                                  DamagedResults, arrow_column, check_key_column, declared_types, epochs_schema,
+                                  open_regular, read_regular_bytes, read_results_table, remove_stale_temps,
+                                  set_aside, temp_pattern, trials_schema, write_table_atomic)
 
 PARTS_DIR = "parts"
 KINDS = (EPOCHS_FILE, TRIALS_FILE)  # compaction and flush order: a trial's row lands after its epochs
@@ -126,10 +135,14 @@ def parts_through(table: pa.Table | pa.Schema | None) -> int:
 
 
 def compacted_through(path: Path) -> int:
-    """parts_through of a compacted file, from its footer alone (0 where there is none or it cannot be read)."""
+    """parts_through of a compacted file, from its footer alone (0 where there is none or it cannot be read,
+    or is no regular file: a FIFO there would block open(), issue 59 item 5)."""
     try:
-        return parts_through(pq.read_schema(path)) if os.path.lexists(path) else 0
-    except (pa.ArrowException, OSError, ValueError):
+        if not os.path.lexists(path):
+            return 0
+        with open_regular(path) as handle, pq.ParquetFile(handle) as file:
+            return parts_through(file.schema_arrow)
+    except (pa.ArrowException, OSError, ValueError):  # DamagedResults is a ValueError
         return 0
 
 
@@ -196,23 +209,85 @@ def union(tables: Sequence[pa.Table], kind: str) -> pa.Table:
     table without duplicates comes back as it is."""
     if len(tables) == 1:
         return deduplicated(tables[0], kind)
-    return deduplicated(_concat(tables), kind).replace_schema_metadata(None)
+    return deduplicated(_concat(tables, kind), kind).replace_schema_metadata(None)
 
 
-def _concat(tables: Sequence[pa.Table]) -> pa.Table:
-    """Tables of one kind as one: columns one lacks are null there. Tables an older writer wrote with
-    other types (float seconds for times) are brought to the newest table's types, value by value
-    (rpevit.sweep.results.to_table), the one time they meet new rows."""
+_CONCAT_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
+
+
+def _concat(tables: Sequence[pa.Table], kind: str) -> pa.Table:
+    """Tables of one kind as one: columns one lacks are null there. Where their types differ (an older
+    writer's float seconds for times), each column the schema declares is brought to the schema's type
+    (`_conformed`), never to the newest table's: a malformed newest part once gave every table its int64
+    trial_key (every key null: 20 trials merged into 2) and its types of started_at (nulled) and epoch
+    (text). read_results_table refuses such a part before it gets here (check_schema); this is the second
+    guard. A column no schema declares that tables typed differently is kept as text."""
     try:
         return pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        target = tables[-1].schema.remove_metadata()
-        return pa.concat_tables([t if _fits(t.schema, target) else to_table(t.to_pylist(), target) for t in tables],
-                                promote_options="permissive")
+    except _CONCAT_ERRORS:
+        pass
+    declared = declared_types(kind) if kind in KINDS else {}
+    target = {name: _target(types) for name, types in declared.items()}
+    as_text: set[str] = set()
+    for table in tables:
+        for field in table.schema:
+            kind_to = target.get(field.name)
+            if kind_to is not None and field.type != kind_to and not _lossless(table.column(field.name), kind_to):
+                as_text.add(field.name)  # e.g. an older writer's text lists: kept as the text they are
+    conformed = [_conformed(t, target, as_text) for t in tables]
+    try:
+        return pa.concat_tables(conformed, promote_options="permissive")
+    except _CONCAT_ERRORS:  # columns no schema declares, typed differently: kept as text
+        types: dict[str, set[pa.DataType]] = {}
+        for table in conformed:
+            for field in table.schema:
+                types.setdefault(field.name, set()).add(field.type)
+        odd = {n for n, t in types.items() if len(t - {pa.null()}) > 1}
+        return pa.concat_tables([_conformed(t, {}, odd) for t in conformed], promote_options="permissive")
 
 
-def _fits(schema: pa.Schema, target: pa.Schema) -> bool:
-    return all(target.field(f.name).type == f.type for f in schema if f.name in target.names)
+def _target(types: set[pa.DataType]) -> pa.DataType:
+    return sorted(types, key=str)[0]  # one type per name across the registered tasks (tests check there is one)
+
+
+def _converted(column: pa.ChunkedArray, kind: pa.DataType) -> pa.ChunkedArray:
+    """`column` as `kind`: a cast that loses nothing, else value by value as the writer converts a row's
+    values (results.arrow_column: numbers into times are Unix seconds, never microseconds)."""
+    if pa.types.is_dictionary(column.type):
+        column = column.cast(column.type.value_type)
+    if not (kind == TIMESTAMP and not pa.types.is_timestamp(column.type)):
+        try:
+            return column.cast(kind)  # safe: raises rather than truncate or overflow
+        except _CONCAT_ERRORS:
+            pass
+    return pa.chunked_array([arrow_column(column.to_pylist(), kind)], type=kind)
+
+
+def _lossless(column: pa.ChunkedArray, kind: pa.DataType) -> bool:
+    """Whether `column` converts to `kind` with no value turned into a null."""
+    try:
+        return _converted(column, kind).null_count == column.null_count
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        return False
+
+
+def _conformed(table: pa.Table, target: Mapping[str, pa.DataType], as_text: set[str]) -> pa.Table:
+    """`table` with each column named in `as_text` as text, and each other one `target` names in its type."""
+    for i, field in enumerate(table.schema):
+        column = table.column(i)
+        if field.name in as_text:
+            kind = pa.string()
+            if pa.types.is_string(field.type):
+                continue
+            converted = pa.chunked_array([pa.array([None if v is None else str(v) for v in column.to_pylist()],
+                                                   type=kind)], type=kind)
+        elif field.name in target and field.type != target[field.name]:
+            kind = target[field.name]
+            converted = _converted(column, kind)
+        else:
+            continue
+        table = table.set_column(i, field.with_type(kind), converted)
+    return table
 
 
 def deduplicated(table: pa.Table, kind: str) -> pa.Table:
@@ -354,8 +429,17 @@ def compact(folder: Path, order: Mapping[str, int] | None = None, task: str | No
     trial row of a key in `order` gets that index as its trial_index. Without `order`, the keys of the
     folder's space.json order the rows and trial_index stays as stored. Columns follow `task`'s schema
     (its column order; unknown columns after it, by name). A kind with no parts is not rewritten, unless
-    it is in `keep_empty` and has no file yet (a train sweep always has an epochs.parquet)."""
+    it is in `keep_empty` and has no file yet (a train sweep always has an epochs.parquet).
+
+    First, the temp files of writes a killed process left are removed (results.remove_stale_temps: every
+    caller holds the sweep lock, and a driver whose --resume has nothing to run never builds the writer
+    that removed them before, issue 59 item 7), and every file to be merged is checked (`check_files`):
+    a damaged one (DamagedResults) or a bad trial key (BadTrialKey) stops the compaction before anything
+    is written or removed."""
     folder = Path(folder)
+    remove_stale_temps(folder)
+    remove_stale_temps(folder / PARTS_DIR, PART_TEMPS)
+    check_files(folder)
     reindex = order is not None
     if order is None:
         order = _space_order(folder)
@@ -388,6 +472,24 @@ def compact(folder: Path, order: Mapping[str, int] | None = None, task: str | No
     return done
 
 
+def check_files(folder: Path) -> None:
+    """Every file compact() would merge (each kind's compacted file and live parts, where it has live
+    parts) read for its key columns: DamagedResults for one that is not a results file of its kind
+    (truncated, a FIFO, another schema, too costly: results.read_results_table), BadTrialKey for a key
+    sweep.py never makes, each naming the file. So a compaction never writes rows it would have to
+    refuse, and never removes a part it did not merge (issue 59, item 1)."""
+    folder = Path(folder)
+    for kind in KINDS:
+        path = folder / kind
+        live = live_parts(listed_parts(folder, kind), compacted_through(path))
+        if not live:
+            continue
+        for file in [path, *(p.path for p in live)]:
+            table = read_results_table(file, kind=kind, columns=["trial_key"])
+            if table is not None:
+                check_key_column(table.column("trial_key"), file)
+
+
 def _with_through(table: pa.Table, through: int) -> pa.Table:
     metadata = {k: v for k, v in (table.schema.metadata or {}).items() if k != THROUGH_KEY}
     if through:
@@ -409,9 +511,9 @@ def _task_of(table: pa.Table) -> str | None:
 
 def _space_order(folder: Path) -> dict[str, int]:
     """trial_key -> its index in the folder's space.json (empty where there is none or it is not one)."""
-    try:
-        keys = json.loads((folder / SPACE_FILE).read_text(encoding="utf-8"))["trial_keys"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    try:  # a regular file only: a FIFO there would block the compaction (issue 59, item 5)
+        keys = json.loads(read_regular_bytes(folder / SPACE_FILE, MAX_SPACE_FILE_BYTES, "") or b"{}")["trial_keys"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # ConfigError is a ValueError
         return {}
     return {k: i for i, k in enumerate(keys)} if isinstance(keys, list) else {}
 
