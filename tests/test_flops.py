@@ -1,6 +1,7 @@
 """FLOP counting: fvcore plus our handles against a hand count; nothing left uncounted."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from rpevit.config import TrialConfig
@@ -40,3 +41,13 @@ def test_flops_scale_quadratically_in_tokens_for_softmax() -> None:
     head = 16 * 10
     per_token = (total(16) - sdpa(16) - head) / 16  # 16 tokens
     assert total(32) == round(per_token * 64 + sdpa(64) + head)  # 64 tokens
+
+
+@pytest.mark.parametrize("attention", ["softmax", "favor", "relu"])
+@pytest.mark.parametrize("pe", ["ape", "rope", "luo_rpe", "circulant_string", "rope_mixed"])
+def test_flops_are_whole_numbers_for_every_variant(attention: str, pe: str) -> None:
+    """fvcore's einsum handle returns floats: the count was printed as 17952.0 for some variants (issue 59)."""
+    cfg = TrialConfig.from_dict({"dim": 8, "depth": 1, "heads": 2, "mlp_ratio": 2.0, "pe": pe,
+                                 "attention": attention, "num_features": 8})
+    flops, unsupported = count_flops(build_model(cfg, in_chans=1, num_classes=10), torch.randn(3, 1, 8, 8))
+    assert type(flops) is int and flops > 0 and unsupported == {}
