@@ -176,7 +176,7 @@ def measure_whole(cfg: TrialConfig, models: list, data, schedule, device: torch.
                 for model in models:
                     advance_redraws(model)
             with record_function("train_step"):
-                stepper.full.step(lambda fn: fn(s))
+                stepper.graph.step(lambda fn: fn(s))
                 stepper.scheduler_step()
 
     t0 = time.perf_counter()
@@ -197,7 +197,7 @@ def measure_whole(cfg: TrialConfig, models: list, data, schedule, device: torch.
     median = sorted(rates)[len(rates) // 2]
     row = {"members": k, "compile": "graph", "images_per_s": median, "images_per_s_samples": rates,
            "step_ms": 1e3 * k * batch / median, "warmup_s": warmup_s, "forward_flops_per_image_fvcore": flops,
-           "compile_fallback": stepper.full.fallback, "timed_together": together,
+           "compile_fallback": stepper.graph.fallback, "timed_together": together,
            "cudagraph_skips": int(sum(counters["inductor"].get(key, 0) for key in counters["inductor"]
                                       if "cudagraph_skip" in key))}
     return {**row, "profile": profiled} if profiled else row

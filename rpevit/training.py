@@ -59,6 +59,15 @@ def loss_of(logits: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
     return F.cross_entropy(logits, labels, label_smoothing=label_smoothing)
 
 
+def weighted_loss_of(logits: Tensor, labels: Tensor, label_smoothing: float, weights: Tensor) -> Tensor:
+    """sum_i w_i loss_i, per-sample label-smoothed cross-entropy (bf16 logits upcast): with w_i = 1 / b it is
+    loss_of's mean; a weight 0 leaves that image out (compile: graph pads an epoch's short last batch)."""
+    if logits.dtype in (torch.bfloat16, torch.float16):
+        logits = logits.float()
+    per_image = F.cross_entropy(logits, labels, label_smoothing=label_smoothing, reduction="none")
+    return (per_image * weights.to(per_image.dtype)).sum()
+
+
 LossFn = Callable[[nn.Module, Tensor, Tensor, Tensor], "tuple[Tensor, Tensor]"]
 Result = TypeVar("Result")
 

@@ -5,7 +5,7 @@ What the CPU suite cannot show: that the whole step, compiled by Inductor with C
 AdamW's state and the random-feature projections at their captured addresses and writes them back in
 place, so a redraw copied into a projection, a new epoch's draws copied into the tables and the step
 count all reach the graph. Checked in float64 against the stacked step (tests/test_whole_step.py's
-whole_step_against_stacked: two epochs, full and short batches, so each graph is replayed several
+whole_step_against_stacked: two epochs, full and short (padded) batches, so the graph is replayed several
 times), and, under bf16 as a sweep runs it, that a fused group trains through the train task with
 the compiled path (no eager fallback) and lands near the eager fused group's accuracy.
 """
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.gpu,
                                           ("favor", "ape")])
 def test_the_whole_step_under_cuda_graphs_equals_the_stacked_step_in_float64(attention: str, pe: str) -> None:
     whole = whole_step_against_stacked(torch.device("cuda"), "inductor", attention=attention, pe=pe)
-    assert whole.full.fn is not whole.full.eager  # compiled, and it did not fall back (checked inside)
+    assert whole.graph.fn is not whole.graph.eager  # compiled, and it did not fall back (checked inside)
 
 
 @pytest.mark.slow

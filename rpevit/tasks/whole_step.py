@@ -1,5 +1,5 @@
-"""`compile: graph`: the whole training step of a group as one compiled function: one CUDA graph per
-batch shape on a GPU, no host work per step but the replay (and a random-feature redraw where due).
+"""`compile: graph`: the whole training step of a group as one compiled function: one CUDA graph on a
+GPU, no host work per step but the replay (and a random-feature redraw where due).
 
 Why: on an H100 the step of `compile: cudagraphs` took 5.2 ms, of which ~2.0 ms were the step's
 inputs (indexing, augmentation, masks) and ~1.1 ms the optimizer, both outside its graph, which holds
@@ -15,7 +15,8 @@ step computes is inside one function of device tensors:
     learning rate   <- the schedule's table at the optimizer's step count
     running sums    <- the epoch's loss and correct-prediction sums, the random-feature step counts
 
-and it is compiled (fullgraph) per batch shape: the full batches and the short last one.
+and it is compiled (fullgraph) once: the short last batch of an epoch is padded to the batch size with
+weight-0 images (one_step), so every step has one shape and one graph.
 
 Randomness is drawn once per epoch, in one batch per member, from the member's own generators (its
 data generator: order and augmentation; its mask generator: stochastic depth), with the same
@@ -50,7 +51,8 @@ from rpevit.config import TrialConfig
 from rpevit.data import Splits, crop_flip, rotate_images
 from rpevit.models.stacked import StackedModels, vmap_blockers
 from rpevit.tasks.generators import MemberRandom
-from rpevit.training import CLIP_EPS, GuardedCompile, autocast_context, loss_of, make_adamw, path_mask_dtype
+from rpevit.training import (CLIP_EPS, GuardedCompile, autocast_context, make_adamw, path_mask_dtype,
+                             weighted_loss_of)
 
 State = dict[str, Tensor]
 
@@ -136,24 +138,21 @@ class WholeStep:
         self.bind_optimizer_state()
         forward = self.stack.member_forward()
 
-        def member_loss(params: dict, buffers: dict, images: Tensor, labels: Tensor,
-                        masks: Tensor) -> tuple[Tensor, Tensor]:
+        def member_loss(params: dict, buffers: dict, images: Tensor, labels: Tensor, masks: Tensor,
+                        weights: Tensor) -> tuple[Tensor, Tensor]:
             with autocast_context(cfg, device):
                 logits = forward(params, buffers, normalize(images), masks)
-                return loss_of(logits, labels, cfg.label_smoothing), logits
+                return weighted_loss_of(logits, labels, cfg.label_smoothing, weights), logits
 
         mapped = self.stack.vmapped(member_loss)
 
-        def summed(params: dict, buffers: dict, images: Tensor, labels: Tensor, masks: Tensor):
-            losses, logits = mapped(params, buffers, images, labels, masks)
+        def summed(params: dict, buffers: dict, images: Tensor, labels: Tensor, masks: Tensor, weights: Tensor):
+            losses, logits = mapped(params, buffers, images, labels, masks, weights)
             return losses.sum(), (losses.detach(), logits.detach())
 
         self.grad_and_losses = grad_and_value(summed, has_aux=True)
-        self.full = GuardedCompile(self.full_step, cfg, self.log)
-        self.tail = GuardedCompile(self.tail_step, cfg, self.log)
-        self.forward_loss = self.full  # its `fallback` says why a compiled run went eager (the row records it)
-        self.tables: State | None = None
-        self.tail_inputs: State | None = None
+        self.graph = GuardedCompile(self.one_step, cfg, self.log)
+        self.forward_loss = self.graph  # its `fallback` says why a compiled run went eager (the row records it)
 
     # ------------------------------------------------------------------ the optimizer's state as graph inputs
     def bind_optimizer_state(self) -> None:
@@ -181,13 +180,16 @@ class WholeStep:
                             device=self.device)
 
     # ------------------------------------------------------------------ the step itself
-    def train_step(self, s: State, images: Tensor, labels: Tensor, raw_masks: Tensor) -> None:
+    def train_step(self, s: State, images: Tensor, labels: Tensor, raw_masks: Tensor, valid: Tensor) -> None:
         """Everything one step computes, on tensors of `s` in place: (k, b) images, labels and raw masks
-        (k, sites, b) in, parameters, AdamW state and the epoch's sums updated."""
+        (k, sites, b) in, and which of the b positions are real images (the last batch of an epoch is
+        short: its padding gets weight 0); parameters, AdamW state and the epoch's sums updated."""
         cfg = self.cfg
         masks = raw_masks[..., None, None] * s["path_scales"]
+        count = valid.sum()
+        weights = (valid.to(s["loss_sum"].dtype) / count).expand(labels.shape)
         grads, (_, (losses, logits)) = self.grad_and_losses(self.stack.params, self.stack.buffers, images, labels,
-                                                              masks)
+                                                              masks, weights)
         with torch.no_grad():
             names = list(self.stack.params)
             if cfg.grad_clip > 0:  # each member by its own global norm (clip_grad_norm_per_member)
@@ -198,8 +200,8 @@ class WholeStep:
             self.adamw(s, grads)
             for name in self.counted:
                 self.stack.buffers[f"{name}.forward_count"].add_(1)
-            s["loss_sum"].add_(losses.to(s["loss_sum"].dtype) * labels.shape[1])
-            s["correct"].add_((logits.argmax(-1) == labels).sum(-1))
+            s["loss_sum"].add_(losses.to(s["loss_sum"].dtype) * count)
+            s["correct"].add_(((logits.argmax(-1) == labels) & valid).sum(-1))
 
     def adamw(self, s: State, grads: dict[str, Tensor]) -> None:
         """torch.optim.AdamW's update (decoupled weight decay, bias corrections at the new step count), on
@@ -218,31 +220,30 @@ class WholeStep:
                 denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
                 p.sub_((lr / bias_correction1) * exp_avg / denom)
 
-    def full_step(self, s: State) -> None:
-        """A full batch: step s['i'] of the epoch's tables, gathered on the device; then i += 1."""
-        b = self.cfg.resolved_batch_size
-        positions = s["i"] * b + s["arange"]
+    def one_step(self, s: State) -> None:
+        """Step s['i'] of the epoch: its b positions of the epoch's tables, gathered on the device; then
+        i += 1. The last step of an epoch whose length b does not divide is padded to b with the last image
+        at weight 0, so every step has one shape and one graph (a second graph for the short batch cost a
+        second compilation and, under CUDA graphs, a second memory pool). Exact: nothing mixes images
+        within a batch (no batch statistics), so a weight-0 image changes no other image's loss or gradient,
+        and the weights 1 / (real images) make the loss the real images' mean."""
+        n = s["order"].shape[1]
+        positions = s["i"] * self.cfg.resolved_batch_size + s["arange"]
+        valid = positions < n
+        positions = positions.clamp(max=n - 1)
         idx = s["order"].index_select(1, positions)
         draws = {name: table.index_select(1, positions) for name, table in self.aug_tables(s).items()}
-        self.gather_and_step(s, idx, draws, s["masks"].index_select(2, positions))
+        self.gather_and_step(s, idx, draws, s["masks"].index_select(2, positions), valid)
         s["i"].add_(1)
-
-    def tail_step(self, s: State) -> None:
-        """The short last batch (its own shape, its own graph): the epoch's last positions."""
-        start = s["order"].shape[1] - s["tail_arange"].shape[0]
-        positions = start + s["tail_arange"]
-        idx = s["order"].index_select(1, positions)
-        draws = {name: table.index_select(1, positions) for name, table in self.aug_tables(s).items()}
-        self.gather_and_step(s, idx, draws, s["masks"].index_select(2, positions))
 
     @staticmethod
     def aug_tables(s: State) -> State:
         return {name[4:]: t for name, t in s.items() if name.startswith("aug_")}
 
-    def gather_and_step(self, s: State, idx: Tensor, draws: State, raw_masks: Tensor) -> None:
+    def gather_and_step(self, s: State, idx: Tensor, draws: State, raw_masks: Tensor, valid: Tensor) -> None:
         images = s["x_train"][idx]
         labels = s["y_train"][idx]
-        self.train_step(s, augmented(images, draws, self.augment, self.crop_padding), labels, raw_masks)
+        self.train_step(s, augmented(images, draws, self.augment, self.crop_padding), labels, raw_masks, valid)
 
     # ------------------------------------------------------------------ an epoch
     def prepare(self, data: Splits, total_steps: int) -> None:
@@ -253,14 +254,14 @@ class WholeStep:
         self.crop_padding = data.spec.crop_padding
         self.mask_dtype = path_mask_dtype(cfg, self.device)
         self.keeps = self.models[0]._path_keeps()
-        self.steps_full, tail = divmod(n, b)
+        self.steps = math.ceil(n / b)
         dev = self.device
         self.state = {
             "x_train": data.x_train, "y_train": data.y_train,
             "lr_table": self.lr_table(total_steps),
             "path_scales": self.models[0]._path_scales(self.mask_dtype, dev).view(1, -1, 1, 1, 1),
             "i": torch.zeros((), dtype=torch.long, device=dev),
-            "arange": torch.arange(b, device=dev), "tail_arange": torch.arange(tail, device=dev),
+            "arange": torch.arange(b, device=dev),
             "loss_sum": torch.zeros(k, device=dev), "correct": torch.zeros(k, dtype=torch.long, device=dev),
             "order": torch.zeros((k, n), dtype=torch.long, device=dev),
             "masks": torch.zeros((k, len(self.keeps), n), dtype=self.mask_dtype, device=dev),
@@ -290,14 +291,10 @@ class WholeStep:
             s[f"aug_{name}"].copy_(table)
         for name in ("i", "loss_sum", "correct"):
             s[name].zero_()
-        steps = self.steps_full + (1 if s["tail_arange"].numel() else 0)
-        for step in range(steps):
+        for _ in range(self.steps):
             for model in self.models:
                 advance_redraws(model)
-            if step < self.steps_full:
-                self.full.step(lambda fn: fn(s))
-            else:
-                self.tail.step(lambda fn: fn(s))
+            self.graph.step(lambda fn: fn(s))
             self.scheduler_step()
         losses = [total / n for total in s["loss_sum"].tolist()]
         accs = [hits / n for hits in s["correct"].tolist()]
