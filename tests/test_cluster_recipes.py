@@ -81,6 +81,41 @@ def test_the_image_is_rays_tested_version():
     assert f"FROM rayproject/ray:{TESTED_RAY}-" in (RECIPES / "Dockerfile").read_text()
 
 
+def docker_excludes(patterns: list[str], path: str) -> bool:
+    """Docker's .dockerignore rule for the patterns used here (no `!`): a pattern is anchored at the context's
+    root and matches a path or one of its parent folders, component by component (`*` within a component);
+    `**/` matches any number of leading folders."""
+    from fnmatch import fnmatchcase
+
+    parts = path.split("/")
+    for pattern in patterns:
+        assert not pattern.startswith("!"), "re-includes need the full rule"
+        tail = pattern.split("/")
+        anywhere = tail[0] == "**"
+        tail = tail[1:] if anywhere else tail
+        starts = range(len(parts)) if anywhere else [0]
+        if any(len(parts) - s >= len(tail) and all(fnmatchcase(parts[s + i], t) for i, t in enumerate(tail))
+               for s in starts):
+            return True
+    return False
+
+
+def test_the_image_build_context_leaves_out_venvs_history_and_results():
+    """Issue 59, item 6: without a .dockerignore the context held the .venv (6.4 GB), results/ and .git."""
+    root = RECIPES.parents[1]
+    patterns = [line.strip() for line in (root / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    needed = ["pyproject.toml", "constraints/tested.txt", "sweep.py", "rpevit/__init__.py", "rpevit/pe/luo_crossover.json",
+              "search_spaces/all12.yaml", "analysis/report.py", "docs/cluster/Dockerfile"]
+    for path in needed:
+        assert (root / path).exists(), path
+        assert not docker_excludes(patterns, path), f"{path} is left out of the image"
+    for path in (".venv/lib/python3.11/site-packages/torch/__init__.py", ".venv-ci/bin/python", ".git/HEAD",
+                 "results/smoke/trials.parquet", ".lease/wheels/x.whl", "rpevit/__pycache__/config.cpython-311.pyc",
+                 "rpevit.egg-info/PKG-INFO"):
+        assert docker_excludes(patterns, path), f"{path} would be sent to the build"
+
+
 STAND_INS = {
     # a long node list after the job's two (a reader that stops at the first line makes it die of SIGPIPE)
     "scontrol": 'echo "$@" >> "$LOG/scontrol"; [ "$1 $2" = "show hostnames" ] && printf "gpu07\\ngpu08\\n" '
