@@ -101,7 +101,9 @@ def recipe_rows() -> list[dict]:
 
 def test_the_recipe_is_one_choice_for_every_variant(tmp_path):
     text = validation_choice.build(write_sweep(tmp_path / "recipe", "recipe", recipe_rows()))
-    assert "Knob: **lr / init / grad_clip**" in text and "mnist: 0.002, trunc_normal, 1" in text
+    # the earlier choice of the rows' dataset only (cifar10's is not these rows')
+    assert "Knob: **lr / init / grad_clip**; the earlier choice (made on test): 0.002, trunc_normal, 1." in text
+    assert "0.001, trunc_normal" not in text
     # per cell, softmax+rope would take lr 4e-3 and favor+ape 2e-3; alike for both, the mean over cells picks
     # 2e-3 torch_default (0.95 against 0.935 for 4e-3 and 0.92 for the earlier trunc_normal)
     assert "Validation chooses 0.002, torch_default, 1 for every variant, not the earlier 0.002, trunc_normal, 1" in text
@@ -162,3 +164,17 @@ def test_a_candidate_one_cell_has_not_tried_is_left_out_of_the_joint_choice_and_
                             "(mnist / favor / ape lacks it).")
     complete = validation_choice.build(write_sweep(tmp_path / "full", "full", recipe_rows()))
     assert "Not among the candidates" not in complete
+
+
+def test_digits_redraw_is_judged_against_the_schedule_it_borrowed_from_mnist(tmp_path):
+    """Issue 61: digits ran MNIST's validated schedule (every step until 80%), never chosen on digits; its own
+    study is compared with that, and the text says where it came from (not "made on test")."""
+    val = {1: [0.80, 0.81, 0.82], 10: [0.86, 0.87, 0.88], 100: [0.89, 0.90, 0.905]}
+    rows = [{**config_row(attention="favor", pe="ape", redraw_interval=interval, redraw_until=0.8, seed=seed,
+                          dataset="digits"),
+             "test_acc": 0.5, "test_acc_draw_mean": 0.5, "final_val_acc": 0.1, "val_acc_draw_mean": value}
+            for interval, values in val.items() for seed, value in enumerate(values)]
+    text = validation_choice.build(write_sweep(tmp_path / "redraw", "redraw", rows))
+    assert "the earlier choice (MNIST's validation choice, borrowed: never chosen on digits): 1, 0.8" in text
+    assert "- digits / favor / ape: validation chooses 100, 0.8, not the earlier 1, 0.8" in text
+    assert "(earlier choice)" in text
