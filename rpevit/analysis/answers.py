@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
-from rpevit.analysis import validation_choice
+from rpevit.analysis import headline, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_sweep, read_trials, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
@@ -776,9 +776,26 @@ def declared_verdicts(sources: Sources, dataset: str, a: str, b: str) -> str:
     return "; ".join(found)
 
 
+HOW_TO_READ = ("How to read: mean or difference [95% interval] (n seeds of each group), t-based (Welch, "
+               "Welch-Satterthwaite for a contrast; `rpevit/analysis/stats.py`); \"at its Holm level\" is the same "
+               "interval corrected by Holm within its family. An effect is claimed only where that interval excludes 0; "
+               "otherwise it is \"not resolved with n seeds\". A comparison a study declared before it ran is "
+               "confirmatory; everything else is exploratory and labelled so.")
+
+
 def readme_block(sources: Sources) -> str:
-    """The README's "Answers so far": the declared comparisons, then a few headline figures of each study,
-    each labelled; the long form is results/ANSWERS.md."""
+    """The README's "Answers so far" (issue 58, item 8): the headline figure and table (rpevit.analysis.headline),
+    how to read them, and the link to results/ANSWERS.md, which keeps every line of the summary."""
+    found = headline.headline(sources.results_dir)
+    lines = [*headline.readme_lines(found, f"results/{headline.FIGURE}"), "", HOW_TO_READ + " Every other answer "
+             f"(MNIST, STRING, rotation, validation choices, cost), each declared comparison and every configuration: "
+             f"[results/{ANSWERS_FILE}](results/{ANSWERS_FILE}); the tables: [results/report.md](results/report.md)."]
+    return "\n".join(lines)
+
+
+def summary_lines(sources: Sources) -> list[str]:
+    """results/ANSWERS.md's summary: the declared comparisons, then a few headline figures of each study, each
+    labelled (the README's block until issue 58 moved the README to one figure and one table)."""
     lines = ["**Declared before the runs (confirmatory).**", "", *declared_section(sources, False)]
     lines += ["", "**Exploratory** (comparisons no study declared before it ran; intervals at 95 %, then at their "
                   "Holm level; points of accuracy, draw mean for random-feature models):"]
@@ -828,9 +845,7 @@ def readme_block(sources: Sources) -> str:
                      f"one, margin in validation points): " + "; ".join(validation_lines(folder, short=True))
                      + f". {' / '.join(knob)} on {folder_dataset(folder)}: {ran_with(sources, knob, folder_dataset(folder))}.")
     lines.append(f"- Cost (measurements, `{TOKEN_SCALING}`): {scaling_summary(sources)}")
-    lines += ["", f"Every figure with its source, and every configuration: [results/{ANSWERS_FILE}](results/"
-                  f"{ANSWERS_FILE}); the tables: [results/report.md](results/report.md)."]
-    return "\n".join(lines)
+    return lines
 
 
 def answers_file(sources: Sources) -> str:
@@ -847,6 +862,7 @@ def answers_file(sources: Sources) -> str:
              "comparisons\"). Everything else is exploratory and labelled so: its \"excludes 0\" (or, in the "
              "sentences the STRING and rotation reports write, \"resolved\") describes these rows under Holm "
              "families chosen after the data were seen, not a confirmed answer.", "",
+             "## In short", "", *summary_lines(sources), "",
              "## Declared comparisons (confirmatory)", "", *declared_section(sources, True), "",
              *gap_section(sources, "mnist", "MNIST: softmax vs Performer attention, and what each encoding does"),
              *string_section(sources, "mnist"), *rotation_section(sources),
@@ -1162,6 +1178,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     root = args.results_dir.resolve().parent
     if args.check:
         messages = stale(expected, root) + provenance_mismatches(args.results_dir)
+        figure = args.results_dir / headline.FIGURE
+        if headline.headline(args.results_dir) is not None and not figure.is_file():
+            messages.append(f"{figure} is missing: the README shows it")
         if messages:
             print("\n\n".join(messages) + f"\n\nRegenerate with: {COMMAND}", file=sys.stderr)
             raise SystemExit(1)
@@ -1171,6 +1190,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             write_atomic(path, text)
             print(f"wrote {os.path.relpath(path)}")
+    found = headline.headline(args.results_dir)
+    if found is not None:  # the README's figure, drawn from the same rows as its table
+        headline.figure(found, args.results_dir / headline.FIGURE)  # save_figure says where
 
 
 __all__ = ["BLOCKS", "COMMAND", "AnswersError", "Sources", "answers_file", "confirmatory_studies", "declared_section",
