@@ -381,3 +381,27 @@ def test_the_dry_run_checks_the_data_file_as_a_trial_will(tmp_path, capsys, monk
     monkeypatch.delenv("RPEVIT_OFFLINE")  # online, a missing file is downloaded by the trial: a warning only
     assert sweep.main(["--space", str(space), "--data-dir", str(tmp_path / "fresh"), "--dry-run"]) == 0
     assert not (tmp_path / "fresh").exists()  # and the dry run downloads nothing
+
+
+@pytest.mark.slow
+def test_an_embedded_ray_that_cannot_start_is_one_line_not_a_traceback(tmp_path) -> None:
+    """Issue 59 (adversary, item 7): a Ray start-up failure printed Ray's raw traceback. A real failure here: a
+    temp folder whose socket paths exceed the 107 bytes AF_UNIX allows (Ray refuses it at once)."""
+    import subprocess
+    import sys
+
+    long_tmp = Path("/tmp") / ("r" * 100)  # /tmp/rrr.../rpevit-<uid>/ray/session_.../sockets/plasma_store > 107
+    long_tmp.mkdir(exist_ok=True)
+    env = {**os.environ, "RAY_TMPDIR": str(long_tmp), "PYTHONPATH": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "sweep.py", "--space", "search_spaces/smoke.yaml", "--results-dir",
+                               str(tmp_path), "--no-dashboard"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=300)
+    finally:
+        import shutil
+
+        shutil.rmtree(long_tmp, ignore_errors=True)
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("error:")]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert len(errors) == 1 and errors[0].startswith("error: the embedded Ray did not start in ")
+    assert "AF_UNIX path length" in errors[0] and "RAY_TMPDIR" in errors[0]

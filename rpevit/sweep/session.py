@@ -317,9 +317,20 @@ def _init_ray(address: str | None, dashboard: bool, gpus: float, owner: str | No
                              f"{ADDRESS_ALLOWED}") from err
     else:
         create_private_token()  # before Ray would write one readable by every user
+        temp = private_temp_dir()
         with temporary_environ({LOCAL_ONLY_ENV: "0", **({reaper.OWNER_ENV: owner} if owner else {})}):
-            ctx = ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", runtime_env=runtime_env,
-                           log_to_driver=False, _temp_dir=str(private_temp_dir()))
+            try:
+                ctx = ray.init(include_dashboard=dashboard, dashboard_host="127.0.0.1", runtime_env=runtime_env,
+                               log_to_driver=False, _temp_dir=str(temp))
+            except (OSError, RuntimeError, ConnectionError, TimeoutError, ray.exceptions.RayError) as err:
+                # a start that fails (its GCS never answered, a socket path too long, ...) was a raw traceback
+                # of Ray's internals (issue 59): one line with what Ray said and what to do
+                ray.shutdown()
+                raise SpaceError(f"the embedded Ray did not start in {temp} ({' '.join(str(err).split())[:300]}); "
+                                 f"allowed: a start that works: a short temp path (RAY_TMPDIR; Ray's socket paths "
+                                 f"must fit 107 bytes), no RAY_AUTH_MODE / RAY_AUTH_TOKEN left over from another "
+                                 f"cluster, enough free memory and disk there; or join a running cluster with "
+                                 f"--address") from err
         node_ip = ray.util.get_node_ip_address()
         if node_ip not in LOOPBACK:
             raise SpaceError(f"the embedded Ray listens on {node_ip}, not 127.0.0.1 (Ray was imported in this "
