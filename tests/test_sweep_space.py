@@ -275,3 +275,22 @@ def test_a_trial_label_leaves_out_the_options_of_encodings_it_does_not_use():
     labels = {(t["attention"], t["pe"]): space.label(i) for i, t in enumerate(space.trials)}
     assert "luo_scale" not in labels[("softmax", "ape")] and "pe=ape" in labels[("softmax", "ape")]
     assert "luo_scale=3.0" in labels[("favor", "luo_rpe")]
+
+
+@pytest.mark.parametrize("content", [b"\x00\xffnot json", b"[1, 2, 3]", b'{"12": "gpu0", "x": [0, 0.5], "7": [true, 2]}',
+                                     b'{"1": [0, 0.9]'])
+def test_a_malformed_gpu_claims_file_is_read_as_no_claims_and_rewritten(tmp_path, content):
+    """Issue 59 (adversary, item 7): a claims file of garbage, another shape or bad entries is untrusted input:
+    its claims are dropped and the file is rewritten whole, never a failed trial."""
+    claims = tmp_path / "claims.json"
+    claims.write_bytes(content)
+    assert claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims) == 0
+    assert yaml.safe_load(claims.read_text()) == {str(os.getpid()): [0, 0.25]}
+
+
+def test_a_gpu_claims_path_that_is_not_a_file_is_refused_in_one_line(tmp_path):
+    claims = tmp_path / "claims.json"
+    claims.mkdir()
+    with pytest.raises(RuntimeError, match=r"is not a regular file; allowed: a regular file or nothing there") as err:
+        claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
+    assert "\n" not in str(err.value)

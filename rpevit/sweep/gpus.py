@@ -68,6 +68,10 @@ def claim_least_loaded_gpu(fraction: float, num_devices: int, *, pid: int | None
     pid = os.getpid() if pid is None else pid
     claims_file = default_claims_file() if claims_file is None else claims_file
     claims_file.parent.mkdir(parents=True, exist_ok=True)
+    if os.path.lexists(claims_file) and not claims_file.is_symlink() and not claims_file.is_file():
+        # a folder or FIFO there once failed the trial with a traceback from deep in the writer (issue 59)
+        raise RuntimeError(f"GPU claims file {claims_file} is not a regular file; allowed: a regular file or nothing "
+                           f"there (remove it: it only records which GPU each running trial took)")
     fd = os.open(claims_file.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
