@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rpevit.sweep import dry_run
 from rpevit.sweep.space import load_space
@@ -116,3 +117,18 @@ def test_the_estimate_comes_from_measured_rows_and_says_so(tmp_path):
     (out / "trials.parquet").write_bytes(b"not parquet")  # a damaged file: said, never moved by a dry run
     line = dry_run.estimate_line(space, space.resources, str(tmp_path), None, resume=True, local=True)
     assert line.startswith("estimate: none (") and (out / "trials.parquet").read_bytes() == b"not parquet"
+
+
+def test_a_data_free_space_reads_no_dataset_file(tmp_path, capsys, monkeypatch):
+    """A bench space (random images of the dataset's shape) with no cifar10.npz anywhere: the dry run says no
+    data is read, and a real run neither refuses nor downloads (it once tried to, offline, on a GPU lease)."""
+    space = tmp_path / "b.yaml"
+    space.write_text("name: b\ntask: bench\nfixed: {dataset: cifar10, dim: 16, depth: 1, heads: 2}\n"
+                     "grid: {attention: [softmax]}\nresources: {cpus_per_trial: 1, gpus_per_trial: 0}\n")
+    empty = tmp_path / "nowhere"
+    monkeypatch.setenv("RPEVIT_OFFLINE", "1")
+    code, out, _ = run_dry(capsys, "--space", str(space), "--data-dir", str(empty), "--results-dir", str(tmp_path))
+    assert code == 0 and "data: none read by task bench" in out and "cifar10.npz" not in out
+    loaded = load_space(space)
+    dry_run.check_data(loaded, str(empty))  # nothing to refuse
+    dry_run.fetch_missing(loaded, str(empty), say=lambda *a, **k: pytest.fail(f"would fetch: {a}"))

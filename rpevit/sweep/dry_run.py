@@ -57,12 +57,27 @@ def effective_values(space: Space, overrides: dict[str, Any]) -> str:
     return "every trial: " + (" ".join(shown) or "the defaults (python sweep.py --fields)")
 
 
+# the tasks whose trials read their dataset's file; `bench` times random images of the dataset's shape and
+# `kernel_mse` draws its own vectors, so their spaces need no data (a bench sweep on a GPU without CIFAR-10 once
+# tried to download it before any trial started)
+DATA_TASKS = ("train",)
+
+
+def datasets_read(space: Space, data_dir: str | None) -> list[tuple[str, str]]:
+    """(dataset, folder given) of every trial that reads its dataset's file (DATA_TASKS)."""
+    return sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials
+                   if t.get("task", "train") in DATA_TASKS})
+
+
 def data_lines(space: Space, data_dir: str | None, *, refuse: bool = False) -> list[str]:
     """Per dataset that reads a folder, where its file is looked for and whether it is there, checked as
     a trial checks it (rpevit.data.dataset_file: the folder is a folder, the .npz a file, a missing one
     downloadable). What a trial would refuse is an error with `refuse` (a real run), a warning otherwise."""
     lines = []
-    for dataset, chosen in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
+    free = sorted({t.get("task", "train") for t in space.trials} - set(DATA_TASKS))
+    if free:
+        lines.append(f"data: none read by task {', '.join(free)} (data-free: random inputs of the dataset's shape)")
+    for dataset, chosen in datasets_read(space, data_dir):
         if dataset in FOLDERLESS_DATASETS:
             lines.append(f"data: {dataset} is bundled with scikit-learn (no data folder)")
             continue
@@ -104,7 +119,7 @@ def fetch_missing(space: Space, data_dir: str | None, say=print) -> None:
     once where the machine is online). ConfigError, one line, when the download fails."""
     from rpevit.data import load_arrays
 
-    for dataset, chosen in sorted({(t["dataset"], data_dir or t["data_dir"] or "") for t in space.trials}):
+    for dataset, chosen in datasets_read(space, data_dir):
         if dataset in FOLDERLESS_DATASETS:
             continue
         path = dataset_file(dataset, chosen or None)
