@@ -37,6 +37,34 @@
 # the plan times this (the tests of the caps; the CPU rehearsal). LEASE_REHEARSAL=1 (gpu_rehearsal.sh):
 # the same steps on a CPU, CPU-sized; the GPU tests collect and skip, and the plan is still asked with
 # the lease's deadline and the last measured GPU rate.
+#
+# The CIFAR-10 rung lease (issue 60, item 4): one rung of search_spaces/cifar10_rungs_gpu.yaml (a declared study:
+# softmax and FAVOR+ x 4 encodings x seeds 10-12, all12's CIFAR-10 model and recipe) per lease, with CIFAR-10
+# carried in parts (the device tool sends 64 MiB a call, the working tree included; cifar10.npz is 169.6 MB).
+# Here, once (after `prepare`):                       benchmarks/gpu_lease.sh prepare-cifar DATA_DIR
+#   .lease_cifar/partN/: the four arrays as a stored npz, xz-compressed through delta filters (114.9 MB, 0.62
+#   of it) and cut into parts, part 1 sized to travel beside .lease, each with MANIFEST.json (SHA-256 of every
+#   part and of the npz the lease rebuilds): benchmarks/lease/cifar_pack.py.
+# The calls, their carry lists and bytes:            LEASE_BUDGET_S=810 benchmarks/gpu_lease.sh cifar-plan
+#   and, per rung, whether plan.py fits it in the last call (whole, or as halves: --only attention=...).
+# The calls (each timeout_s 600, the next within 30 s of the last; cifar-plan prints the exact carry lists):
+#   call 1, carry=[.lease, .lease_cifar/part1]:  export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh receive
+#   call 2, carry=[.lease_cifar/part2]:          export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh receive
+#   call 3, carry=[.lease_cifar/part3]:          export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh rung 3
+#     receive  each carried part checked (size, SHA-256) and moved out of the checkout into $LEASE_DIR; one line
+#              says how many parts are in and which are missing; once all are in, cifar10.npz is rebuilt into
+#              $LEASE_DIR/data and its SHA-256 checked; .lease (when carried) checked and unpacked, image.txt
+#     rung EPOCHS [--only FIELD=VALUE ...]  receive first; then plan.py --exact (every group of the rung before
+#              the call's end, else nothing starts), sweep.py --only epochs=EPOCHS --data-dir $LEASE_DIR/data
+#              --deadline, SIGTERM at its end; rows (rpevit.sweep.snapshot), space.json, declaration.json,
+#              sweep.log, lease_plan.txt, curves.png (the device named), smi.txt back. A rung too long for one
+#              call runs as halves in two leases (rung 6 --only attention=softmax, then attention=favor).
+#              The study's declaration.json, once merged into results/cifar10_rungs_gpu, is seeded into the
+#              sweep folder first, so every lease records the same one.
+#   then give the machine back, put $OUT's files in results/gpu_<kind>/lease_<date>/cifar10_rungs_gpu/ and
+#   run benchmarks/lease/merge_rungs.py (every lease's rows read as one study in results/cifar10_rungs_gpu).
+# LEASE_CIFAR_PACK: the parts' folder in the checkout (default .lease_cifar). LEASE_RUNG_THROUGHPUT: the measured
+# rate the rung's plan uses (default the H100's packed rate of 2026-11-26).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${LEASE_PYTHON:-python3}
@@ -52,6 +80,15 @@ REHEARSAL_SWEEP=(--only dataset=mnist --only attention=softmax --only pe=luo_rpe
                  --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)   # one CPU-sized group
 # the packed rate the rehearsal's plan is asked with (its own benchmark runs a tiny CPU model): the last lease's
 REHEARSAL_RATE=${LEASE_REHEARSAL_THROUGHPUT:-results/gpu_h100/lease_2026-11-26/throughput_packed.json}
+CIFAR_PACK=${LEASE_CIFAR_PACK:-.lease_cifar}   # the parts a call carried (moved out by `receive`)
+RUNG_SPACE=search_spaces/cifar10_rungs_gpu.yaml
+RUNG_NAME=cifar10_rungs_gpu
+# a rung lease runs no benchmark: its plan uses the last measured packed rate (pessimistic: `compile: cudagraphs`
+# packed; the H200's `compile: on` packed rate was higher)
+RUNG_RATE=${LEASE_RUNG_THROUGHPUT:-results/gpu_h100/lease_2026-11-26/throughput_packed.json}
+# the rehearsal's rung: one CPU-sized group of the rung (the plan before it is the lease's own)
+REHEARSAL_RUNG=(--only attention=favor --only pe=luo_rpe --set train_subset=384 --set dim=32 --set depth=1
+                --set heads=2 --set compile=off --set eval_draws=2 --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)
 
 prepare() {
   local data=${1:?prepare needs the folder holding mnist.npz}
@@ -75,9 +112,19 @@ prepare() {
 
 case "${1:-}" in
   prepare) prepare "${2:-}"; exit $? ;;
+  prepare-cifar)
+    [[ -n ${2:-} ]] || { echo "error: prepare-cifar needs DATA_DIR, the folder holding cifar10.npz" >&2; exit 2; }
+    exec "$PY" benchmarks/lease/cifar_pack.py prepare "$2" --out "$CIFAR_PACK" --lease "$PACK" ;;
+  cifar-plan)
+    "$PY" benchmarks/lease/cifar_pack.py plan --pack "$CIFAR_PACK" --lease "$PACK" --budget "${LEASE_BUDGET_S:-810}" \
+        || exit $?
+    sweep_s=$("$PY" benchmarks/lease/cifar_pack.py plan --pack "$CIFAR_PACK" --lease "$PACK" \
+        --budget "${LEASE_BUDGET_S:-810}" --sweep-seconds) || exit 2
+    exec "$PY" benchmarks/lease/cifar_pack.py rungs --space "$RUNG_SPACE" --deadline-s "$sweep_s" \
+        --throughput "$RUNG_RATE" results/gpu_h100/lease_2026-11-27/throughput.json ;;
   budget) exec "$PY" benchmarks/lease/timeline.py "${LEASE_BUDGET_S:-1800}" ;;
-  first|bench|main|group|study|finish) ;;
-  *) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  first|bench|main|group|study|finish|receive|rung) ;;
+  *) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 # BUDGET_S, CALL_END_S, RETURN_S, UNPACK_S, PLAN_S, COLLECT_S, GRACE_S, QUICK_GRACE_S, TEST_TIMEOUT_S,
 # TEST_COLLECT_S, GROUP_TWO_EPOCHS_S, LEASE_KIND, CALL2 and the parts' ends from t0: the numbers `budget` prints
@@ -235,14 +282,16 @@ device_label() {   # the figure's device where the rows do not name it
   else echo "cpu (rehearsal)"; fi
 }
 
-# until t0 + $1: the sweep's rows so far, read as the analysis reads them (the compacted files and the parts a
-# running or cut sweep holds: rpevit.sweep.snapshot), its log, per-epoch curves naming the device, nvidia-smi
+# until t0 + $1: the sweep's rows so far (folder $2 of $L/results, default all12), read as the analysis reads them
+# (the compacted files and the parts a running or cut sweep holds: rpevit.sweep.snapshot), its space.json and
+# declaration.json, its log, per-epoch curves naming the device, nvidia-smi
 collect() {
-  local end=$1 folder=$L/results/all12 snap=$L/snapshot/all12
+  local end=$1 name=${2:-all12}
+  local folder=$L/results/$name snap=$L/snapshot/$name
   [[ -f $L/sweep.log ]] && tail -c 2000000 "$L/sweep.log" > "$OUT/sweep.log"
   rm -rf "$L/snapshot"
   if [[ -d $folder ]] && capped "$end" TERM "$QUICK_GRACE_S" "$PY" -m rpevit.sweep.snapshot "$folder" "$snap"; then
-    for f in trials.parquet epochs.parquet space.json; do [[ -f $snap/$f ]] && cp "$snap/$f" "$OUT/$f"; done
+    for f in trials.parquet epochs.parquet space.json declaration.json; do [[ -f $snap/$f ]] && cp "$snap/$f" "$OUT/$f"; done
     [[ -f $snap/epochs.parquet ]] && capped "$end" TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/curves.py "$snap" \
         "$OUT/curves.png" "$(device_label)"
   fi
@@ -251,6 +300,57 @@ collect() {
   return 0
 }
 sweep_running() { [[ -f $L/sweep.pid ]] && kill -0 "$(cat "$L/sweep.pid")" 2> /dev/null; }
+
+# the CIFAR-10 parts this call carried, checked and moved into $L (cifar10.npz rebuilt once all are in), until
+# t0 + $1; further arguments to cifar_pack.py receive (--require-complete: exit 4 unless cifar10.npz is rebuilt)
+take_parts() {
+  local end=$1; shift
+  capped "$end" TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/cifar_pack.py receive --pack "$CIFAR_PACK" --into "$L" "$@"
+}
+
+# `rung EPOCHS [--only FIELD=VALUE ...]`'s arguments: a whole number, and nothing but --only pairs after it (a
+# --set would make trials the declared study does not hold)
+check_rung_args() {
+  [[ ${1:-} =~ ^[1-9][0-9]{0,3}$ ]] || { echo "error: gpu_lease.sh rung EPOCHS: EPOCHS has value '${1:-}'; allowed:" \
+      "one of the rungs of $RUNG_SPACE (its grid's epochs; gpu_lease.sh cifar-plan lists them)" >&2; return 2; }
+  shift
+  while (( $# )); do
+    [[ $1 == --only && ${2:-} == *=* ]] || { echo "error: gpu_lease.sh rung: argument '$1' ${2:+'$2' }is not" \
+        "allowed; allowed: --only FIELD=VALUE pairs (a part of the rung, e.g. --only attention=softmax)" >&2; return 2; }
+    shift 2
+  done
+}
+
+# one rung of the declared CIFAR-10 study until t0 + $1 (the sweep's end): plan.py --exact with this call's
+# deadline (every group of the rung must fit, else nothing starts), then sweep.py with that --deadline
+run_rung() {
+  local end=$1 epochs=$2; shift 2
+  local flags=(--only "epochs=$epochs" "$@") deadline=$(( end - GRACE_S - $(since_t0) ))
+  [[ $REHEARSAL == 1 ]] && deadline=${LEASE_RUNG_SWEEP_S:-$deadline}   # the lease's own (cifar_pack.py plan)
+  capped $(( $(since_t0) + PLAN_S )) TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/plan.py --space $RUNG_SPACE --exact \
+      --deadline-s "$deadline" --throughput "$RUNG_RATE" "${flags[@]}" > "$L/plan.txt" 2>&1
+  local rc=$?
+  cp "$L/plan.txt" "$OUT/lease_plan.txt"; cat "$L/plan.txt"
+  (( rc == 0 )) || { echo "lease: rung epochs=$epochs ${*} does not fit by t0+$end s: nothing started"; return 2; }
+  local est
+  read -r _ est < <(tail -1 "$L/plan.txt")
+  local run=(--deadline-estimate "$est")
+  [[ $REHEARSAL == 1 ]] && { flags+=("${REHEARSAL_RUNG[@]}"); run=(--deadline-estimate 60); }
+  deadline=$(( end - GRACE_S - $(since_t0) ))
+  (( deadline > 0 )) || { echo "lease: no time left for the rung (its end: t0+$end s)"; return 124; }
+  echo "lease: sweep.py --space $RUNG_SPACE ${flags[*]} ${run[*]} --deadline $(minutes "$deadline") at t0+$(since_t0) s"
+  capped "$end" TERM "$GRACE_S" "$PY" sweep.py --space $RUNG_SPACE --results-dir "$L/results" --data-dir "$L/data" \
+      --no-dashboard "${flags[@]}" "${run[@]}" --deadline "$(minutes "$deadline")" > "$L/sweep.log" 2>&1
+}
+
+# the study's declaration as merged so far (results/cifar10_rungs_gpu/declaration.json, committed after the first
+# lease): copied into this lease's sweep folder before the sweep, so the driver finds it recorded and every lease's
+# rows carry one declaration (merge_rungs.py refuses a lease whose declaration differs)
+seed_declaration() {
+  local merged=results/$RUNG_NAME/declaration.json folder=$L/results/$RUNG_NAME
+  [[ -f $merged && ! -f $folder/declaration.json ]] || return 0
+  mkdir -p "$folder" && cp "$merged" "$folder/declaration.json" && echo "lease: $merged seeded into $folder"
+}
 
 case "$1" in
 first)
@@ -301,6 +401,35 @@ study)
   echo $! > "$L/sweep.pid"
   while sweep_running && (( $(since_t0) < end - COLLECT_S )); do sleep 5; done
   collect "$end"; tail -15 "$L/sweep.log"; echo "study call done at t0+$(since_t0) s (its end: t0+$end s)"
+  ;;
+receive)
+  keep_t0
+  end=$(call_end)
+  take_parts "$end" || exit 3
+  if [[ -f $PACK/site.tar.xz && ! -f $L/site/.unpacked ]]; then   # call 1 carries .lease too
+    ensure_site $(( $(since_t0) + UNPACK_S )) || exit 3
+    record_image "$end"
+  fi
+  echo "receive done at t0+$(since_t0) s"
+  ;;
+rung)
+  shift
+  check_rung_args "$@" || exit 2
+  epochs=$1; shift
+  keep_t0
+  end=$(call_end)
+  take_parts "$end" --require-complete
+  rc=$?
+  (( rc == 0 )) || { echo "error: rung $epochs: cifar10.npz is not rebuilt on this machine (the line above says" \
+      "which parts are missing or bad); carry them (gpu_lease.sh cifar-plan)" >&2; exit 3; }
+  ensure_site $(( $(since_t0) + UNPACK_S )) || exit 3
+  seed_declaration
+  run_rung $(( end - COLLECT_S )) "$epochs" "$@"
+  rc=$?
+  collect "$end" "$RUNG_NAME"
+  grep -v -i warn "$L/sweep.log" 2> /dev/null | tail -25; ls -la "$OUT"
+  echo "rung call done at t0+$(since_t0) s (its end: t0+$end s)"
+  exit $rc
   ;;
 finish)
   keep_t0
