@@ -3,7 +3,9 @@
 #
 #   REHEARSAL_BUDGET_S=810 benchmarks/gpu_rehearsal.sh [DATA_DIR]   the short lease's calls (a 15-minute lend)
 #   benchmarks/gpu_rehearsal.sh [DATA_DIR]                          the long lease's, with every all12 cell
-#                                                   (DATA_DIR holds mnist.npz; default $RPEVIT_DATA)
+#   REHEARSAL_RUNG=1 benchmarks/gpu_rehearsal.sh [DATA_DIR]         the CIFAR-10 rung lease's calls (issue 60, 4)
+#                                                   (DATA_DIR holds mnist.npz, and cifar10.npz for the rung
+#                                                   lease; default $RPEVIT_DATA)
 #
 # 1. a virtual environment like the device image (.venv-rehearsal, git-ignored): Python 3.12, torch 2.11.0
 #    (PyPI's x86_64 wheel, a CUDA build that runs on the CPU, with its CUDA libraries: ~5 GB once, cached
@@ -13,7 +15,10 @@
 #    as the lease brings them;
 # 2. the lease's own pack (benchmarks/gpu_lease.sh prepare: .lease/site.tar.xz and mnist.npz), unpacked
 #    and put on PYTHONPATH exactly as the lease's first call does;
-# 3. the lease's calls with LEASE_REHEARSAL=1, each command as `gpu_lease.sh budget` prints it for the
+# 3. (REHEARSAL_RUNG=1: benchmarks/lease/rehearse_rung.sh instead, in this venv with the real .lease: the parts
+#    prepared, each planned call replayed on one machine folder with the parts it carries, `receive` then
+#    `rung 3`, a CPU-sized group of the rung on the rebuilt CIFAR-10; its header says what it does not rehearse)
+#    the lease's calls with LEASE_REHEARSAL=1, each command as `gpu_lease.sh budget` prints it for the
 #    lease, with every time of the plan times REHEARSAL_TIME_SCALE (default 3: this CPU is slower; the
 #    times are caps, and the steps end when done):
 #    short (REHEARSAL_BUDGET_S, under 1500): call 1 `first; bench`: every import sweep.py needs,
@@ -113,6 +118,12 @@ rm -rf "$probe"
 echo "the image's packages the carried wheels require: $needed"
 "$VENV/bin/pip" install -q -c <(grep '==' benchmarks/lease/device_image.txt | grep -v '^python==') $needed
 
+if [[ ${REHEARSAL_RUNG:-0} == 1 ]]; then   # the CIFAR-10 rung lease: its own script, in this venv
+  step "3. the CIFAR-10 rung lease (benchmarks/lease/rehearse_rung.sh)"
+  LEASE_PYTHON=$PWD/$VENV/bin/python REHEARSAL_DIR=$WORK/rung bash benchmarks/lease/rehearse_rung.sh "$data" 3
+  step "done in $(( $(date +%s) - t_start )) s; files in $WORK/rung"
+  exit 0
+fi
 export LEASE_PYTHON=$PWD/$VENV/bin/python LEASE_DIR=$WORK/machine LEASE_REHEARSAL=1 OUT=${REHEARSAL_OUT:-$WORK/out}
 export LEASE_TIME_SCALE=${REHEARSAL_TIME_SCALE:-3} LEASE_TEST_WORKERS=2
 rm -rf "$WORK"; mkdir -p "$OUT"
