@@ -239,7 +239,7 @@ def test_a_contrast_of_gaps_is_judged_on_both_metrics_at_each_rung(tmp_path):
     assert on_training_draw.metric == "test_acc" and on_training_draw.nominal.point == pytest.approx(6.3)
     text = confirmatory.build(folder)
     assert "gap 1 − gap 2 at its Holm level" in text and "the fresh-draw penalty" in text
-    assert "Paired by seed because the rungs of one seed branch from one trunk" in text
+    assert "Paired by seed because the rungs of one seed share its initialisation and data order" in text
 
 
 def stats_of(cells):

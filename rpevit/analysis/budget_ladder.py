@@ -202,7 +202,8 @@ def build(results_dir: Path) -> str | None:
                              "95% t interval of the per-seed taus", "variants"], tau_rows), "",
              f"Tau: 1 = the same order at both budgets, 0 = unrelated, -1 = reversed. The interval is over seeds "
              f"(n = {', '.join(map(str, ns))} per cell): each seed's own ranking at the two budgets, paired because a "
-             f"seed's shorter rungs branch from its longest run at their cool-down start; a t interval over those "
+             f"seed's rungs share its initialisation and data order (and, where the study branches its rungs, its "
+             f"longest run: the shorter ones resume it at their cool-down start); a t interval over those "
              f"per-seed taus, clipped to [-1, 1]. A per-seed tau ranks single-seed accuracies, so it is noisier than "
              f"the tau of the means beside it.", "",
              "![accuracy against budget](budget_ladder.png)", ""]

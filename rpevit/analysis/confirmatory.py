@@ -52,8 +52,9 @@ KIND_METHOD = {
     "contrast": "(a1 − b1) − (a2 − b2), the difference of two gaps: a contrast of four independent cell means with "
                 "the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast)",
     "trend": "per seed, (a − b) at the longer budget minus (a − b) at the shorter; a one-sample t interval over seeds. "
-             "Paired by seed because the rungs of one seed branch from one trunk (the shorter run resumes the longer "
-             "run's checkpoint at its cool-down start), so they are not independent",
+             "Paired by seed because the rungs of one seed share its initialisation and data order (and, in a study "
+             "that branches its rungs, `branch: epochs`, its trunk: the shorter run resumes the longer run's "
+             "checkpoint at its cool-down start), so they are not independent",
 }
 
 
