@@ -28,6 +28,9 @@
 #            back. Where the plan admits no group, one fused group runs instead (as `group`).
 #   then give the machine back. `group [SWEEP FLAGS]`: one fused group (MNIST favor + luo_rpe, 2 epochs if
 #   its time allows, else 1) through sweep.py instead of the main job.
+# `longseq [SWEEP FLAGS]` (issue 60, item 5; carry=[.lease], no data): the data-free long-sequence bench,
+#   search_spaces/token_scaling_gpu.yaml (55 rows, N = 64 to 16,384), until the call's end; its rows back for
+#   `python analysis/token_scaling.py FOLDER --write-crossover` (luo_crossover.json's cuda entry).
 # bench, main and group unpack .lease themselves on a fresh machine (carry=[.lease]); they take their
 # times from t0 when `first` ran on this machine, else from their own start.
 # The long lease (1500 to 1800 s, planned for issue 40): `first`, `study` (benchmark, plan, a sweep in the
@@ -75,6 +78,7 @@ REHEARSAL=${LEASE_REHEARSAL:-0}
 WORKERS=${LEASE_TEST_WORKERS:-6}
 read -ra GPU_TESTS <<< "${LEASE_GPU_TESTS:-tests/test_gpu.py tests/test_gpu_whole_step.py}"   # what `first` collects and runs
 SPACE=search_spaces/all12.yaml
+LONGSEQ_SPACE=search_spaces/token_scaling_gpu.yaml   # `longseq`: issue 60, item 5
 MAIN_FLAGS=(--only dataset=mnist)   # the main job: the MNIST half of all12; the budget (epochs) is the plan's
 REHEARSAL_SWEEP=(--only dataset=mnist --only attention=softmax --only pe=luo_rpe --set train_subset=384
                  --set device=cpu --gpus-per-trial 0 --cpus-per-trial 1)   # one CPU-sized group
@@ -123,8 +127,8 @@ case "${1:-}" in
     exec "$PY" benchmarks/lease/cifar_pack.py rungs --space "$RUNG_SPACE" --deadline-s "$sweep_s" \
         --throughput "$RUNG_RATE" results/gpu_h100/lease_2026-11-27/throughput.json ;;
   budget) exec "$PY" benchmarks/lease/timeline.py "${LEASE_BUDGET_S:-1800}" ;;
-  first|bench|main|group|study|finish|receive|rung) ;;
-  *) sed -n '2,67p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  first|bench|main|group|study|finish|receive|rung|longseq) ;;
+  *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;   # the header
 esac
 # BUDGET_S, CALL_END_S, RETURN_S, UNPACK_S, PLAN_S, COLLECT_S, GRACE_S, QUICK_GRACE_S, TEST_TIMEOUT_S,
 # TEST_COLLECT_S, GROUP_TWO_EPOCHS_S, LEASE_KIND, CALL2 and the parts' ends from t0: the numbers `budget` prints
@@ -411,6 +415,27 @@ receive)
     record_image "$end"
   fi
   echo "receive done at t0+$(since_t0) s"
+  ;;
+longseq)
+  # issue 60, item 5: the data-free long-sequence bench (search_spaces/token_scaling_gpu.yaml: 55 rows, N = 64 to
+  # 16,384 tokens) until the call's end; rows come back as the main job's do, for
+  # `analysis/token_scaling.py FOLDER --write-crossover` (luo_crossover.json's cuda entry). No data carried.
+  shift
+  keep_t0
+  end=$(call_end)
+  ensure_site $(( $(since_t0) + UNPACK_S )) || exit 3
+  (( end - COLLECT_S - GRACE_S - $(since_t0) > 60 )) || {
+    echo "lease: no time left for the long-sequence bench (its end: t0+$end s)"; exit 124; }
+  # no --deadline: a bench row is seconds, not epochs; SIGTERM at the part's end stops the sweep, and every row
+  # it finished comes back (collect reads the parts too)
+  echo "lease: sweep.py --space $LONGSEQ_SPACE $* until t0+$(( end - COLLECT_S )) s, from t0+$(since_t0) s"
+  capped $(( end - COLLECT_S )) TERM "$GRACE_S" "$PY" sweep.py --space $LONGSEQ_SPACE --results-dir "$L/results" \
+      --no-dashboard "$@" > "$L/sweep.log" 2>&1
+  rc=$?
+  collect "$end" token_scaling_gpu
+  grep -v -i warn "$L/sweep.log" 2> /dev/null | tail -25; ls -la "$OUT"
+  echo "longseq call done at t0+$(since_t0) s (its end: t0+$end s)"
+  exit $rc
   ;;
 rung)
   shift
