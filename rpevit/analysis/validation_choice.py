@@ -33,9 +33,11 @@ REDRAW = ("redraw_interval", "redraw_until")
 KNOBS = (("luo_scale",), REDRAW, RECIPE)
 EARLIER = {("luo_scale",): (10.0,),  # chosen on test before; digits' schedule was MNIST's validation choice, borrowed
            REDRAW: {"mnist": (100, 0.8), "cifar10": (100, 0.8), "digits": (1, 0.8)},
-           RECIPE: {"mnist": (2e-3, "trunc_normal", 1.0), "cifar10": (1e-3, "trunc_normal", 1.0)}}
+           RECIPE: {"mnist": (2e-3, "trunc_normal", 1.0), "cifar10": (1e-3, "trunc_normal", 1.0),
+                    "digits": (1e-3, "trunc_normal", 1.0)}}
 # where an earlier choice came from, when not from test results (the default: "made on test")
-EARLIER_HOW = {("digits", REDRAW): "MNIST's validation choice, borrowed: never chosen on digits"}
+EARLIER_HOW = {("digits", REDRAW): "MNIST's validation choice, borrowed: never chosen on digits",
+               ("digits", RECIPE): "timm's init and clipping, lr 1e-3: never chosen on digits"}
 # Knobs a study takes once for all its cells (the candidate with the highest mean over the cells), beside the
 # per-cell choice: the recipe, the redraw schedule, which a study's encodings share so that comparing two
 # encodings under FAVOR+ does not also compare two schedules (like with like), and luo_scale, which a
