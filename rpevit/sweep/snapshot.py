@@ -178,4 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rpevit.sweep.compact import exit_now
+
+    exit_now(main())
