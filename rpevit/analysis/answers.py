@@ -786,7 +786,7 @@ HOW_TO_READ = ("How to read: mean or difference [95% interval] (n seeds of each 
 def readme_block(sources: Sources) -> str:
     """The README's "Answers so far" (issue 58, item 8): the headline figure and table (rpevit.analysis.headline),
     how to read them, and the link to results/ANSWERS.md, which keeps every line of the summary."""
-    found = headline.headline(sources.results_dir)
+    found = headline.headline(sources.results_dir, lambda f: is_published(sources.results_dir, f))
     lines = [*headline.readme_lines(found, f"results/{headline.FIGURE}"), "", HOW_TO_READ + " Every other answer "
              f"(MNIST, STRING, rotation, validation choices, cost), each declared comparison and every configuration: "
              f"[results/{ANSWERS_FILE}](results/{ANSWERS_FILE}); the tables: [results/report.md](results/report.md)."]
@@ -1179,7 +1179,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.check:
         messages = stale(expected, root) + provenance_mismatches(args.results_dir)
         figure = args.results_dir / headline.FIGURE
-        if headline.headline(args.results_dir) is not None and not figure.is_file():
+        if headline.headline(args.results_dir, lambda f: is_published(args.results_dir, f)) is not None and not figure.is_file():
             messages.append(f"{figure} is missing: the README shows it")
         if messages:
             print("\n\n".join(messages) + f"\n\nRegenerate with: {COMMAND}", file=sys.stderr)
@@ -1190,7 +1190,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             write_atomic(path, text)
             print(f"wrote {os.path.relpath(path)}")
-    found = headline.headline(args.results_dir)
+    found = headline.headline(args.results_dir, lambda f: is_published(args.results_dir, f))
     if found is not None:  # the README's figure, drawn from the same rows as its table
         headline.figure(found, args.results_dir / headline.FIGURE)  # save_figure says where
 

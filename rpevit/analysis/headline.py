@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -97,14 +97,13 @@ def _declared_rows(folder: Path, frame: pd.DataFrame) -> tuple[Declaration, pd.D
     return parse({"metric": PRIMARY, "seeds": seeds, "families": [contrast_spec("favor")]}, "headline"), frame
 
 
-def headline(results_dir: Path) -> Headline | None:
-    """The headline of the newest published ladder with a complete rung (else of the newest with rows)."""
-    from rpevit.analysis.answers import is_published
-
+def headline(results_dir: Path, published: Callable[[Path], bool] = lambda folder: True) -> Headline | None:
+    """The headline of the newest published ladder with a complete rung (else of the newest with rows).
+    `published`: whether a folder is read into the published text (answers passes its is_published)."""
     found = []
     for name in HEADLINE_STUDIES:
         folder = Path(results_dir) / name
-        if not (folder / "trials.parquet").is_file() or not is_published(Path(results_dir), folder):
+        if not (folder / "trials.parquet").is_file() or not published(folder):
             continue
         h = _headline_of(folder)
         if h is not None:
