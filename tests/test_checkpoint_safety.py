@@ -67,8 +67,8 @@ def test_resume_refuses_a_checkpoint_of_another_config_naming_the_fields(tmp_pat
         train_and_evaluate(cfg.replace(seed=5), checkpoint_dir=tmp_path, log=None)
     assert "field 'seed' has value 5 here but 0 in the checkpoint" in str(err.value)
     with pytest.raises(CheckpointError) as err:  # another model size: a message, not load_state_dict's
-        train_and_evaluate(cfg.replace(dim=32, lr=2e-3), checkpoint_dir=tmp_path, log=None)
-    assert "'dim' has value 32 here but 16" in str(err.value) and "'lr' has value 0.002 here but 0.001" in str(err.value)
+        train_and_evaluate(cfg.replace(dim=32, lr=4e-3), checkpoint_dir=tmp_path, log=None)
+    assert "'dim' has value 32 here but 16" in str(err.value) and "'lr' has value 0.004 here but 0.002" in str(err.value)
     with pytest.raises(CheckpointError, match="has 2 epochs done but field 'epochs' has value 1"):
         train_and_evaluate(cfg.replace(epochs=1), checkpoint_dir=tmp_path, log=None)
     with pytest.raises(CheckpointError, match="2-epoch run but field 'epochs' has value 3.*--extend-epochs"):

@@ -23,7 +23,7 @@ from rpevit.sweep.plan import plan_sweep
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space, trial_key
 
-DIGITS_RECIPE = {"image_size": 8, "patch_size": 2, "batch_size": 16, "lr": 1e-3, "warmup_epochs": 1.0, "augment": "none"}
+DIGITS_RECIPE = {"image_size": 8, "patch_size": 2, "batch_size": 16, "lr": 2e-3, "warmup_epochs": 1.0, "augment": "none"}
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 64, "epochs": 1}
 
 
@@ -43,7 +43,7 @@ def test_resolve_values_fills_the_recipe_and_each_encodings_auto_options():
 
 def test_a_space_keys_the_resolved_config_so_two_spellings_are_one_trial():
     space = expand_space({"name": "s", "fixed": TINY,
-                          "grid": {"batch_size": [0, 16], "patch_size": [0, 2], "lr": [0.0, 1e-3]}}, source="s.yaml")
+                          "grid": {"batch_size": [0, 16], "patch_size": [0, 2], "lr": [0.0, 2e-3]}}, source="s.yaml")
     assert len(space.trials) == 1 and space.duplicates_dropped == 7  # 8 spellings of one computation
     (config,) = space.trials
     assert {k: config[k] for k in DIGITS_RECIPE} == DIGITS_RECIPE
