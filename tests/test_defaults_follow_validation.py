@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rpevit.analysis.answers import is_published, validation_folders
+from rpevit.analysis.answers import current_validation_folders, is_published
 from rpevit.analysis.validation_choice import JOINT, chosen_for_every_variant
 from rpevit.config import FIRST_DEFAULTS, TrialConfig, recorded_values
 from rpevit.data import DATASET_SPECS
@@ -35,7 +35,8 @@ def default_values(dataset: str, knob: tuple[str, ...]) -> tuple:
 
 def published_choices() -> dict[tuple[str, tuple[str, ...]], tuple[str, tuple]]:
     found = {}
-    for folder in validation_folders(RESULTS):  # the published ones: a folder of one's own named *_val_* is not
+    for folder in current_validation_folders(RESULTS):  # the published ones not chosen again: a folder of one's own
+        # named *_val_* is not published
         chosen = chosen_for_every_variant(folder)
         if chosen is not None:
             dataset, knob, value = chosen

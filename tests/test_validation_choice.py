@@ -178,3 +178,33 @@ def test_digits_redraw_is_judged_against_the_schedule_it_borrowed_from_mnist(tmp
     assert "the earlier choice (MNIST's validation choice, borrowed: never chosen on digits): 1, 0.8" in text
     assert "- digits / favor / ape: validation chooses 100, 0.8, not the earlier 1, 0.8" in text
     assert "(earlier choice)" in text
+
+
+def test_a_knob_chosen_again_compares_with_the_first_studys_choice_and_supersedes_it_once_published(tmp_path):
+    """luo_scale chosen again on digits at its validated recipe (validation_choice.RECHOSEN): the later study's
+    earlier choice is the first study's 1000, not the 10 made on test; the first study stays published, and
+    the dataset's default follows the later one only once the later one is published too."""
+    from rpevit.analysis import answers
+
+    first, later = "luo_scale_val_digits", "luo_scale_val_digits_recipe"
+    assert validation_choice.RECHOSEN[later]["supersedes"] == first
+    again = [{**row, "luo_scale": {3.0: 1000.0, 10.0: 300.0}[row["luo_scale"]]} for row in rows()]
+    text = validation_choice.build(write_sweep(tmp_path / later, later, again))
+    assert "the earlier choice (luo_scale_val_digits' choice, made at digits' recipe before recipe_val_digits " \
+           "chose it): 1000." in text
+    softmax = next(line for line in text.splitlines() if line.startswith("- digits / softmax"))
+    assert "validation chooses 1000, the earlier choice: it does not change." in softmax  # 1000 plays 3's part
+    favor = next(line for line in text.splitlines() if line.startswith("- digits / favor"))
+    assert "validation chooses 1000" in favor and "made on test" not in text
+    # the same rows under another name: compared with the 10 made on test, which they never tried
+    other = validation_choice.build(write_sweep(tmp_path / "luo_again", "luo_again", again))
+    assert "the earlier choice (made on test): 10." in other
+
+    write_sweep(tmp_path / first, first, rows())
+    (tmp_path / ".gitignore").write_text(f"/*/\n!/{first}/\n")  # the later study not published: the first is current
+    assert [f.name for f in answers.current_validation_folders(tmp_path)] == [first]
+    assert answers.superseded_by(tmp_path, tmp_path / first) is None
+    (tmp_path / ".gitignore").write_text(f"/*/\n!/{first}/\n!/{later}/\n")
+    assert [f.name for f in answers.current_validation_folders(tmp_path)] == [later]
+    assert [f.name for f in answers.validation_folders(tmp_path)] == [first, later]  # both stay published
+    assert answers.superseded_by(tmp_path, tmp_path / first) == later

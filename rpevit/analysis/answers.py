@@ -534,11 +534,22 @@ def validation_folders(results_dir: Path) -> list[Path]:
                   if is_published(results_dir, p.parent))
 
 
+def superseded_by(results_dir: Path, folder: Path) -> str | None:
+    """The published study that chose `folder`'s knob again on its dataset (validation_choice.RECHOSEN), if any."""
+    later = validation_choice.SUPERSEDED.get(folder.name)
+    return later if later and is_published(results_dir, Path(results_dir) / later) else None
+
+
+def current_validation_folders(results_dir: Path) -> list[Path]:
+    """The validation studies whose choice is their dataset's default: the published ones not superseded."""
+    return [f for f in validation_folders(results_dir) if superseded_by(results_dir, f) is None]
+
+
 def validation_lines(folder: Path, short: bool = False) -> list[str]:
     """Per cell of a validation study: what validation chooses, and its margin over the earlier choice
     (Welch, Holm over the cells: validation_choice.margins); `short`, the README's compact form."""
     frame = read_trials(folder, ["train"]).frame
-    knob, records = validation_choice.choices(frame, validation_choice.failed_trials(folder))
+    knob, records = validation_choice.choices(frame, validation_choice.failed_trials(folder), folder.name)
     judged = validation_choice.margins(records)
     label = lambda value: ", ".join(fmt(v) for v in value)  # noqa: E731
     lines = []
@@ -646,7 +657,12 @@ def validation_section(sources: Sources) -> list[str]:
              "choice differs from the setting it ran answers at a setting validation does not choose.", ""]
     for folder in validation_folders(sources.results_dir):
         lines += [f"{code_span(folder.name)} ({code_span(f'results/{folder.name}/validation_choice.md')}):", ""]
-        lines += [f"- {line}." for line in validation_lines(folder)] + [""]
+        lines += [f"- {line}." for line in validation_lines(folder)]
+        later = superseded_by(sources.results_dir, folder)
+        if later:
+            lines.append(f"- Superseded as {folder_dataset(folder)}'s choice by {code_span(later)}, which chose "
+                         f"{' / '.join(knob_of(folder))} again at the settings it now runs with.")
+        lines.append("")
     return lines
 
 
@@ -843,7 +859,9 @@ def summary_lines(sources: Sources) -> list[str]:
         knob = knob_of(folder)
         lines.append(f"- Chosen on validation ({code_span(folder.name)}; {' / '.join(knob)}: the chosen value over the earlier "
                      f"one, margin in validation points): " + "; ".join(validation_lines(folder, short=True))
-                     + f". {' / '.join(knob)} on {folder_dataset(folder)}: {ran_with(sources, knob, folder_dataset(folder))}.")
+                     + f". {' / '.join(knob)} on {folder_dataset(folder)}: {ran_with(sources, knob, folder_dataset(folder))}."
+                     + (f" Superseded by {code_span(later)}." if (later := superseded_by(sources.results_dir, folder))
+                        else ""))
     lines.append(f"- Cost (measurements, `{TOKEN_SCALING}`): {scaling_summary(sources)}")
     return lines
 
@@ -1099,7 +1117,7 @@ def recipe_table(sources: Sources) -> str:
     from rpevit.data import DATASET_SPECS
 
     chosen_by = {}
-    for folder in validation_folders(sources.results_dir):
+    for folder in current_validation_folders(sources.results_dir):
         found = validation_choice.chosen_for_every_variant(folder)
         if found is not None:
             chosen_by[found[:2]] = folder.name

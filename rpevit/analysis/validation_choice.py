@@ -44,6 +44,14 @@ EARLIER_HOW = {("digits", REDRAW): "MNIST's validation choice, borrowed: never c
 # study's backends share so that the softmax / Performer gap under luo_rpe does not also compare two scales.
 # The joint choice is the dataset's default (rpevit.data.DATASET_SPECS, rpevit.pe.relative_bias).
 JOINT = (RECIPE, REDRAW, ("luo_scale",))
+# A knob chosen again on a dataset after the settings its first study ran at moved (the recipe: luo_scale's bias
+# moves with Adam's lr, so the two are not independent). The later study's earlier choice is the first study's, not
+# the value made on test; once the later study is published, the dataset's default follows it and the first study
+# stays published, read as superseded (rpevit.analysis.answers.current_validation_folders).
+RECHOSEN = {"luo_scale_val_digits_recipe": {
+    "supersedes": "luo_scale_val_digits", "earlier": (1000.0,),
+    "how": "luo_scale_val_digits' choice, made at digits' recipe before recipe_val_digits chose it"}}
+SUPERSEDED = {spec["supersedes"]: study for study, spec in RECHOSEN.items()}
 NOT_ON_THE_SCALE = {"redraw_interval": {0}}  # 0 = never redraw: another setting, not the end of the interval scale
 SCALE_ENDS = {"redraw_interval": 1}  # a redraw every step: nothing lies beyond it
 
@@ -88,9 +96,11 @@ def failed_trials(results_dir: Path) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None) -> tuple[tuple[str, ...], list[dict]]:
+def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None,
+            study: str | None = None) -> tuple[tuple[str, ...], list[dict]]:
     """(knob, one record per cell: its candidates' validation and test figures and failed seeds, the
-    chosen one). A candidate whose every seed failed is listed (and counts as tried) but cannot be chosen."""
+    chosen one). A candidate whose every seed failed is listed (and counts as tried) but cannot be chosen.
+    `study`: the folder's name, for a knob chosen again (RECHOSEN: its earlier choice is the first study's)."""
     frame = frame.assign(val=validation_accuracy(frame), test=judged_accuracy(frame), failed=False, error="")
     if failed is not None and not failed.empty:
         frame = pd.concat([frame, failed.assign(val=math.nan, test=math.nan, failed=True,
@@ -99,7 +109,7 @@ def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None) -> tuple[tu
     knob = knob_of(frame)
     records = []
     for cell, rows in frame.groupby(list(CELL)):
-        earlier = earlier_choice(knob, cell[0])
+        earlier = earlier_choice(knob, cell[0], study)
         candidates = {}
         for value, group in rows.groupby(list(knob)):
             value = value if isinstance(value, tuple) else (value,)
@@ -117,8 +127,11 @@ def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None) -> tuple[tu
     return knob, records
 
 
-def earlier_choice(knob: tuple[str, ...], dataset: str) -> tuple | None:
-    """The value the project used before this choice was made on validation (for one dataset)."""
+def earlier_choice(knob: tuple[str, ...], dataset: str, study: str | None = None) -> tuple | None:
+    """The value the project used before this choice was made on validation (for one dataset; for a study
+    that chose the knob again, RECHOSEN, the first study's choice)."""
+    if study in RECHOSEN:
+        return RECHOSEN[study]["earlier"]
     earlier = EARLIER[knob]
     return earlier.get(dataset) if isinstance(earlier, dict) else earlier
 
@@ -218,7 +231,8 @@ def chosen_for_every_variant(results_dir: Path) -> tuple[str, tuple[str, ...], t
     frame = load_trials(results_dir, task="train")
     if frame.empty:
         return None
-    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir))
+    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir),
+                            Path(results_dir).name)
     joint = joint_choice(knob, records) if knob in JOINT else None
     datasets = {record["cell"][0] for record in records}
     if joint is None or len(datasets) != 1:
@@ -226,9 +240,11 @@ def chosen_for_every_variant(results_dir: Path) -> tuple[str, tuple[str, ...], t
     return datasets.pop(), knob, joint["chosen"]
 
 
-def earlier_text(knob: tuple[str, ...], datasets: list[str], label) -> str:
+def earlier_text(knob: tuple[str, ...], datasets: list[str], label, study: str | None = None) -> str:
     """"the earlier choice (made on test): 100, 0.8" for the datasets of the rows (each named when several),
-    with where it came from (EARLIER_HOW) when that was not test results."""
+    with where it came from (EARLIER_HOW, RECHOSEN) when that was not test results."""
+    if study in RECHOSEN:
+        return f"the earlier choice ({RECHOSEN[study]['how']}): {label(RECHOSEN[study]['earlier'])}"
     found = [(d, earlier_choice(knob, d)) for d in datasets]
     found = [(d, v) for d, v in found if v is not None]
     if not found:
@@ -244,10 +260,12 @@ def build(results_dir: Path) -> str | None:
     frame = load_trials(results_dir, task="train")
     if frame.empty:
         return None
-    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir))
+    study = Path(results_dir).name
+    knob, records = choices(frame[frame["status"] == "ok"] if "status" in frame else frame, failed_trials(results_dir),
+                            study)
     name = " / ".join(knob)
     label = lambda value: ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)  # noqa: E731
-    lines = [f"Knob: **{name}**; {earlier_text(knob, sorted(set(frame['dataset'])), label)}. Validation accuracy is "
+    lines = [f"Knob: **{name}**; {earlier_text(knob, sorted(set(frame['dataset'])), label, study)}. Validation accuracy is "
              "the draw mean over fresh draws for random-feature backends (val_acc_draw_mean), final_val_acc "
              "otherwise; test accuracy is read once per trial and judged the same way. Intervals: 95% t (n).", ""]
     table = []
