@@ -71,7 +71,7 @@ def build_members(cfg: TrialConfig) -> tuple[list[torch.nn.Module], list[torch.G
 # A cell whose fused run differs from its solo runs by 1e-9 or more (relative, float64) passes only if
 # the solo runs themselves move that much under one ulp of rounding (every input x (1 + 2^-52)), within
 # this factor: ill-conditioned cells (relu with l2-normalised q and k, where denominators come near 0;
-# the Luo FFT path once 20 steps at luo_scale 1000 have spread the table over tens of logits, where its
+# the Luo FFT path once 20 steps at a luo_scale of hundreds have spread the table over tens of logits, where its
 # sums lose relative precision at the grid's edges: docs/mechanisms.md) amplify reordered sums as
 # much as they amplify any rounding, while a fusion defect (a member's data, clipping, moments or draws
 # crossed) is orders of magnitude above both.

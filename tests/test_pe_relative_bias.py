@@ -22,14 +22,14 @@ def luo(**options) -> LuoRelativeBias:
 def test_luo_scale_is_the_datasets_validated_value_unless_given():
     """0, the default, is each dataset's joint validation choice (tests/test_defaults_follow_validation.py);
     a layer built directly takes the default config's (digits) value, and refuses the placeholder in one line."""
-    for dataset, scale in (("digits", 1000.0), ("mnist", 3.0)):
+    for dataset, scale in (("digits", 300.0), ("mnist", 3.0)):
         image = {"digits": {}, "mnist": {"patch_size": 7}}[dataset]
         resolved = TrialConfig.from_dict({"dataset": dataset, "pe": "luo_rpe", **image}).resolved()
         assert resolved.luo_scale == scale
         model = build_model(resolved, 1, 10)
         assert model.blocks[0].attn.encodings[0].scale == scale
     assert TrialConfig.from_dict({"dataset": "mnist", "pe": "luo_rpe", "luo_scale": 30.0}).resolved().luo_scale == 30.0
-    assert luo().scale == TrialConfig.from_dict({"pe": "luo_rpe"}).resolved().luo_scale == 1000.0
+    assert luo().scale == TrialConfig.from_dict({"pe": "luo_rpe"}).resolved().luo_scale == 300.0
     with pytest.raises(ValueError, match="luo_scale has value 0.0; allowed: a positive scale"):
         luo(luo_scale=0.0)
 

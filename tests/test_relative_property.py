@@ -27,8 +27,8 @@ def config_for(name: str) -> TrialConfig:
     """The first head dim (8, 16, 32, 12, 24) the encoding accepts, on cifar10's 8 x 8 patch grid."""
     for head_dim in (8, 16, 32, 12, 24):
         try:
-            # luo_scale 1: the random raw table below then gives biases of a few units (the default 1000 would
-            # turn them into +-300 and every weight but one into 0; the property holds at any scale)
+            # luo_scale 1: the random raw table below then gives biases of a few units (digits' default 300 would
+            # turn them into +-100 and every weight but one into 0; the property holds at any scale)
             return TrialConfig.from_dict(dict(dataset="cifar10", patch_size=4, heads=2, dim=2 * head_dim, pe=name,
                                               luo_scale=1.0))
         except ConfigError:

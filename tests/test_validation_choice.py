@@ -208,3 +208,23 @@ def test_a_knob_chosen_again_compares_with_the_first_studys_choice_and_supersede
     assert [f.name for f in answers.current_validation_folders(tmp_path)] == [later]
     assert [f.name for f in answers.validation_folders(tmp_path)] == [first, later]  # both stay published
     assert answers.superseded_by(tmp_path, tmp_path / first) == later
+
+
+def test_an_earlier_choice_that_failed_on_every_seed_is_said_so_not_called_unresolved(tmp_path):
+    """favor's earlier 10 diverges on every seed (luo_scale_val_digits_recipe: favor at 1000): there is no margin
+    to judge, and the line says why instead of "not resolved with 3 and 0 seeds"."""
+    from rpevit.analysis import answers
+
+    kept = [r for r in rows() if not (r["attention"] == "favor" and r["luo_scale"] == 10.0)]
+    diverged = [(config_row(attention="favor", pe="luo_rpe", luo_scale=10.0, seed=seed, dataset="digits",
+                            redraw_interval=100), "rpevit.tasks.train.DivergedError: training loss is nan at epoch 4")
+                for seed in range(3)]
+    folder = write_sweep(tmp_path / "luo", "luo", kept, failed=diverged)
+    favor = next(line for line in answers.validation_lines(folder) if line.startswith("digits / favor"))
+    assert favor == "digits / favor / luo_rpe: validation chooses luo_scale = 3 over the earlier 10, which failed in " \
+                    "3 of 3 seeds: no margin; the smallest value tried, so not bracketed"  # 3 of {3, 10}
+    short = next(line for line in answers.validation_lines(folder, short=True) if line.startswith("digits / favor"))
+    assert short == "digits / favor / luo_rpe: 3 over 10, which failed in 3 of 3 seeds: no margin; the smallest " \
+                    "value tried, so not bracketed" \
+        and "not resolved" not in short
+    assert answers.possessive("digits") == "digits'" and answers.possessive("mnist") == "mnist's"

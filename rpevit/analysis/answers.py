@@ -534,6 +534,11 @@ def validation_folders(results_dir: Path) -> list[Path]:
                   if is_published(results_dir, p.parent))
 
 
+def possessive(name: str) -> str:
+    """"digits'", "mnist's": a dataset's name as owner."""
+    return f"{name}'" if name.endswith("s") else f"{name}'s"
+
+
 def superseded_by(results_dir: Path, folder: Path) -> str | None:
     """The published study that chose `folder`'s knob again on its dataset (validation_choice.RECHOSEN), if any."""
     later = validation_choice.SUPERSEDED.get(folder.name)
@@ -560,7 +565,11 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
             continue
         text = f"{cell}: {label(chosen)}" if short else \
             f"{cell}: validation chooses {' / '.join(knob)} = {label(chosen)}"
-        if earlier is not None and chosen != earlier:
+        lost = record["candidates"].get(earlier, {}) if earlier is not None else {}
+        if earlier is not None and chosen != earlier and lost.get("failed") == lost.get("seeds"):
+            text += (f" over {'' if short else 'the earlier '}{label(earlier)}, which failed in {lost['failed']} of "
+                     f"{lost['seeds']} seeds: no margin")
+        elif earlier is not None and chosen != earlier:
             j = judged[cell]
             text += (f" over {label(earlier)}, {j.nominal.text(100)}, Holm {bounds(j.interval)}: {verdict_text(j)}"
                      if short else f" over the earlier {label(earlier)} by {claim(j, unit=' validation points')}")
@@ -568,8 +577,9 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
             text += ", the earlier choice"
         if record["edge"]:
             text += f"; the {record['edge']} value tried, so not bracketed"
+        said = earlier if chosen != earlier and lost and lost.get("failed") == lost.get("seeds") else None
         failed = [f"{label(v)} failed in {c['failed']} of {c['seeds']} seeds" for v, c in
-                  sorted(record["candidates"].items()) if c["failed"]]
+                  sorted(record["candidates"].items()) if c["failed"] and v != said]
         if failed and not short:
             text += f" ({'; '.join(failed)})"
         lines.append(text)
@@ -660,7 +670,7 @@ def validation_section(sources: Sources) -> list[str]:
         lines += [f"- {line}." for line in validation_lines(folder)]
         later = superseded_by(sources.results_dir, folder)
         if later:
-            lines.append(f"- Superseded as {folder_dataset(folder)}'s choice by {code_span(later)}, which chose "
+            lines.append(f"- Superseded as {possessive(folder_dataset(folder))} choice by {code_span(later)}, which chose "
                          f"{' / '.join(knob_of(folder))} again at the settings it now runs with.")
         lines.append("")
     return lines
