@@ -11,7 +11,10 @@ os.environ["RPEVIT_OFFLINE"] = "1"  # no download attempts at test time
 # Embedded Rays bind loopback only: Ray reads this once, at its first import, which in a test run may
 # be any test module's (rpevit/sweep/session.py; run_sweep refuses an embedded Ray that is not on loopback)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-torch.set_num_threads(min(2, torch.get_num_threads()))
+# One thread: the test models are tiny, so a second OpenMP thread gains nothing alone (1.0 s either way),
+# and beside another busy process (a study, the other xdist worker) its spin-waits turned a 1-s training
+# run into 87 s (measured 2026-11-28 on the 2-core VM, a 10-epoch dim-16 run, 1 vs 2 threads).
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -89,3 +92,43 @@ def _ray_environment_unchanged(request):
         else:
             os.environ[name] = old
     assert not changed, f"{request.node.nodeid} left Ray's environment changed (before, after): {changed}"
+
+
+# -- running the tests in two processes (pytest-xdist, README command 2: -n 2 --dist loadgroup) --------
+# Tests of these modules start no Ray, no sweep, no server and no cluster, and count no processes: they
+# run beside anything. Every other module's tests run one at a time, in one worker (xdist group "serial"),
+# so two Rays, clusters or sweeps never start side by side. A new module is serial until it is added here.
+BESIDE_OTHERS = frozenset({
+    "test_all12_cells_check", "test_all12_variants", "test_amp_cpu", "test_analysis_budget_ladder",
+    "test_analysis_common", "test_analysis_efficiency", "test_analysis_gap_closure", "test_analysis_headline",
+    "test_analysis_kernel_mse", "test_analysis_report", "test_analysis_string_study", "test_analysis_token_scaling",
+    "test_analysis_variants", "test_analysis_vectorised", "test_answers", "test_attention_kernelized",
+    "test_budget_ladder", "test_checkpoint_safety", "test_compile_cpu_choice", "test_compiled_step", "test_config",
+    "test_constraints", "test_data", "test_declaration", "test_declaration_integrity",
+    "test_defaults_follow_validation", "test_evaluation", "test_factory", "test_features", "test_flops",
+    "test_fused_group", "test_gpu_whole_step", "test_kernel_mse", "test_launch_plan", "test_lease_cifar_pack",
+    "test_lease_merge_rungs", "test_lease_plan", "test_lease_rungs_space", "test_lease_summary",
+    "test_lease_timeline", "test_lock", "test_metrics", "test_one_file_variants", "test_one_loop", "test_pe_cayley",
+    "test_pe_circulant", "test_pe_reflection", "test_pe_relative_bias", "test_pe_rope", "test_pe_rotinv",
+    "test_provenance", "test_relative_property", "test_relu_forms_benchmark", "test_results_scale_layout",
+    "test_results_store", "test_results_store_sigkill", "test_rotation", "test_sparse_solve", "test_stats",
+    "test_step_ops", "test_sweep_snapshot", "test_sweep_summary", "test_tensorboard", "test_toeplitz", "test_train",
+    "test_training_protocol", "test_trial_dtype", "test_validation_choice", "test_variant_options",
+    "test_whole_step",
+})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse a parallel run that could start two Rays side by side: under -n, --dist must be loadgroup."""
+    workers = getattr(config.option, "numprocesses", None)
+    dist = getattr(config.option, "dist", "no")
+    if workers and dist not in ("loadgroup", "no"):
+        raise pytest.UsageError(
+            f"option '--dist' has value {dist!r}; allowed with -n: loadgroup (python -m pytest -q -n 2 --dist "
+            f"loadgroup): tests that start Ray run one at a time in one worker, the rest beside them")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.stem not in BESIDE_OTHERS:
+            item.add_marker(pytest.mark.xdist_group("serial"))
