@@ -11,10 +11,11 @@ os.environ["RPEVIT_OFFLINE"] = "1"  # no download attempts at test time
 # Embedded Rays bind loopback only: Ray reads this once, at its first import, which in a test run may
 # be any test module's (rpevit/sweep/session.py; run_sweep refuses an embedded Ray that is not on loopback)
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-# One thread: the test models are tiny, so a second OpenMP thread gains nothing alone (1.0 s either way),
-# and beside another busy process (a study, the other xdist worker) its spin-waits turned a 1-s training
-# run into 87 s (measured 2026-11-28 on the 2-core VM, a 10-epoch dim-16 run, 1 vs 2 threads).
-torch.set_num_threads(1)
+# One thread on a machine of 2 cores or fewer (CI, this project's VM): the test models are tiny, so a second
+# OpenMP thread gains nothing alone (1.0 s either way), and beside another busy process (a study, the other
+# xdist worker) its spin-waits turned a 1-s training run into 87 s (measured 2026-11-28 on the 2-core VM, a
+# 10-epoch dim-16 run, 1 vs 2 threads). Larger machines (the GPU lease's 16 cores) keep two, as rehearsed.
+torch.set_num_threads(1 if (os.cpu_count() or 1) <= 2 else min(2, torch.get_num_threads()))
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -98,6 +99,7 @@ def _ray_environment_unchanged(request):
 # Tests of these modules start no Ray, no sweep, no server and no cluster, and count no processes: they
 # run beside anything. Every other module's tests run one at a time, in one worker (xdist group "serial"),
 # so two Rays, clusters or sweeps never start side by side. A new module is serial until it is added here.
+# The groups take effect with --dist loadgroup only; the GPU lease's tests run -n 6 (dist load) on purpose.
 BESIDE_OTHERS = frozenset({
     "test_all12_cells_check", "test_all12_variants", "test_amp_cpu", "test_analysis_budget_ladder",
     "test_analysis_common", "test_analysis_efficiency", "test_analysis_gap_closure", "test_analysis_headline",
@@ -116,16 +118,6 @@ BESIDE_OTHERS = frozenset({
     "test_training_protocol", "test_trial_dtype", "test_validation_choice", "test_variant_options",
     "test_whole_step",
 })
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Refuse a parallel run that could start two Rays side by side: under -n, --dist must be loadgroup."""
-    workers = getattr(config.option, "numprocesses", None)
-    dist = getattr(config.option, "dist", "no")
-    if workers and dist not in ("loadgroup", "no"):
-        raise pytest.UsageError(
-            f"option '--dist' has value {dist!r}; allowed with -n: loadgroup (python -m pytest -q -n 2 --dist "
-            f"loadgroup): tests that start Ray run one at a time in one worker, the rest beside them")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
