@@ -97,9 +97,12 @@ def _ray_environment_unchanged(request):
 
 # -- running the tests in two processes (pytest-xdist, README command 2: -n 2 --dist loadgroup) --------
 # Tests of these modules start no Ray, no sweep, no server and no cluster, and count no processes: they
-# run beside anything. Every other module's tests run one at a time, in one worker (xdist group "serial"),
-# so two Rays, clusters or sweeps never start side by side. A new module is serial until it is added here.
-# The groups take effect with --dist loadgroup only; the GPU lease's tests run -n 6 (dist load) on purpose.
+# run beside anything. Every other module's tests form one work unit, "serial", run one at a time by one
+# worker, so two Rays, clusters or sweeps never start side by side. A new module is serial until it is
+# added here. Not xdist's own loadgroup: under pytest 9.2 its xdist_group markers are silently ignored
+# (xdist 3.8 renames item._nodeid, which pytest 9 no longer reads: two serial tests ran side by side on
+# CI, 2026-11-28), so `--dist loadgroup` gets the scheduler below instead. The GPU lease's tests run
+# -n 6 with dist load on purpose, untouched by this.
 BESIDE_OTHERS = frozenset({
     "test_all12_cells_check", "test_all12_variants", "test_amp_cpu", "test_analysis_budget_ladder",
     "test_analysis_common", "test_analysis_efficiency", "test_analysis_gap_closure", "test_analysis_headline",
@@ -120,7 +123,22 @@ BESIDE_OTHERS = frozenset({
 })
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if item.path.stem not in BESIDE_OTHERS:
-            item.add_marker(pytest.mark.xdist_group("serial"))
+def work_unit(nodeid: str) -> str:
+    """The unit a test is scheduled in: "serial" for every test of a module not in BESIDE_OTHERS, else
+    the test alone."""
+    module = nodeid.split("::", 1)[0]
+    return nodeid if Path(module).stem in BESIDE_OTHERS else "serial"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under `--dist loadgroup`: xdist's scope scheduler with the units of `work_unit` (a unit is sent
+    whole to one worker)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SerialUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    return SerialUnitScheduling(config, log)
