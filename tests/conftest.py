@@ -130,6 +130,7 @@ def work_unit(nodeid: str) -> str:
     return nodeid if Path(module).stem in BESIDE_OTHERS else "serial"
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: a run without xdist (-p no:xdist, no dev extra) loads this file too
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """Under `--dist loadgroup`: xdist's scope scheduler with the units of `work_unit` (a unit is sent
     whole to one worker)."""

@@ -54,8 +54,8 @@ def test_a_loadgroup_run_gets_the_serial_unit_scheduler(request, monkeypatch):
     xdist = pytest.importorskip("xdist.scheduler")
     from tests import conftest
 
-    monkeypatch.setattr(request.config.option, "dist", "loadgroup")
-    monkeypatch.setattr(request.config.option, "tx", ["popen", "popen"])  # what -n 2 becomes
+    monkeypatch.setattr(request.config.option, "dist", "loadgroup", raising=False)  # absent under -p no:xdist
+    monkeypatch.setattr(request.config.option, "tx", ["popen", "popen"], raising=False)  # what -n 2 becomes
     scheduler = conftest.pytest_xdist_make_scheduler(request.config, None)
     assert isinstance(scheduler, xdist.LoadScopeScheduling)
     assert scheduler._split_scope("tests/test_sweep_cli.py::t") == "serial"
