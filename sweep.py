@@ -24,6 +24,7 @@ from rpevit import sigterm  # noqa: E402
 from rpevit.config import ConfigError  # noqa: E402
 from rpevit.sweep import dry_run  # noqa: E402
 from rpevit.sweep.deadline import check_estimate, parse_deadline  # noqa: E402
+from rpevit.sweep.launch_plan import check_rungs_first  # noqa: E402
 from rpevit.sweep.lock import sweep_dir  # noqa: E402
 from rpevit.sweep.session import check_address  # noqa: E402
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides  # noqa: E402
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --deadline, while trials.parquet holds no finished trial of the task: seconds per "
                         "epoch of one Tune trial (per trial without epochs); without it, one trial runs first "
                         "and the rest is planned from its time")
+    p.add_argument("--rungs-first", action="store_true",
+                   help="budget ladders (`branch: epochs`): each trunk trains only to where its last shorter trial "
+                        "branches and pauses there; every shorter trial runs; then the trunks continue from their "
+                        "checkpoints. Same rows; every ladder's shorter budgets are answered first")
     p.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS,
                    help=f"refuse spaces that expand to more trials (default {DEFAULT_MAX_TRIALS:,})")
     p.add_argument("--address", default=None, help="join a Ray cluster: auto | host:port (or set RAY_ADDRESS)")
@@ -139,9 +144,12 @@ def check_results_dir(results_dir: str, name: str) -> None:
 
 
 def resume_flags(args: argparse.Namespace) -> tuple[str, ...]:
-    """The flags that decide which trials the space holds, repeated in the printed --resume command."""
+    """The flags that decide which trials the space holds (and --rungs-first, the order they run in), repeated in
+    the printed --resume command."""
     flags = [*(f for item in args.overrides for f in ("--set", item)),
              *(f for item in args.only for f in ("--only", item))]
+    if args.rungs_first:
+        flags.append("--rungs-first")
     if args.max_trials != DEFAULT_MAX_TRIALS:
         flags += ["--max-trials", str(args.max_trials)]
     return tuple(flags)
@@ -198,6 +206,7 @@ def run(argv: list[str] | None = None) -> int:
         if args.name:
             space.name = args.name
         check_options(args, space)
+        check_rungs_first(space, args.rungs_first, deadline)
         print(space.table())
         dropped = f" ({space.duplicates_dropped} duplicates dropped)" if space.duplicates_dropped else ""
         print(f"{len(space.trials)} trials{dropped} in sweep {space.name!r} from {args.space}")
@@ -219,7 +228,7 @@ def run(argv: list[str] | None = None) -> int:
                             max_concurrent=args.max_concurrent, dashboard=args.dashboard,
                             max_failures=args.max_failures, reuse=args.reuse, deadline=deadline,
                             deadline_estimate=args.deadline_estimate, resume_flags=resume_flags(args),
-                            redeclare=args.redeclare)
+                            redeclare=args.redeclare, rungs_first=args.rungs_first)
         return run_sweep(space, opts)  # takes the sweep lock before Ray starts: a second driver stops at once
     except ConfigError as err:
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)

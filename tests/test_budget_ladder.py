@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from rpevit import checkpoint
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.tasks.budget_ladder import Branch, branch_epoch, check_ladder, ladder_cost
+from rpevit.tasks.budget_ladder import Branch, TrunkPaused, branch_epoch, check_ladder, ladder_cost
 from rpevit.tasks.schedule import cooldown_start, lr_factor, warmup_cosine, warmup_stable_decay
 from rpevit.tasks.train import train_and_evaluate
 
@@ -64,6 +65,45 @@ def test_a_branched_rung_equals_a_separate_run(attention, pe, tmp_path):
     assert any("resumed from" in line and "after epoch 4" in line for line in resumed)
     assert row_differences(separate, branched) == []
     assert branched["test_acc"] == separate["test_acc"] and branched["epochs_done"] == 5
+
+
+@pytest.mark.slow
+def test_a_trunk_paused_at_its_last_branch_continues_to_the_same_row(tmp_path):
+    """sweep.py --rungs-first: the trunk stops after the epoch its last rung branches from (8 of 20 here, rungs
+    of 5 and 10 epochs), writes every rung's checkpoint, and its next run continues to exactly the row (and
+    writes exactly the rung checkpoints) of a trunk that never paused (float64)."""
+    trunk = TrialConfig.from_dict({**LADDER, "attention": "favor", "pe": "luo_rpe", "epochs": 20})
+    rungs = [trunk.replace(epochs=10), trunk.replace(epochs=5)]
+    plain = train_and_evaluate(trunk, log=None, checkpoint_dir=tmp_path / "plain",
+                               branches=[Branch(r, tmp_path / f"plain-{r.epochs}") for r in rungs])
+    branches = [Branch(r, tmp_path / f"rung-{r.epochs}") for r in rungs]
+    lines: list[str] = []
+    with pytest.raises(TrunkPaused, match="paused after epoch 8 of 20") as paused:
+        train_and_evaluate(trunk, log=lines.append, checkpoint_dir=tmp_path / "trunk", branches=branches,
+                           pause_at_branch=True)
+    assert paused.value.epoch == 8 and any("paused after epoch 8 of 20" in line for line in lines)
+    state = checkpoint.load(tmp_path / "trunk" / checkpoint.CHECKPOINT_NAME)
+    assert state["epoch"] == 8 and len(state["history"]) == 8  # after epoch 8 (1-based count): no epoch 9 trained
+    for rung in rungs:  # the rungs' checkpoints, as the unpaused trunk wrote them
+        ours = checkpoint.load(tmp_path / f"rung-{rung.epochs}" / checkpoint.CHECKPOINT_NAME)
+        theirs = checkpoint.load(tmp_path / f"plain-{rung.epochs}" / checkpoint.CHECKPOINT_NAME)
+        assert ours["epoch"] == theirs["epoch"] == (4 if rung.epochs == 5 else 8)
+        assert all(torch.equal(ours["model"][k], theirs["model"][k]) for k in theirs["model"])
+    again: list[str] = []  # asked to pause again (a --resume of round 1): nothing trains, the rungs keep theirs
+    with pytest.raises(TrunkPaused, match="paused after epoch 8"):
+        train_and_evaluate(trunk, log=again.append, checkpoint_dir=tmp_path / "trunk", branches=branches,
+                           pause_at_branch=True)
+    assert sum("has a checkpoint of its own" in line for line in again) == 2
+    assert checkpoint.load(tmp_path / "trunk" / checkpoint.CHECKPOINT_NAME)["epoch"] == 8
+    continued: list[str] = []
+    row = train_and_evaluate(trunk, log=continued.append, checkpoint_dir=tmp_path / "trunk")
+    assert any("resumed from" in line and "after epoch 8" in line for line in continued)
+    assert row_differences(plain, row) == [] and row["test_acc"] == plain["test_acc"] and row["epochs_done"] == 20
+
+
+def test_pause_at_branch_needs_a_checkpoint_folder():
+    with pytest.raises(ConfigError, match="pause_at_branch is set without a checkpoint_dir"):
+        train_and_evaluate(cfg(), log=None, branches=[Branch(cfg(epochs=5), None)], pause_at_branch=True)
 
 
 @pytest.mark.slow

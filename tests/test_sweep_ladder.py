@@ -1,6 +1,7 @@
 """`branch: epochs` in a space: budget ladders, the dry-run view, refusals, and a real Ray sweep whose
 shorter trials resume from the checkpoints their trunk wrote, with a declared comparison recorded
-before the first trial."""
+before the first trial; and --rungs-first, whose trunks pause at their last branch until every rung ran,
+giving the same rows."""
 from __future__ import annotations
 
 import json
@@ -87,7 +88,8 @@ def test_branch_refuses_what_cannot_share_a_trunk(extra, match):
 
 
 @pytest.mark.slow
-def test_a_ladder_sweep_branches_its_rungs_and_records_its_declaration_first(tmp_path, fresh_ray):
+def test_a_ladder_sweep_branches_its_rungs_records_its_declaration_first_and_rungs_first_agrees(
+        tmp_path, fresh_ray):
     ray.init(num_cpus=1, include_dashboard=False)
     declare = {"metric": "judged", "seeds": [0, 1], "families": [
         {"name": "gap", "for_each": "epochs", "comparisons": [[{"attention": "softmax"}, {"attention": "favor"}]]}]}
@@ -106,3 +108,56 @@ def test_a_ladder_sweep_branches_its_rungs_and_records_its_declaration_first(tmp
 
     text = confirmatory.build(tmp_path / "ladder")
     assert "### gap (epochs = 5)" in text and "### gap (epochs = 10)" in text and "incomplete" not in text
+
+    # --rungs-first (one Ray, one sweep more, so the default order above is its reference): round 1 trains each
+    # trunk to its branch (after epoch 4 of 10) and runs every rung from it, round 2 continues the trunks; every
+    # row equals the default order's, and no epoch row repeats
+    assert run_sweep(space, SweepOptions(results_dir=tmp_path / "first", dashboard=False, max_concurrent=1,
+                                         rungs_first=True)) == 0
+    default = trials.set_index("trial_key")
+    first = pd.read_parquet(tmp_path / "first" / "ladder" / "trials.parquet").set_index("trial_key")
+    assert sorted(first.index) == sorted(space.keys) and set(first["status"]) == {"ok"}
+    trunks, rungs = first[first["epochs"] == 10], first[first["epochs"] == 5]
+    assert set(rungs["resumed_from_epoch"]) == {4} and set(trunks["resumed_from_epoch"]) == {4}  # paused after 4
+    finished = pd.to_datetime(rungs["finished_at"], utc=True).max()
+    assert finished <= pd.to_datetime(trunks["started_at"], utc=True).min()  # every rung before round 2
+    for column in ("test_acc", "final_val_acc", "log_likelihood", "test_acc_draw_mean", "val_acc_draw_mean"):
+        assert first[column].equals(default.loc[first.index, column]), column  # NaN where softmax has no draws
+    epochs = pd.read_parquet(tmp_path / "first" / "ladder" / "epochs.parquet")
+    assert len(epochs) == 4 * 10 + 4 * 5 and not epochs.duplicated(["trial_key", "epoch"]).any()
+    lines = (tmp_path / "first" / "ladder" / "trials" / trunks.index[0] / "log.txt").read_text()
+    assert "paused after epoch 4 of 10" in lines and "resumed from" in lines
+
+
+def test_rungs_first_pauses_exactly_the_trunks_in_the_same_order():
+    """Round 1 of --rungs-first is the default order with each trunk that carries branches asked to pause."""
+    from rpevit.sweep.launch_plan import Launch, branches_after_their_trunks, pause_trunks
+
+    space = ladder_space()
+    specs = tune_trials(space, space.trials, list(range(len(space.trials))), checkpoint_root="/tmp/x", cpus=1, gpus=0,
+                        reserved_cpus=1)
+    launch = Launch(branches_after_their_trunks(specs, 1), {"CPU": 1.0}, 1)
+    first = pause_trunks(launch)
+    assert [s.name for s in first.specs] == [s.name for s in launch.specs]
+    assert [s.pause_at_branch for s in first.specs] == [bool(s.branches) for s in launch.specs] == [True, False] * 4
+    assert not any(s.pause_at_branch for s in launch.specs)  # the plan it came from is unchanged
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--rungs-first"], ["--rungs-first is given but space 'plain' has no `branch: epochs`"]),
+    (["--rungs-first", "--deadline", "90m"], ["--rungs-first is given with --deadline", "one of the two"]),
+])
+def test_rungs_first_is_refused_where_it_cannot_apply(tmp_path, capsys, argv, words):
+    import yaml
+
+    import sweep
+
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(yaml.safe_dump({"name": "plain", "fixed": {**TINY, "epochs": 5}}))
+    ladder = tmp_path / "ladder.yaml"
+    ladder.write_text(yaml.safe_dump({"name": "ladder", "fixed": TINY, "grid": {"epochs": [5, 10]}, "branch": "epochs"}))
+    space = plain if "--deadline" not in argv else ladder
+    assert sweep.main(["--space", str(space), "--results-dir", str(tmp_path / "out"), "--dry-run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and all(word in err for word in words), err
+    assert not (tmp_path / "out").exists()  # refused before anything was made

@@ -13,12 +13,16 @@ of them a round starts. tune_run.py turns a `Launch` into Tune trials and runs t
   (`Node`): the launcher reads them from the started Ray, the dry run describes this machine.
 - The deadline (`plan_deadline_round`): which Tune trials of the pending ones end before it on the
   slots (rpevit.sweep.deadline.plan_units), as a Launch of the admitted ones and the trials left.
+- Rungs first (`pause_trunks`, `check_rungs_first`; sweep.py --rungs-first): a first round in which each
+  trunk stops after its last branch's epoch and its shorter trials run, then a second round of the paused
+  trunks alone (tune_run.run_sweep_trials), so every shorter rung of every ladder is answered before any
+  trunk trains past its last branch point. Same rows (rpevit/tasks/budget_ladder.py).
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -96,6 +100,27 @@ def branches_after_their_trunks(specs: Sequence[TrialSpec], slots: int) -> list[
     for spec in first:  # the last `lag` ladders' shorter trials
         out.extend(shorter.pop(spec.members[0].trial_key, []))
     return out
+
+
+def check_rungs_first(space: Space, rungs_first: bool, deadline: object) -> None:
+    """--rungs-first is for a space of budget ladders (`branch: epochs`), and without --deadline (whose rounds
+    admit whole trials by their estimates): ConfigError naming the flag otherwise."""
+    from rpevit.config import ConfigError
+
+    if not rungs_first:
+        return
+    if space.branch is None:
+        raise ConfigError(f"--rungs-first is given but space {space.name!r} has no `branch: epochs`; allowed: only "
+                          f"for a space of budget ladders (leave --rungs-first out)")
+    if deadline is not None:
+        raise ConfigError("--rungs-first is given with --deadline; allowed: one of the two (a deadline round admits "
+                          "whole trials by their estimates, and a paused trunk is not one)")
+
+
+def pause_trunks(launch: Launch) -> Launch:
+    """--rungs-first, round 1: the same Tune trials in the same order, each trunk carrying branches stopping
+    after the epoch its last branch starts from (TrialSpec.pause_at_branch); the round after continues them."""
+    return replace(launch, specs=[replace(s, pause_at_branch=True) if s.branches else s for s in launch.specs])
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path | str,

@@ -30,6 +30,7 @@ class SweepOptions:
     deadline_estimate: float | None = None  # seconds per epoch of one Tune trial when no row says (deadline.py)
     resume_flags: tuple[str, ...] = ()  # flags that select the space's trials (--set, --only), for the resume line
     redeclare: bool = False  # record a changed `declare:` block although rows exist (they become exploratory)
+    rungs_first: bool = False  # budget ladders: trunks pause at their last branch until every shorter trial ran
 
     def resume_info(self) -> ResumeInfo:
         return ResumeInfo(self.results_dir, self.data_dir, self.resume_flags)

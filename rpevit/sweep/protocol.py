@@ -24,11 +24,12 @@ Status = Literal["ok", "failed"]
 OK: Status = "ok"  # the `status` column of trials.parquet
 FAILED: Status = "failed"
 
-RowKind = Literal["epoch", "summary", "failed", "note"]
+RowKind = Literal["epoch", "summary", "failed", "note", "paused"]
 EPOCH: RowKind = "epoch"  # one epoch row of a running trial (epochs.parquet)
 SUMMARY: RowKind = "summary"  # the trial's result row (trials.parquet, status ok)
 VARIANT_FAILED: RowKind = "failed"  # failed without its Tune trial raising: fused or interleaved member, divergence
 NOTE: RowKind = "note"  # a line for the sweep's output (`error` holds it): something the trial did without
+PAUSED: RowKind = "paused"  # a trunk stopped at its last branch (--rungs-first): no row yet, continued next round
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class TrialSpec:
     # budget ladders (space `branch: epochs`): the shorter trials this one is the trunk of; it writes each
     # one's checkpoint at its cool-down start (rpevit.tasks.budget_ladder); they run as trials of their own
     branches: tuple[Member, ...] = ()
+    pause_at_branch: bool = False  # --rungs-first: the trunk stops after its last branch's epoch (no row yet)
 
     def to_dict(self) -> dict[str, Any]:
         """The plain dict Tune carries: one grid point of the `SPEC_KEY` search space."""
@@ -80,7 +82,8 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class Report:
-    """One message from a trial to the driver: an epoch row, the summary row, a failed variant, or a note."""
+    """One message from a trial to the driver: an epoch row, the summary row, a failed variant, a note, or a
+    trunk's pause (--rungs-first)."""
 
     kind: RowKind
     trial_key: str
@@ -97,7 +100,7 @@ class Report:
     @classmethod
     def from_tune(cls, result: dict[str, Any]) -> Optional["Report"]:
         """The report inside a Tune result; None for results Tune makes itself (no `kind`)."""
-        if result.get("kind") not in (EPOCH, SUMMARY, VARIANT_FAILED, NOTE):
+        if result.get("kind") not in (EPOCH, SUMMARY, VARIANT_FAILED, NOTE, PAUSED):
             return None
         return cls(**{name: result[name] for name in ("kind", "trial_key", "row", "label", "error", "traceback")
                       if name in result})

@@ -25,7 +25,7 @@ from pathlib import Path
 from rpevit import sigterm
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import declaration, migrate, session
-from rpevit.sweep.launch_plan import nothing_fits
+from rpevit.sweep.launch_plan import check_rungs_first, nothing_fits
 from rpevit.sweep.lock import sweep_dir, sweep_lock
 from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import plan_sweep, write_space_file
@@ -59,6 +59,7 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
     check_name(space.name, "sweep name")  # also for callers that set space.name themselves
     deadline = deadlines.as_deadline(opts.deadline)  # a --deadline text is parsed now (sweep.py did it already)
     deadlines.check_estimate(opts.deadline_estimate, deadline)
+    check_rungs_first(space, opts.rungs_first, deadline)
     res = space.resources.with_overrides(opts.cpus_per_trial, opts.gpus_per_trial, opts.max_concurrent,
                                          space.source)
     out_dir = sweep_dir(opts.results_dir, space.name)

@@ -49,11 +49,11 @@ from rpevit import checkpoint, data, metrics, registry
 from rpevit.checkpoint import CHECKPOINT_NAME  # the name every task writes in its checkpoint_dir
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.gpus import place_on_devices
-from rpevit.sweep.protocol import EPOCH, NOTE, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
+from rpevit.sweep.protocol import EPOCH, NOTE, PAUSED, SUMMARY, VARIANT_FAILED, Member, Report, TrialSpec
 from rpevit.sweep.results import trial_folder
 from rpevit.sweep.tensorboard_events import EpochBoard, tensorboard_dir
 from rpevit.tasks.bench import combine_repeats
-from rpevit.tasks.budget_ladder import Branch
+from rpevit.tasks.budget_ladder import Branch, TrunkPaused
 from rpevit.tasks.train import DivergedError
 
 UNTIMED = -1  # the repeat index of the untimed warm-up run in a timing schedule
@@ -122,13 +122,16 @@ def run_single(spec: TrialSpec, member: Member) -> None:
         with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
             started_at = time.time()
             log(describe(key, placement))
-            ladder = {"branches": branches_of(spec)} if spec.branches else {}
+            ladder = {"branches": branches_of(spec), "pause_at_branch": spec.pause_at_branch} if spec.branches else {}
             try:
                 summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
                                                    on_epoch=lambda row, _dir=None: report(row), **ladder)
             except DivergedError as err:  # replays identically from its checkpoint: a Tune retry would only
                 log(f"failed: {err} (not retried: a resumed run replays the same steps)")  # diverge again
                 report_failure(member, err)
+                return
+            except TrunkPaused as paused:  # --rungs-first: no row yet; the driver's next round continues it
+                report_paused(member, paused)
                 return
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
@@ -282,6 +285,12 @@ def say_note(member: Member, log_dir: Path, line: str) -> None:
 
 def report_summary(member: Member, row: dict) -> None:
     tune.report(Report(SUMMARY, member.trial_key, {**row, "trial_key": member.trial_key}, member.label).to_tune())
+
+
+def report_paused(member: Member, paused: TrunkPaused) -> None:
+    """A trunk that paused at its last branch (--rungs-first): the driver counts it as ended for this round, with
+    no row; its epoch rows are already reported and its checkpoint is where the next round continues."""
+    tune.report(Report(PAUSED, member.trial_key, {"epoch": paused.epoch}, member.label, error=str(paused)).to_tune())
 
 
 def report_failure(member: Member, err: BaseException) -> None:

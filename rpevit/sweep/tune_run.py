@@ -26,10 +26,10 @@ from ray.tune import Callback
 
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep import session
-from rpevit.sweep.launch_plan import Launch, deadline_plan_line, plan_deadline_round, plan_launch
+from rpevit.sweep.launch_plan import Launch, deadline_plan_line, pause_trunks, plan_deadline_round, plan_launch
 from rpevit.sweep.options import SweepOptions
 from rpevit.sweep.plan import SweepPlan
-from rpevit.sweep.protocol import NOTE, SPEC_KEY, SUMMARY, VARIANT_FAILED, Member, TrialSpec, members_of
+from rpevit.sweep.protocol import NOTE, PAUSED, SPEC_KEY, SUMMARY, VARIANT_FAILED, Member, TrialSpec, members_of
 from rpevit.sweep.results import TRIALS_FILE, ResultsWriteError
 from rpevit.sweep.store import read_rows
 from rpevit.sweep.writer import ParquetResults, error_line, trial_traceback
@@ -85,11 +85,45 @@ def _tune_lines() -> Iterator[TuneLines]:
 
 
 def run_sweep_trials(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) -> tuple[int, float]:
-    """Every pending trial of the plan, planned on the started Ray's nodes, in one Tuner.fit()."""
-    return run_tuner(space, plan_launch(space, plan, out_dir / "trials", session.live_nodes()), opts, out_dir)
+    """Every pending trial of the plan, planned on the started Ray's nodes, in one Tuner.fit(); with
+    --rungs-first and trunks that carry branches, in two: the trunks paused at their last branch with their
+    shorter trials, then the paused trunks continued (launch_plan.pause_trunks)."""
+    launch = plan_launch(space, plan, out_dir / "trials", session.live_nodes())
+    if not (opts.rungs_first and any(spec.branches for spec in launch.specs)):
+        return run_tuner(space, launch, opts, out_dir)
+    first = pause_trunks(launch)
+    trunks = sum(bool(spec.branches) for spec in first.specs)
+    print(f"--rungs-first, round 1 of 2: {trunks} trunk(s) train to their last branch and pause there; every shorter "
+          f"trial runs from its trunk's checkpoint", flush=True)
+    paused = PausedTrunks()
+    slots, started = run_tuner(space, first, opts, out_dir, extra_callbacks=[paused])
+    index = {key: i for i, key in enumerate(space.keys)}
+    left = sorted(index[key] for key in paused.keys)
+    if not left:
+        return slots, started
+    print(f"--rungs-first, round 2 of 2: {len(left)} paused trunk(s) continue from their checkpoints to their own "
+          f"budget", flush=True)
+    try:
+        used, _ = run_tuner(space, plan_launch(space, plan, out_dir / "trials", session.live_nodes(), pending=left),
+                            opts, out_dir)
+    except SweepInterrupted as stop:
+        raise SweepInterrupted(max(slots, stop.args[0]), started) from None
+    return max(slots, used), started
 
 
-def run_tuner(space: Space, launch: Launch, opts: SweepOptions, out_dir: Path) -> tuple[int, float]:
+class PausedTrunks(Callback):
+    """The trial keys of the trunks that paused at their last branch (--rungs-first) in one Tuner.fit()."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if result.get("kind") == PAUSED:
+            self.keys.add(str(result.get("trial_key")))
+
+
+def run_tuner(space: Space, launch: Launch, opts: SweepOptions, out_dir: Path,
+              extra_callbacks: list[Callback] | None = None) -> tuple[int, float]:
     """Run the planned Tune trials on the started Ray, with the Parquet writer and progress printer as
     callbacks; returns (how many ran at once, the Unix time Tuner.fit() started)."""
     items = launch.specs
@@ -113,7 +147,8 @@ def run_tuner(space: Space, launch: Launch, opts: SweepOptions, out_dir: Path) -
         run_config=tune.RunConfig(
             name=time.strftime("run-%Y%m%d-%H%M%S"), storage_path=str(out_dir / "ray"),
             failure_config=tune.FailureConfig(max_failures=opts.max_failures),
-            callbacks=[writer, Progress(len(items), opts.progress_every_s, out_dir)], log_to_file=True,
+            callbacks=[writer, Progress(len(items), opts.progress_every_s, out_dir), *(extra_callbacks or [])],
+            log_to_file=True,
             verbose=0),
     )
     fit_started = time.time()
@@ -212,8 +247,9 @@ def _quiet(name: str) -> Iterator[None]:
 
 
 class Progress(Callback):
-    """Prints running/pending/done/failed (and stopped: ended by Ctrl-C or a deadline without a row) and the
-    best judged test accuracy of the finished trials (every_s, and per trial end); one line per failure."""
+    """Prints running/pending/done/failed (and stopped: ended by Ctrl-C or a deadline without a row; paused: a
+    trunk at its last branch under --rungs-first) and the best judged test accuracy of the finished trials
+    (every_s, and per trial end); one line per failure."""
 
     def __init__(self, total: int, every_s: float, out_dir: Path | None = None) -> None:
         self.total, self.every_s, self.out_dir = total, every_s, out_dir
@@ -222,10 +258,13 @@ class Progress(Callback):
         self.notes: set[str] = set()
         self.shown = ""  # the last line printed, without its time
         self.reported: set[str] = set()  # the trial keys that reported their end (a summary or a failure row)
+        self.paused: set[str] = set()  # the trunks that paused at their last branch (--rungs-first), no row yet
 
     def _reported(self, trial, result) -> None:
         if result.get("kind") in (SUMMARY, VARIANT_FAILED):
             self.reported.add(result.get("trial_key"))
+        elif result.get("kind") == PAUSED:
+            self.paused.add(result.get("trial_key"))
 
     def finished(self, trial) -> bool:
         """Whether every member of the Tune trial reported its end (a row, ok or failed): Tune's TERMINATED
@@ -290,10 +329,13 @@ class Progress(Callback):
         groups = [_group_label(members_of(t)) for t in trials
                   if t.status == "RUNNING" and len(members_of(t)) > 1 and TrialSpec.from_tune_config(t.config).fused]
         running = f" | running groups: {'; '.join(groups)}" if groups else ""
+        held = lambda t: {m.trial_key for m in members_of(t)} <= self.paused  # noqa: E731
         done = sum(t.status == "TERMINATED" and self.finished(t) for t in trials)
-        stopped = sum(t.status == "TERMINATED" and not self.finished(t) for t in trials)
+        paused = sum(t.status == "TERMINATED" and not self.finished(t) and held(t) for t in trials)
+        stopped = sum(t.status == "TERMINATED" and not self.finished(t) and not held(t) for t in trials)
         line = (f"running {count('RUNNING')} | pending {count('PENDING', 'PAUSED')} | done {done} | "
-                f"failed {count('ERROR')} | {f'stopped {stopped} | ' if stopped else ''}of {self.total} | "
+                f"failed {count('ERROR')} | {f'paused at their last branch {paused} | ' if paused else ''}"
+                f"{f'stopped {stopped} | ' if stopped else ''}of {self.total} | "
                 f"best judged test acc {best}{running}")
         if force and line == self.shown:
             return

@@ -24,14 +24,14 @@ from torch import Tensor, nn
 
 from rpevit import checkpoint, metrics
 from rpevit.attention.kernelized import advance_random_features, set_training_length
-from rpevit.config import TrialConfig, field_error
+from rpevit.config import ConfigError, TrialConfig, field_error
 from rpevit.data import Splits, augment_images, batch_indices, load_splits
 from rpevit.evaluation import (FIDELITY_IMAGES, EvalLog, fidelity_row, final_evaluation, random_feature_layers,
                                rotation_keys)
 from rpevit.flops import count_flops
 from rpevit.models import build_model
 from rpevit.registry import TaskMetrics, register_task
-from rpevit.tasks.budget_ladder import Branch, plan_branches, write_branches
+from rpevit.tasks.budget_ladder import Branch, TrunkPaused, last_branch_epoch, plan_branches, write_branches
 from rpevit.tasks.generators import MemberRandom, member_random
 from rpevit.tasks.schedule import (WARMUP_MAX_FRACTION, cooldown_start, lr_factor, warmup_cosine,  # noqa: F401
                                    warmup_stable_decay, warmup_steps_for)
@@ -111,18 +111,24 @@ def check_config(cfg: TrialConfig, source: str) -> None:
 @register_task("train", METRICS, check=check_config)
 def train_and_evaluate(cfg: TrialConfig, *, checkpoint_dir: str | Path | None = None,
                        on_epoch: EpochCallback | None = None, log: Callable[[str], None] | None = print,
-                       extend_epochs: bool = False, branches: Sequence[Branch] = ()) -> dict:
+                       extend_epochs: bool = False, branches: Sequence[Branch] = (),
+                       pause_at_branch: bool = False) -> dict:
     """Train and evaluate one trial: a group of one through `train_members`; returns its summary row
     (config + metrics + environment), or raises what it failed with.
 
     A checkpoint in checkpoint_dir is checked against cfg before anything else (rpevit.checkpoint);
     extend_epochs lets it continue to more epochs than the run that wrote it planned. `branches`: the
     shorter runs of a budget ladder this run is the trunk of; each gets its checkpoint at its cool-down
-    start (rpevit.tasks.budget_ladder).
+    start (rpevit.tasks.budget_ladder). `pause_at_branch`: stop after the last branch's epoch, its
+    checkpoint written, and raise TrunkPaused (sweep.py --rungs-first); needs checkpoint_dir.
     """
+    if pause_at_branch and checkpoint_dir is None:
+        raise ConfigError("pause_at_branch is set without a checkpoint_dir; allowed: a checkpoint_dir (a paused "
+                          "trunk continues from its checkpoint)")
     opened = checkpoint.open_for_resume(checkpoint_dir, cfg, extend_epochs=extend_epochs)
     report = (lambda _i, row, folder: on_epoch(row, folder)) if on_epoch is not None else None
-    outcome, = train_members([cfg], [opened], on_epoch=report, log=log, branches=[branches])
+    outcome, = train_members([cfg], [opened], on_epoch=report, log=log, branches=[branches],
+                             pause_at_branch=pause_at_branch)
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
@@ -144,13 +150,15 @@ class Member:
 
 def train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict | None]], *,
                   on_epoch: MemberEpoch | None = None, log: Callable[[str], None] | None = print,
-                  branches: Sequence[Sequence[Branch]] | None = None, tagged: bool = False) -> list[Outcome]:
+                  branches: Sequence[Sequence[Branch]] | None = None, tagged: bool = False,
+                  pause_at_branch: bool = False) -> list[Outcome]:
     """The training loop of every `train` run: k members of one recipe (k = 1: a solo trial; k > 1: a
     fused seed group, rpevit.tasks.train_group) that start at the same epoch, stepped by one Stepper
     (rpevit.tasks.steppers). `opened`: each member's (checkpoint path, resume state) from
     checkpoint.open_for_resume. Returns, per member, its summary row or the exception it failed with:
     a member whose loss diverges fails at the end of that epoch and the others go on. `tagged`: each
-    log line starts with the member's seed (always so for k > 1)."""
+    log line starts with the member's seed (always so for k > 1). `pause_at_branch` (one member): stop after
+    the epoch its last branch starts from, with TrunkPaused as its outcome (train_and_evaluate)."""
     log = log or (lambda _msg: None)
     cfgs = [c.resolved() for c in cfgs]  # what runs: the recipe's init, clipping, redraw, ... where left to it
     cfg, k = cfgs[0], len(cfgs)
@@ -183,8 +191,13 @@ def train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict 
         if opened[0][1] is not None:
             resume(members, stepper, log)
 
+        stop = cfg.epochs
+        if pause_at_branch:
+            if k != 1:
+                raise ValueError(f"pause_at_branch is for one member; this group has {k}")
+            stop = min(cfg.epochs, last_branch_epoch(cfg, (branches or [()])[0], steps_per_epoch) or cfg.epochs)
         alive = list(range(k))
-        for epoch in range(start_epoch, cfg.epochs):
+        for epoch in range(start_epoch, stop):
             losses, accs, epoch_s = train_epoch(stepper, members, data)
             for i in list(alive):
                 if not math.isfinite(losses[i]):
@@ -199,6 +212,10 @@ def train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict 
 
         for i in alive:
             member = members[i]
+            if stop < cfg.epochs:  # paused at its last branch: its checkpoint holds epoch `stop`, no row yet
+                outcomes[i] = TrunkPaused(max(stop, start_epoch), cfg.epochs)
+                log(f"{member.tag}{outcomes[i]}")
+                continue
             try:
                 outcomes[i] = {**summarize(member.model, data, member.cfg, device, member.history,
                                            lambda msg, tag=member.tag: log(f"{tag}{msg}"),
