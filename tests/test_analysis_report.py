@@ -30,6 +30,35 @@ def test_thread_hours_count_each_tune_trial_once():
     assert math.isnan(report.thread_hours(frame.drop(columns="started_at")))
 
 
+def test_thread_hours_add_the_epochs_trained_before_a_resume_once():
+    """A budget ladder run with --rungs-first: the trunk (40 epochs) trains to epoch 16 and pauses, its
+    10- and 20-epoch rungs branch at 8 and 16 (inheriting its epoch rows), and it resumes after 16. Its span
+    covers epochs 17-40 only; epochs 1-16 were trained once, so count once. A second trial (two members in
+    one worker, sharing epoch_s) resumed after a stop at epoch 2 adds its epochs 1-2 once, times its threads."""
+    t0 = pd.Timestamp("2026-11-22 08:00", tz="UTC")
+    at = lambda minutes: t0 + pd.Timedelta(minutes=minutes)  # noqa: E731
+    frame = pd.DataFrame({
+        "trial_key": ["trunk", "rung10", "rung20", "m1", "m2"], "tune_trial_id": ["t", "r10", "r20", "g", "g"],
+        "torch_threads": [1, 1, 1, 2, 2], "resumed_from_epoch": [16, 8, 16, 2, 2],
+        "started_at": [at(0)] * 5, "finished_at": [at(60), at(6), at(12), at(30), at(30)]})
+    trunk = [("trunk", e, 90.0 + e) for e in range(1, 41)]
+    inherited = [(rung, e, 90.0 + e) for rung, upto in (("rung10", 8), ("rung20", 16)) for e in range(1, upto + 1)]
+    cooled = [("rung10", e, 70.0 + e) for e in (9, 10)] + [("rung20", e, 70.0 + e) for e in range(17, 21)]
+    members = [(m, e, 300.0 + e) for m in ("m1", "m2") for e in range(1, 6)]
+    epochs = pd.DataFrame(trunk + inherited + cooled + members, columns=["trial_key", "epoch", "epoch_s"])
+    spans = 1.0 + 0.1 + 0.2 + 2 * 0.5
+    assert report.thread_hours(frame) == pytest.approx(spans)  # without epoch rows: the spans only
+    before = (sum(90.0 + e for e in range(1, 17)) + 2 * (301.0 + 302.0)) / 3600
+    assert report.earlier_epoch_hours(frame, epochs) == pytest.approx(before)
+    assert report.thread_hours(frame, epochs) == pytest.approx(spans + before)
+    # run in the default order, the trunk trains every epoch inside its span: nothing is added for the ladder
+    straight = frame.assign(resumed_from_epoch=[0, 8, 16, 2, 2])
+    assert report.earlier_epoch_hours(straight, epochs) == pytest.approx(2 * (301.0 + 302.0) / 3600)
+    # rows of a version that did not record resumes, or a folder without epoch rows: nothing to add
+    assert report.earlier_epoch_hours(frame.drop(columns="resumed_from_epoch"), epochs) == 0.0
+    assert report.earlier_epoch_hours(frame, None) == 0.0
+
+
 @pytest.mark.slow
 def test_report_gathers_every_section(tmp_path):
     parent = tmp_path / "results"

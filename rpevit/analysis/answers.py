@@ -54,7 +54,8 @@ import pandas as pd
 from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
 from rpevit.analysis import headline, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
-                                    markdown_table, one_read_per_folder, read_sweep, read_trials, with_variant)
+                                    markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
+                                    with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -922,7 +923,7 @@ def folder_rows(results_dir: Path) -> list[dict]:
                     "tasks": ", ".join(sorted(current["task"].dropna().astype(str).unique())),
                     OK: int(counts.get(OK, 0)), FAILED: int(counts.get(FAILED, 0)), "aside": aside,
                     "seeds": sorted(set(pd.to_numeric(current["seed"], errors="coerce").dropna().astype(int))),
-                    "thread_hours": thread_hours(current),
+                    "thread_hours": thread_hours(current, read_epoch_times(path.parent)),
                     "commits": column(current, "git_commit", "").fillna("").astype(str).str[:7].value_counts()})
     return out
 

@@ -255,6 +255,30 @@ def read_sweep(path: Path, results_dir: Path) -> pd.DataFrame | None:
     return found.copy(deep=False)  # copy-on-write: a section's edits never reach another's rows
 
 
+EPOCH_TIME_COLUMNS = ["trial_key", "epoch", "epoch_s"]
+
+
+def read_epoch_times(folder: Path) -> pd.DataFrame | None:
+    """A sweep folder's epoch rows, only the columns that time them (trial_key, epoch, epoch_s), every row once
+    (store.read_table: the file and a running sweep's parts); None where there is none or it cannot be read (named
+    on stderr once), so a cost figure that needs it says it did without rather than failing the report."""
+    found = _once("epoch times", Path(folder) / results.EPOCHS_FILE, _read_epoch_times)
+    if isinstance(found, DamagedResults):
+        if found.path not in _WARNED:
+            _WARNED.add(found.path)
+            print(f"warning: {damaged_text(found)}", file=sys.stderr, flush=True)
+        return None
+    return found
+
+
+def _read_epoch_times(path: Path) -> pd.DataFrame | DamagedResults | None:
+    try:
+        table = store.read_table(path, columns=EPOCH_TIME_COLUMNS)
+    except DamagedResults as err:
+        return err
+    return None if table is None else table.to_pandas()
+
+
 def _read_rows(path: Path) -> pd.DataFrame | DamagedResults:
     try:
         table = store.read_table(path)

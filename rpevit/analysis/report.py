@@ -25,28 +25,65 @@ import pandas as pd
 from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, string_study, token_scaling
 from rpevit.analysis.confirmatory import exploratory_note
 from rpevit.analysis.common import (SPACE_FILE, cli, code_span, column, current_rows, environment_table, fmt,
-                                    markdown_table, md_text, one_read_per_folder, read_sweep, read_trials, space_keys,
-                                    studies_note, trial_files, write_markdown)
+                                    markdown_table, md_text, one_read_per_folder, read_epoch_times, read_sweep,
+                                    read_trials, space_keys, studies_note, trial_files, write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 
 ROTINV_FILE = "rotinv_concentration.md"
 THREAD_HOURS_NOTE = ("Thread-hours: per Tune trial, last finish − first start times its torch threads, over the "
-                     "rows of the current space; a trial resumed after a stop counts from its resume.")
+                     "rows of the current space; a trial resumed after a stop or a budget ladder's pause counts "
+                     "from its resume, plus the recorded training seconds (epochs.parquet) of each epoch trained "
+                     "before, once however many rungs inherited it; their validation and time lost to a stop are "
+                     "not counted.")
 
 
-def thread_hours(frame: pd.DataFrame) -> float:
+def thread_hours(frame: pd.DataFrame, epochs: pd.DataFrame | None = None) -> float:
     """Thread-hours spent inside the rows' trials: per Tune trial (members timed together in one worker share
-    one), last finish - first start, times its torch threads. A resumed trial counts from its resume, so
-    time lost to a stop is not in it. NaN where the rows carry no start/finish times."""
+    one), last finish - first start, times its torch threads, plus earlier_epoch_hours(frame, epochs): a
+    resumed trial's span starts at its resume, and without the epochs it trained before, a budget ladder run
+    with --rungs-first (its trunks resume after their pause) would count its trunks' second round only. NaN
+    where the rows carry no start/finish times."""
     if frame.empty or not {"started_at", "finished_at"} <= set(frame.columns):
         return math.nan
     spans = pd.DataFrame({"start": unix_seconds(frame["started_at"]), "end": unix_seconds(frame["finished_at"]),
-                          "threads": pd.to_numeric(column(frame, "torch_threads", 1), errors="coerce").fillna(1)})
+                          "threads": _threads(frame)})
     trial = column(frame, "tune_trial_id", "").fillna("").astype(str)
     spans["trial"] = trial.where(trial != "", pd.Series(frame.index.astype(str), index=frame.index))
     per_trial = spans.groupby("trial").agg(start=("start", "min"), end=("end", "max"), threads=("threads", "max"))
-    return float(((per_trial["end"] - per_trial["start"]) * per_trial["threads"]).sum() / 3600)
+    return float(((per_trial["end"] - per_trial["start"]) * per_trial["threads"]).sum() / 3600
+                 + earlier_epoch_hours(frame, epochs))
+
+
+def _threads(frame: pd.DataFrame) -> pd.Series:
+    return pd.to_numeric(column(frame, "torch_threads", 1), errors="coerce").fillna(1)
+
+
+def earlier_epoch_hours(frame: pd.DataFrame, epochs: pd.DataFrame | None) -> float:
+    """Thread-hours of the epochs the rows' trials trained before their last resume, from their epoch rows'
+    training seconds (epoch_s) times the trial's threads. An epoch row after a trial's resumed_from_epoch
+    was trained inside its span, so is already counted. One epoch trained once appears under several keys
+    (a budget ladder's rungs inherit their trunk's rows up to their branch; members trained together in one
+    worker share one epoch_s), so rows are one epoch where (epoch, epoch_s) agree, and such an epoch counts
+    only if it lies before the resume of every trial that holds it. 0 without epoch rows or without
+    resumed_from_epoch (rows of a version that did not record it)."""
+    if (epochs is None or epochs.empty or "resumed_from_epoch" not in frame.columns
+            or not {"trial_key", "epoch", "epoch_s"} <= set(epochs.columns) or "trial_key" not in frame.columns):
+        return 0.0
+    trials = pd.DataFrame({"trial_key": frame["trial_key"].astype(str),
+                           "resumed": pd.to_numeric(frame["resumed_from_epoch"], errors="coerce").fillna(0),
+                           "threads": _threads(frame)}).groupby("trial_key").max()
+    rows = epochs.assign(trial_key=epochs["trial_key"].astype(str),
+                         epoch=pd.to_numeric(epochs["epoch"], errors="coerce"),
+                         epoch_s=pd.to_numeric(epochs["epoch_s"], errors="coerce")).join(trials, on="trial_key",
+                                                                                         how="inner")
+    rows = rows.dropna(subset=["epoch", "epoch_s"])
+    if rows.empty:
+        return 0.0
+    rows["inside"] = rows["epoch"] > rows["resumed"]
+    once = rows.groupby(["epoch", "epoch_s"]).agg(inside=("inside", "any"), threads=("threads", "max")).reset_index()
+    earlier = once[~once["inside"]]
+    return float((earlier["epoch_s"] * earlier["threads"]).sum() / 3600)
 
 
 def status_table(results_dir: Path) -> str:
@@ -65,7 +102,7 @@ def status_table(results_dir: Path) -> str:
         aside = stale if space_keys(path.parent) is not None else f"no {SPACE_FILE}: all kept"
         resumed = int((pd.to_numeric(column(current, "resumed_from_epoch", 0), errors="coerce") > 0).sum())
         rows.append([md_text(path.parent.name), tasks, int(counts.get(OK, 0)), int(counts.get(FAILED, 0)), aside,
-                     fmt(thread_hours(current)), resumed])
+                     fmt(thread_hours(current, read_epoch_times(path.parent))), resumed])
     return markdown_table(["folder", "task", OK, FAILED, f"set aside (not in {SPACE_FILE})",
                            "thread-hours in trials", "resumed after a stop"], rows)
 
