@@ -5,6 +5,7 @@ giving the same rows."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -20,10 +21,10 @@ TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 
         "cooldown_fraction": 0.2, "warmup_epochs": 0.5}
 
 
-def ladder_space(**extra):
+def ladder_space(only: dict | None = None, **extra):
     return expand_space({"name": "ladder", "fixed": TINY, "grid": {"attention": ["softmax", "favor"],
                                                                    "epochs": [5, 10]},
-                         "seeds": [0, 1], "branch": "epochs", **extra}, source="ladder.yaml")
+                         "seeds": [0, 1], "branch": "epochs", **extra}, source="ladder.yaml", only=only)
 
 
 def test_ladders_run_their_trunks_first_and_the_dry_run_names_the_trunk():
@@ -128,6 +129,24 @@ def test_a_ladder_sweep_branches_its_rungs_records_its_declaration_first_and_run
     lines = (tmp_path / "first" / "ladder" / "trials" / trunks.index[0] / "log.txt").read_text()
     assert "paused after epoch 4 of 10" in lines and "resumed from" in lines
 
+    # a --resume of round 1 where one ladder's rung has its row and its trunk none (as after a stop once the trunk
+    # had paused; here the rung ran alone, --only): that trunk waits for round 2, after every other ladder's rung
+    rung_alone = ladder_space(only={"attention": "softmax", "epochs": 5, "seed": 0})
+    assert len(rung_alone.trials) == 1
+    held = SweepOptions(results_dir=tmp_path / "held", dashboard=False, max_concurrent=1, rungs_first=True)
+    assert run_sweep(rung_alone, SweepOptions(results_dir=tmp_path / "held", dashboard=False, max_concurrent=1)) == 0
+    undeclared = ladder_space()  # the same trials (and keys), no declare block: the rung's row came first
+    assert undeclared.keys == space.keys and run_sweep(undeclared, replace(held, resume=True)) == 0
+    rows = pd.read_parquet(tmp_path / "held" / "ladder" / "trials.parquet").set_index("trial_key")
+    assert sorted(rows.index) == sorted(space.keys) and set(rows["status"]) == {"ok"}
+    waited = rows.loc[rung_alone.keys[0]]
+    trunk = rows[(rows["epochs"] == 10) & (rows["attention"] == "softmax") & (rows["seed"] == 0)]
+    others = rows[(rows["epochs"] == 5) & (rows.index != rung_alone.keys[0])]
+    assert int(trunk["resumed_from_epoch"].iloc[0]) == 0 and int(waited["resumed_from_epoch"]) == 0
+    assert (pd.to_datetime(trunk["started_at"], utc=True).iloc[0]
+            >= pd.to_datetime(others["finished_at"], utc=True).max())  # not ahead of the other ladders' rungs
+    assert trunk["test_acc"].iloc[0] == default.loc[trunk.index[0], "test_acc"]
+
 
 def test_rungs_first_pauses_exactly_the_trunks_in_the_same_order():
     """Round 1 of --rungs-first is the default order with each trunk that carries branches asked to pause."""
@@ -137,10 +156,34 @@ def test_rungs_first_pauses_exactly_the_trunks_in_the_same_order():
     specs = tune_trials(space, space.trials, list(range(len(space.trials))), checkpoint_root="/tmp/x", cpus=1, gpus=0,
                         reserved_cpus=1)
     launch = Launch(branches_after_their_trunks(specs, 1), {"CPU": 1.0}, 1)
-    first = pause_trunks(launch)
-    assert [s.name for s in first.specs] == [s.name for s in launch.specs]
+    first, held = pause_trunks(launch, space)
+    assert [s.name for s in first.specs] == [s.name for s in launch.specs] and held == []
     assert [s.pause_at_branch for s in first.specs] == [bool(s.branches) for s in launch.specs] == [True, False] * 4
     assert not any(s.pause_at_branch for s in launch.specs)  # the plan it came from is unchanged
+
+
+def test_rungs_first_holds_the_trunks_whose_rungs_have_rows_for_round_two():
+    """A --resume of round 1 after a stop: the first ladder's trunk had paused and its rung has a row; the second
+    ladder's trunk and rung are pending. Round 1 is the second ladder alone (paused at its branch); the first
+    trunk waits for round 2 rather than training to its budget ahead of the second ladder's rung."""
+    from rpevit.sweep.launch_plan import Launch, branches_after_their_trunks, pause_trunks
+
+    space = ladder_space()
+    (trunk_a, rung_a), (trunk_b, rung_b) = space.ladders()[:2]
+    pending = sorted([trunk_a, trunk_b, rung_b])
+    specs = tune_trials(space, space.trials, pending, checkpoint_root="/tmp/x", cpus=1, gpus=0, reserved_cpus=1)
+    launch = Launch(branches_after_their_trunks(specs, 1), {"CPU": 1.0}, 1)
+    assert space.keys[trunk_a] in [s.members[0].trial_key for s in launch.specs]  # without the hold, in round 1
+    first, held = pause_trunks(launch, space)
+    assert held == [space.keys[trunk_a]]
+    assert [(s.members[0].trial_key, s.pause_at_branch) for s in first.specs] == [(space.keys[trunk_b], True),
+                                                                                  (space.keys[rung_b], False)]
+    # a lone rung pending after its trunk has a row is a shorter trial: it runs in round 1
+    specs = tune_trials(space, space.trials, sorted([rung_a, trunk_b, rung_b]), checkpoint_root="/tmp/x", cpus=1,
+                        gpus=0, reserved_cpus=1)
+    first, held = pause_trunks(Launch(branches_after_their_trunks(specs, 1), {"CPU": 1.0}, 1), space)
+    assert held == [] and {s.members[0].trial_key for s in first.specs} == {space.keys[i] for i in (rung_a, trunk_b,
+                                                                                                     rung_b)}
 
 
 @pytest.mark.parametrize("argv, words", [

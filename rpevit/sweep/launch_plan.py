@@ -14,7 +14,8 @@ of them a round starts. tune_run.py turns a `Launch` into Tune trials and runs t
 - The deadline (`plan_deadline_round`): which Tune trials of the pending ones end before it on the
   slots (rpevit.sweep.deadline.plan_units), as a Launch of the admitted ones and the trials left.
 - Rungs first (`pause_trunks`, `check_rungs_first`; sweep.py --rungs-first): a first round in which each
-  trunk stops after its last branch's epoch and its shorter trials run, then a second round of the paused
+  trunk stops after its last branch's epoch and its shorter trials run (a trunk whose shorter trials all have
+  rows waits), then a second round of the paused
   trunks alone (tune_run.run_sweep_trials), so every shorter rung of every ladder is answered before any
   trunk trains past its last branch point. Same rows (rpevit/tasks/budget_ladder.py).
 """
@@ -117,10 +118,19 @@ def check_rungs_first(space: Space, rungs_first: bool, deadline: object) -> None
                           "whole trials by their estimates, and a paused trunk is not one)")
 
 
-def pause_trunks(launch: Launch) -> Launch:
+def pause_trunks(launch: Launch, space: Space) -> tuple[Launch, list[str]]:
     """--rungs-first, round 1: the same Tune trials in the same order, each trunk carrying branches stopping
-    after the epoch its last branch starts from (TrialSpec.pause_at_branch); the round after continues them."""
-    return replace(launch, specs=[replace(s, pause_at_branch=True) if s.branches else s for s in launch.specs])
+    after the epoch its last branch starts from (TrialSpec.pause_at_branch), less the trunks of ladders whose
+    shorter trials all have rows already; those are returned by key, for the round after, with the paused
+    ones. Why the hold: a trunk with no pending branch has nothing to pause for, so in round 1 it would train
+    to its own budget in its place; a --resume of round 1 (every stop of a long study) would then first
+    continue every trunk paused before the stop, ahead of the rungs of every ladder not yet begun."""
+    trunks = {space.keys[ladder[0]] for ladder in space.ladders() if len(ladder) > 1}
+    held = [spec.members[0].trial_key for spec in launch.specs
+            if not spec.branches and all(m.trial_key in trunks for m in spec.members)]
+    first = [replace(s, pause_at_branch=True) if s.branches else s for s in launch.specs
+             if s.members[0].trial_key not in held]
+    return replace(launch, specs=first), held
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path | str,

@@ -87,18 +87,20 @@ def _tune_lines() -> Iterator[TuneLines]:
 def run_sweep_trials(space: Space, plan: SweepPlan, opts: SweepOptions, out_dir: Path) -> tuple[int, float]:
     """Every pending trial of the plan, planned on the started Ray's nodes, in one Tuner.fit(); with
     --rungs-first and trunks that carry branches, in two: the trunks paused at their last branch with their
-    shorter trials, then the paused trunks continued (launch_plan.pause_trunks)."""
+    shorter trials, then the paused trunks continued, with those whose shorter trials had rows before this run
+    (launch_plan.pause_trunks)."""
     launch = plan_launch(space, plan, out_dir / "trials", session.live_nodes())
     if not (opts.rungs_first and any(spec.branches for spec in launch.specs)):
         return run_tuner(space, launch, opts, out_dir)
-    first = pause_trunks(launch)
+    first, held = pause_trunks(launch, space)
     trunks = sum(bool(spec.branches) for spec in first.specs)
+    waiting = (f"; {len(held)} trunk(s) whose shorter trials all have rows wait for round 2" if held else "")
     print(f"--rungs-first, round 1 of 2: {trunks} trunk(s) train to their last branch and pause there; every shorter "
-          f"trial runs from its trunk's checkpoint", flush=True)
+          f"trial runs from its trunk's checkpoint{waiting}", flush=True)
     paused = PausedTrunks()
     slots, started = run_tuner(space, first, opts, out_dir, extra_callbacks=[paused])
     index = {key: i for i, key in enumerate(space.keys)}
-    left = sorted(index[key] for key in paused.keys)
+    left = sorted(index[key] for key in paused.keys | set(held))
     if not left:
         return slots, started
     print(f"--rungs-first, round 2 of 2: {len(left)} paused trunk(s) continue from their checkpoints to their own "
