@@ -178,6 +178,18 @@ def test_rungs_first_holds_the_trunks_whose_rungs_have_rows_for_round_two():
     assert held == [space.keys[trunk_a]]
     assert [(s.members[0].trial_key, s.pause_at_branch) for s in first.specs] == [(space.keys[trunk_b], True),
                                                                                   (space.keys[rung_b], False)]
+    # on two slots each ladder's rungs start one trunk after their own (their trunk's checkpoint is written by
+    # then); the held trunk does not count in that lag: C's trunk, not the held one, comes between A and its rung
+    (trunk_c, rung_c) = space.ladders()[2]
+    specs = tune_trials(space, space.trials, sorted([rung_a, trunk_a, trunk_b, trunk_c, rung_c]),
+                        checkpoint_root="/tmp/x", cpus=1, gpus=0, reserved_cpus=1)
+    two = Launch(branches_after_their_trunks(specs, 2), {"CPU": 1.0}, 2)
+    held_key = next(s.members[0].trial_key for s in two.specs if not s.branches and s.members[0].cfg["epochs"] == 10)
+    assert [s.members[0].trial_key for s in two.specs][1] == held_key  # between A's trunk and A's rung
+    first, held = pause_trunks(two, space)
+    assert held == [held_key]
+    assert [s.members[0].cfg["epochs"] for s in first.specs] == [10, 10, 5, 5]
+    assert [s.pause_at_branch for s in first.specs] == [True, True, False, False]
     # a lone rung pending after its trunk has a row is a shorter trial: it runs in round 1
     specs = tune_trials(space, space.trials, sorted([rung_a, trunk_b, rung_b]), checkpoint_root="/tmp/x", cpus=1,
                         gpus=0, reserved_cpus=1)

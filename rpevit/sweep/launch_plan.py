@@ -130,7 +130,9 @@ def pause_trunks(launch: Launch, space: Space) -> tuple[Launch, list[str]]:
             if not spec.branches and all(m.trial_key in trunks for m in spec.members)]
     first = [replace(s, pause_at_branch=True) if s.branches else s for s in launch.specs
              if s.members[0].trial_key not in held]
-    return replace(launch, specs=first), held
+    # ordered again without them: a held trunk counted in a ladder's lag would leave its shorter trials right
+    # behind their own trunk, so on two slots they would start beside it, before its checkpoint, at full cost
+    return replace(launch, specs=branches_after_their_trunks(first, launch.slots)), held
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path | str,
