@@ -117,8 +117,9 @@ def ladder_space():
 
 def test_the_dry_run_estimates_the_tune_trials_the_run_starts(tmp_path):
     """A budget ladder runs each trunk before the shorter trials (the Tune trials' order); the dry run's
-    estimate follows that order: on two slots, 10 + 10 then 5 + 5 seconds end after 15 s of training,
-    where space order (5, 10, 5, 10) would end after 20 s."""
+    estimate follows that order: on two slots, the trunks (10 + 10 s), then each 5-epoch rung's 1-epoch
+    cool-down from its trunk's checkpoint, end after 11 s of training, where space order (5, 10, 5, 10)
+    would end after 20 s and rungs planned as whole runs after 15 s."""
     space = ladder_space()
     out = tmp_path / "ladder"
     out.mkdir()
@@ -128,6 +129,39 @@ def test_the_dry_run_estimates_the_tune_trials_the_run_starts(tmp_path):
     launch = plan_launch(space, plan, out / "trials", None)
     assert [s.members[0].cfg["epochs"] for s in launch.specs] == [10, 10, 5, 5]
     line = dry_run.estimate_line(space, space.resources, str(tmp_path), None, resume=True, local=False)
-    ends = dl.STARTUP_S + 2 * dl.PER_TRIAL_S + 15.0
+    ends = dl.STARTUP_S + 2 * dl.PER_TRIAL_S + 11.0
     assert f"about {dl.span(ends)} for 4 of 4 Tune trial(s), 2 at a time" in line, line
-    assert len(deadline_units(launch.specs)) == 4
+    units = deadline_units(launch.specs)
+    assert [(u.branch_of, u.branch_epoch) for u in units] == [(None, 0), (None, 0), (0, 4), (1, 4)]
+
+
+def test_a_rung_is_planned_as_its_cool_down_only_once_its_trunk_has_passed_the_branch(tmp_path):
+    """1 s an epoch; a 10-epoch trunk and its 5-epoch rung (branch after epoch 4, a 1-epoch cool-down). On one
+    slot the rung starts after its trunk: 1 s. On two it would start beside its trunk, before the checkpoint,
+    and train all 5 epochs: 5 s. With the trunk resumed past epoch 4 it trains on its own: 5 s. A deadline
+    that only the cool-down fits admits it."""
+    from rpevit import checkpoint
+    from rpevit.config import TrialConfig
+
+    estimator = dl.Estimator([row({**LADDER, "epochs": 10, "seed": 99}, 10.0, key=f"{7:016x}")], "train",
+                             has_epochs=True)
+    trunk_cfg, rung_cfg = {**LADDER, "epochs": 10}, {**LADDER, "epochs": 5}
+    trunk = dl.Unit(((f"{1:016x}", trunk_cfg),))
+    rung = dl.Unit(((f"{2:016x}", rung_cfg),), branch_of=0, branch_epoch=4)
+
+    def plan(units: list, slots: int, at: float = float("inf")) -> dl.DeadlinePlan:
+        return dl.plan_units(units, estimator, slots=slots, now=0.0, deadline=dl.Deadline(at),
+                             checkpoint_root=tmp_path, probe=False)
+
+    one, two = plan([trunk, rung], 1), plan([trunk, rung], 2)
+    assert [e.seconds for e in one.estimates] == [10.0, 1.0]
+    assert one.finish_at == dl.STARTUP_S + 2 * dl.PER_TRIAL_S + 11.0
+    assert [e.seconds for e in two.estimates] == [10.0, 5.0]
+    other = dl.Unit(((f"{3:016x}", {**trunk_cfg, "seed": 5}),))
+    assert plan([trunk, other, dl.Unit(rung.members, branch_of=0, branch_epoch=4)], 2).estimates[2].seconds == 1.0
+    tight = dl.STARTUP_S + 2 * dl.PER_TRIAL_S + 10.0 + 2.0  # the trunk and the cool-down fit, the whole rung not
+    assert plan([trunk, rung], 1, at=tight).admitted == [0, 1]
+    checkpoint.save(tmp_path / f"{1:016x}" / checkpoint.CHECKPOINT_NAME,  # the trunk resumes after epoch 6
+                    {"model": {}, "optimizer": {}, "scheduler": {}, "rng": {}, "history": [], "epoch": 6,
+                     "fingerprint": checkpoint.fingerprint(TrialConfig.from_dict(trunk_cfg))})
+    assert [e.seconds for e in plan([trunk, rung], 1).estimates] == [4.0, 5.0]

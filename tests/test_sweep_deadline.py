@@ -112,6 +112,19 @@ def row(cfg: dict, seconds: float, *, epochs_done: int | None = None, resumed: i
             "train_s_per_epoch": per_epoch, "fused_members": members, "tune_trial_id": f"t{key}{start}"}
 
 
+def test_a_row_of_as_many_epochs_or_more_is_preferred_to_a_short_row_scaled_up():
+    """A budget ladder's 2-epoch cool-down row (6 s: 2 s of epochs, 4 s of start-up and final evaluation) and a
+    10-epoch row (14 s: 1 s an epoch, the same 4 s). Scaled up to 10 epochs the short row says 30 s (its fixed
+    cost counted five times); the 10-epoch row says 14. For 2 epochs both count, and the slower says 6."""
+    cfg = {**TINY, "epochs": 10}
+    rows = [row({**cfg, "seed": 1}, 6.0, epochs_done=10, resumed=8, per_epoch=1.0),
+            row({**cfg, "seed": 2}, 14.0, per_epoch=1.0)]
+    est = dl.Estimator(rows, "train", has_epochs=True)
+    assert est.trial(cfg, 10).seconds == pytest.approx(14.0)
+    assert est.trial(cfg, 2).seconds == pytest.approx(6.0)
+    assert dl.Estimator(rows[:1], "train", has_epochs=True).trial(cfg, 10).seconds == pytest.approx(30.0)  # alone
+
+
 def test_estimates_prefer_the_same_recipe_then_the_same_model_then_any_row():
     rope = {**TINY, "pe": "rope", "epochs": 4}
     rows = [row({**rope, "seed": 7}, 40.0), row({**rope, "seed": 8}, 60.0),  # same recipe: the slowest counts

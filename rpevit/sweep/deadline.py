@@ -24,7 +24,11 @@ through rpevit.checkpoint, weights only) is estimated as the larger of two readi
 d * n / m and d - (m - n) * train_s_per_epoch: the first scales everything by the epochs, the
 second keeps the row's fixed cost (data loading, validation, the final evaluation) whole, so both
 a longer and a resumed trial are over- rather than under-estimated. Of several rows at a level the
-slowest counts. Tasks without epochs (bench, kernel_mse) take a row's time as it is. The members of
+slowest counts, among those that trained at least the n epochs asked for where there are any: a row of a
+few epochs scaled up by d * n / m counts its fixed cost n / m times (a budget ladder's 2-epoch cool-down
+row, scaled to a 40-epoch trunk, counted its start-up and final evaluation 20 times). A budget ladder's
+shorter trial is planned as its cool-down alone when its trunk runs before it in the plan and has passed
+the branch epoch by the time its slot frees (`branch_estimate`), else as the whole run it then trains. Tasks without epochs (bench, kernel_mse) take a row's time as it is. The members of
 a fused group run together, so the group takes one member's time, scaled by k_new / k_row when
 the group has more members than the row's group had (k members cost k times the work on a CPU;
 about the same on a GPU once rows of groups of that size exist); members whose checkpoints stand at
@@ -246,7 +250,8 @@ class Estimator:
         for level, (names, table) in zip(LEVELS, self._levels):
             found = table.get(self._key(cfg, names))
             if found:
-                return Estimate(max(m.predict(epochs, members) for m in found), level)
+                longer = [m for m in found if m.epochs >= epochs]  # scaled down: the fixed cost counted once
+                return Estimate(max(m.predict(epochs, members) for m in longer or found), level)
         if self.fallback_s is not None:
             return Estimate(self.fallback_s * epochs, FALLBACK)
         return None
@@ -321,10 +326,14 @@ def epochs_done(checkpoint_dir: Path, cfg: dict[str, Any]) -> int:
 # ---- the plan ----
 @dataclass(frozen=True)
 class Unit:
-    """One Tune trial to start or leave: its members' (trial_key, config), run as `kind`."""
+    """One Tune trial to start or leave: its members' (trial_key, config), run as `kind`; a budget ladder's
+    shorter trial also names the Tune trial whose trunk writes its checkpoint (`branch_of`, an index into the
+    same units) and the trunk epoch that checkpoint holds (`branch_epoch`)."""
 
     members: tuple[tuple[str, dict[str, Any]], ...]
     kind: str = "single"  # single | fused | interleaved
+    branch_of: int | None = None
+    branch_epoch: int = 0
 
 
 def unit_estimate(unit: Unit, estimator: Estimator, checkpoint_root: Path) -> Estimate | None:
@@ -380,12 +389,36 @@ class DeadlinePlan:
                 f"{self.startup_s:.0f} s start-up; {self.slots} at a time)")
 
 
+def branch_estimate(unit: Unit, units: Sequence[Unit], estimator: Estimator, checkpoint_root: Path
+                    ) -> tuple[Estimate, int] | None:
+    """A budget ladder's shorter trial run from its trunk's checkpoint: (seconds for its cool-down alone, the
+    trunk epoch it starts from). None where it will not be: not a branch, it has a checkpoint of its own
+    (unit_estimate counts from that), or its trunk resumes past the branch (it then runs on its own,
+    rpevit.tasks.budget_ladder.plan_branches)."""
+    if unit.branch_of is None or unit.kind != "single":
+        return None
+    (key, cfg), = unit.members
+    (trunk_key, trunk_cfg), = units[unit.branch_of].members
+    if epochs_done(trial_folder(checkpoint_root, key), cfg):
+        return None
+    start = epochs_done(trial_folder(checkpoint_root, trunk_key), trunk_cfg)
+    if unit.branch_epoch < start or (unit.branch_epoch == start and start > 0):
+        return None
+    found = estimator.trial(cfg, max(0, int(cfg.get("epochs", 1)) - unit.branch_epoch))
+    return (found, start) if found is not None else None
+
+
 def plan_units(units: Sequence[Unit], estimator: Estimator, *, slots: int, now: float, deadline: Deadline,
                checkpoint_root: Path, probe: bool = True, startup_s: float = STARTUP_S) -> DeadlinePlan:
     """Admit the units, in order, that the slot simulation ends before the deadline (module docstring),
     counting `startup_s` before the first start; when nothing is known, the first unit alone as a
-    probe if `probe` and start-up leaves time for it (else none, and `no_probe` says why)."""
+    probe if `probe` and start-up leaves time for it (else none, and `no_probe` says why).
+
+    A budget ladder's shorter trial costs its cool-down alone where its trunk is admitted before it and, in
+    the simulation, has passed the branch epoch when the shorter trial's slot frees (its epochs spread evenly
+    over its estimate); otherwise the whole run, as it then trains on its own."""
     estimates = [unit_estimate(u, estimator, Path(checkpoint_root)) for u in units]
+    branched = [branch_estimate(u, units, estimator, Path(checkpoint_root)) for u in units]
     plan = DeadlinePlan(deadline, max(1, slots), estimates=estimates, startup_s=startup_s)
     if not units:
         return plan
@@ -400,10 +433,18 @@ def plan_units(units: Sequence[Unit], estimator: Estimator, *, slots: int, now: 
         return plan
     free = [now + startup_s] * plan.slots
     heapq.heapify(free)
-    ends = []
+    ends, started = [], {}
     for i, est in enumerate(estimates):
+        branch, trunk = branched[i], units[i].branch_of
+        if branch is not None and trunk in started and estimates[trunk] is not None:
+            begun, first = started[trunk], branch[1]
+            trunk_epochs = max(1, int(units[trunk].members[0][1].get("epochs", 1)) - first)
+            reached = begun + PER_TRIAL_S + estimates[trunk].seconds * (units[i].branch_epoch - first) / trunk_epochs
+            if free[0] >= reached:
+                est = plan.estimates[i] = branch[0]
         end = free[0] + PER_TRIAL_S + est.seconds if est is not None else math.inf
         if end <= deadline.at:
+            started[i] = free[0]
             heapq.heapreplace(free, end)
             plan.admitted.append(i)
             ends.append(end)

@@ -32,6 +32,7 @@ from rpevit.sweep.plan import SweepPlan
 from rpevit.sweep.protocol import Member, TrialSpec
 from rpevit.sweep.space import Resources, Space
 from rpevit.sweep.summary import DeadlineReport
+from rpevit.tasks.budget_ladder import ladder_branch_epoch
 
 Node = Mapping[str, float]  # one live node's resources, as Ray lists them: {"CPU": 16.0, "GPU": 2.0}
 
@@ -167,10 +168,19 @@ def _spec_name(members: list[Member], fused: bool, timing: Any) -> str:
 
 
 def deadline_units(specs: Sequence[TrialSpec]) -> list[deadlines.Unit]:
-    """Each Tune trial as the deadline planner estimates it: its members, and how they run together."""
-    return [deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
-                           "fused" if spec.fused else "interleaved" if len(spec.members) > 1 else "single")
-            for spec in specs]
+    """Each Tune trial as the deadline planner estimates it: its members, how they run together, and for a
+    budget ladder's shorter trial, which Tune trial's trunk writes its checkpoint and after which epoch."""
+    index = {spec.members[0].trial_key: i for i, spec in enumerate(specs)}
+    trunk_of = {m.trial_key: index[spec.members[0].trial_key] for spec in specs for m in spec.branches}
+    units = []
+    for spec in specs:
+        key, cfg = spec.members[0].trial_key, spec.members[0].cfg
+        branch = len(spec.members) == 1 and key in trunk_of
+        units.append(deadlines.Unit(tuple((m.trial_key, m.cfg) for m in spec.members),
+                                    "fused" if spec.fused else "interleaved" if len(spec.members) > 1 else "single",
+                                    branch_of=trunk_of[key] if branch else None,
+                                    branch_epoch=ladder_branch_epoch(cfg) if branch else 0))
+    return units
 
 
 # ---- resources ----

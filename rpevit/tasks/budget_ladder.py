@@ -112,6 +112,15 @@ def branch_epoch(trunk: TrialConfig, rung: TrialConfig, steps_per_epoch: int) ->
     return start // steps_per_epoch
 
 
+def ladder_branch_epoch(rung: dict[str, Any]) -> int:
+    """The trunk epoch after which `rung` (a resolved config) branches, in epochs: its epochs less its
+    cool-down's round(cooldown_fraction x epochs). branch_epoch proves, in steps, that a valid ladder's
+    cool-down is a whole number of epochs, k; then |cooldown_fraction x epochs - k| <= 0.5 / steps_per_epoch,
+    so rounding in epochs gives k. For planning (rpevit.sweep.deadline), where steps per epoch are not known."""
+    epochs = int(rung["epochs"])
+    return epochs - round(float(rung["cooldown_fraction"]) * epochs)
+
+
 class TrunkPaused(Exception):
     """A trunk stopped, by request (`pause_at_branch`), after the last epoch a branch of it starts from: its
     checkpoint holds that epoch, and the next run of the same trial continues from it. Not a failure: the
@@ -172,5 +181,5 @@ def ladder_cost(budgets: Sequence[int], cooldown_fraction: float) -> float:
     return float(budgets[-1] + sum(cooldown_fraction * b for b in budgets[:-1])) if budgets else math.nan
 
 
-__all__ = ["Branch", "LADDER_FIELDS", "TrunkPaused", "branch_epoch", "check_ladder", "ladder_cost",
-           "last_branch_epoch", "plan_branches", "write_branches"]
+__all__ = ["Branch", "LADDER_FIELDS", "TrunkPaused", "branch_epoch", "check_ladder", "ladder_branch_epoch",
+           "ladder_cost", "last_branch_epoch", "plan_branches", "write_branches"]
