@@ -215,7 +215,7 @@ def run(argv: list[str] | None = None) -> int:
                                                        space.source)
             for line in dry_run.describe(space, parse_overrides(args.overrides), resources,
                                          results_dir=args.results_dir, data_dir=args.data_dir, resume=args.resume,
-                                         local=is_local(args)):
+                                         local=is_local(args), rungs_first=args.rungs_first):
                 print(line)
             if deadline is not None:
                 print(f"deadline {deadline.describe()}")

@@ -133,6 +133,14 @@ def test_the_dry_run_estimates_the_tune_trials_the_run_starts(tmp_path):
     assert f"about {dl.span(ends)} for 4 of 4 Tune trial(s), 2 at a time" in line, line
     units = deadline_units(launch.specs)
     assert [(u.branch_of, u.branch_epoch) for u in units] == [(None, 0), (None, 0), (0, 4), (1, 4)]
+    # --rungs-first: round 1 the trunks to epoch 4 (4 s each, side by side) then the cool-downs (1 s each); round 2,
+    # a Tuner.fit of its own, the trunks from epoch 4 to 10 (6 s each, side by side)
+    line = dry_run.estimate_line(space, space.resources, str(tmp_path), None, resume=True, local=False,
+                                 rungs_first=True)
+    one, two = dl.STARTUP_S + 2 * dl.PER_TRIAL_S + 4 + 1, dl.STARTUP_S + dl.PER_TRIAL_S + 6
+    assert line.endswith(f"; --rungs-first: round 1 (4 Tune trial(s): every shorter trial, the trunks to their last "
+                         f"branch) about {dl.span(one)}, then round 2 (2 trunk(s) to their own budget) about "
+                         f"{dl.span(two)}"), line
 
 
 def test_a_rung_is_planned_as_its_cool_down_only_once_its_trunk_has_passed_the_branch(tmp_path):

@@ -334,14 +334,22 @@ class Unit:
     kind: str = "single"  # single | fused | interleaved
     branch_of: int | None = None
     branch_epoch: int = 0
+    pause_after: int | None = None  # --rungs-first, round 1: a trunk stops after this epoch
+    from_epoch: int = 0  # --rungs-first, round 2: a paused trunk continues from this epoch
+
+    def epochs_left(self, key: str, cfg: dict[str, Any], checkpoint_root: Path) -> tuple[int, int]:
+        """(the epoch a member starts from, the epoch it stops after) in this Tune trial."""
+        stop = int(cfg.get("epochs", 1))
+        stop = min(stop, self.pause_after) if self.pause_after is not None else stop
+        return max(epochs_done(trial_folder(checkpoint_root, key), cfg), self.from_epoch), stop
 
 
 def unit_estimate(unit: Unit, estimator: Estimator, checkpoint_root: Path) -> Estimate | None:
     """Seconds for one Tune trial: a trial's own; a fused group's members run together (one
     member's time for their group size), sub-groups of members at different checkpoint epochs one
     after another; an interleaved timing run: its slowest member's time for its size."""
-    left = [(cfg, max(0, int(cfg.get("epochs", 1)) - epochs_done(trial_folder(checkpoint_root, key), cfg)))
-            for key, cfg in unit.members]
+    left = [(cfg, max(0, stop - first)) for key, cfg in unit.members
+            for first, stop in [unit.epochs_left(key, cfg, checkpoint_root)]]
     if unit.kind == "single":
         return estimator.trial(*left[0])
     if unit.kind == "interleaved":
@@ -398,11 +406,12 @@ def branch_estimate(unit: Unit, units: Sequence[Unit], estimator: Estimator, che
     if unit.branch_of is None or unit.kind != "single":
         return None
     (key, cfg), = unit.members
-    (trunk_key, trunk_cfg), = units[unit.branch_of].members
+    trunk = units[unit.branch_of]
+    (trunk_key, trunk_cfg), = trunk.members
     if epochs_done(trial_folder(checkpoint_root, key), cfg):
         return None
-    start = epochs_done(trial_folder(checkpoint_root, trunk_key), trunk_cfg)
-    if unit.branch_epoch < start or (unit.branch_epoch == start and start > 0):
+    start, stop = trunk.epochs_left(trunk_key, trunk_cfg, checkpoint_root)
+    if unit.branch_epoch < start or (unit.branch_epoch == start and start > 0) or unit.branch_epoch > stop:
         return None
     found = estimator.trial(cfg, max(0, int(cfg.get("epochs", 1)) - unit.branch_epoch))
     return (found, start) if found is not None else None
@@ -438,7 +447,8 @@ def plan_units(units: Sequence[Unit], estimator: Estimator, *, slots: int, now: 
         branch, trunk = branched[i], units[i].branch_of
         if branch is not None and trunk in started and estimates[trunk] is not None:
             begun, first = started[trunk], branch[1]
-            trunk_epochs = max(1, int(units[trunk].members[0][1].get("epochs", 1)) - first)
+            (trunk_key, trunk_cfg), = units[trunk].members
+            trunk_epochs = max(1, units[trunk].epochs_left(trunk_key, trunk_cfg, Path(checkpoint_root))[1] - first)
             reached = begun + PER_TRIAL_S + estimates[trunk].seconds * (units[i].branch_epoch - first) / trunk_epochs
             if free[0] >= reached:
                 est = plan.estimates[i] = branch[0]

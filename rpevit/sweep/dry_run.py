@@ -31,7 +31,7 @@ from rpevit.config import ConfigError, TrialConfig
 from rpevit.data import DIGITS_TEST_FRACTION, FOLDERLESS_DATASETS, DataError, dataset_file
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.lock import sweep_dir
-from rpevit.sweep.launch_plan import deadline_units, plan_launch
+from rpevit.sweep.launch_plan import Launch, deadline_units, plan_launch, rungs_first_units
 from rpevit.sweep.plan import SweepPlan, prepare_trials
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, DamagedResults, task_metrics
@@ -174,9 +174,10 @@ def gpu_warning(space: Space, resources: Resources, local: bool) -> str | None:
 
 
 def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir: str | None, resume: bool,
-                  local: bool) -> str:
+                  local: bool, rungs_first: bool = False) -> str:
     """The run's wall time from measured rows of this sweep's folder (those --deadline plans from), or
-    why there is none. Reads the folder only (a dry run takes no lock and changes nothing)."""
+    why there is none; with --rungs-first, also when its first round (every shorter trial) ends. Reads the
+    folder only (a dry run takes no lock and changes nothing)."""
     out_dir = sweep_dir(results_dir, space.name)
     try:
         rows = read_rows(out_dir / TRIALS_FILE) if holds_rows(out_dir) else []  # the compacted file and parts
@@ -209,7 +210,23 @@ def estimate_line(space: Space, resources: Resources, results_dir: str, data_dir
     total = f"about {deadlines.span(plan.finish_at)}" if unknown < len(units) else "no matching row"
     return (f"estimate (from measured rows of {out_dir / TRIALS_FILE}): {total} for {len(units) - unknown} of "
             f"{len(units)} Tune trial(s), {slots} at a time {where}; {plan.estimate_text()}"
-            + (f"; {unknown} without a matching row not counted" if unknown else ""))
+            + (f"; {unknown} without a matching row not counted" if unknown else "")
+            + (rounds_text(space, launch, estimator, slots, out_dir) if rungs_first else ""))
+
+
+def rounds_text(space: Space, launch: Launch, estimator: deadlines.Estimator, slots: int, out_dir: Path) -> str:
+    """'; --rungs-first: round 1 (...) about A, round 2 (...) about B more': each round planned as it runs (a
+    Tuner.fit of its own, its own start-up), its trunks paused at or continued from their last branch."""
+    if not any(spec.branches for spec in launch.specs):
+        return ""
+    one, two = rungs_first_units(space, launch)
+    plans = [deadlines.plan_units(units, estimator, slots=slots, now=0.0, deadline=deadlines.Deadline(math.inf),
+                                  checkpoint_root=out_dir / "trials", probe=False) for units in (one, two)]
+    if any(e is None for p in plans for e in p.estimates):
+        return "; --rungs-first: its rounds not estimated (a Tune trial without a matching row)"
+    spans = [deadlines.span(p.finish_at) if p.admitted else "nothing" for p in plans]
+    return (f"; --rungs-first: round 1 ({len(one)} Tune trial(s): every shorter trial, the trunks to their last "
+            f"branch) about {spans[0]}, then round 2 ({len(two)} trunk(s) to their own budget) about {spans[1]}")
 
 
 BENCH_ROOT = Path(__file__).resolve().parents[2] / "results"  # the committed studies (results/STUDIES)
@@ -314,7 +331,7 @@ def local_node(resources: Resources) -> dict[str, float]:
 
 
 def describe(space: Space, overrides: dict[str, Any], resources: Resources, *, results_dir: str,
-             data_dir: str | None, resume: bool, local: bool) -> list[str]:
+             data_dir: str | None, resume: bool, local: bool, rungs_first: bool = False) -> list[str]:
     """The dry run's lines after the trial table (module docstring)."""
     lines = [effective_values(space, overrides),
              f"resources: {resources.cpus_per_trial:g} CPU + {resources.gpus_per_trial:g} GPU per trial"
@@ -325,5 +342,5 @@ def describe(space: Space, overrides: dict[str, Any], resources: Resources, *, r
     lines += [f"warning: the run would refuse this before any trial starts: {refusal}"] if refusal else []
     warning = gpu_warning(space, resources, local)
     lines += [warning] if warning else []
-    lines.append(estimate_line(space, resources, results_dir, data_dir, resume, local))
+    lines.append(estimate_line(space, resources, results_dir, data_dir, resume, local, rungs_first))
     return lines

@@ -183,6 +183,20 @@ def deadline_units(specs: Sequence[TrialSpec]) -> list[deadlines.Unit]:
     return units
 
 
+def rungs_first_units(space: Space, launch: Launch) -> tuple[list[deadlines.Unit], list[deadlines.Unit]]:
+    """--rungs-first's two rounds as the planner estimates them (the dry run): round 1's Tune trials, each trunk
+    stopping after its last branch's epoch, and round 2's, the paused and held trunks to their own budget."""
+    first, held = pause_trunks(launch, space)
+    one = deadline_units(first.specs)
+    pause = {spec.members[0].trial_key: max(ladder_branch_epoch(b.cfg) for b in spec.branches)
+             for spec in first.specs if spec.branches}
+    one = [replace(u, pause_after=pause[u.members[0][0]]) if u.members[0][0] in pause else u for u in one]
+    trunks = set(pause) | set(held)
+    two = [replace(u, from_epoch=pause.get(u.members[0][0], 0))
+           for u in deadline_units([s for s in launch.specs if s.members[0].trial_key in trunks])]
+    return one, two
+
+
 # ---- resources ----
 def node_cpus(nodes: Sequence[Node], gpus: float) -> float:
     """CPUs of the largest node that has the trial's GPUs: what a timing trial reserves, so no other
