@@ -16,22 +16,23 @@ Ray starts.
 
 Estimates (`Estimator`), per Tune trial, from the OK rows of trials.parquet in the sweep folder
 (every row of the task, those an edited YAML set aside included: they are measurements), at the
-first level that has rows: the same recipe (every field equal but seed and epochs), the same
-model (the data, model, attention and pe sections equal), any row of the task. A row's time is
-finished_at - started_at over the epochs that run trained (epochs_done - resumed_from_epoch); a
-trial that needs n epochs (its epochs minus those its `trials/<key>/checkpoint.pt` holds, read
-through rpevit.checkpoint, weights only) is estimated as the larger of two readings of that row,
-d * n / m and d - (m - n) * train_s_per_epoch: the first scales everything by the epochs, the
-second keeps the row's fixed cost (data loading, validation, the final evaluation) whole, so both
-a longer and a resumed trial are over- rather than under-estimated. Of several rows at a level the
-slowest counts, among those that trained at least the n epochs asked for where there are any: a row of a
-few epochs scaled up by d * n / m counts its fixed cost n / m times (a budget ladder's 2-epoch cool-down
-row, scaled to a 40-epoch trunk, counted its start-up and final evaluation 20 times). A budget ladder's
-shorter trial is planned as its cool-down alone when its trunk runs before it in the plan and has passed
-the branch epoch by the time its slot frees (`branch_estimate`), else as the whole run it then trains. Tasks without epochs (bench, kernel_mse) take a row's time as it is. The members of
-a fused group run together, so the group takes one member's time, scaled by k_new / k_row when
-the group has more members than the row's group had (k members cost k times the work on a CPU;
-about the same on a GPU once rows of groups of that size exist); members whose checkpoints stand at
+first level that has rows: the same recipe (every field equal but seed and epochs), the same model
+(the data, model, attention and pe sections equal), any row of the task. A row's time is the seconds
+from started_at to finished_at, over the epochs that run trained (epochs_done - resumed_from_epoch);
+a trial that needs n epochs (its epochs minus those its `trials/<key>/checkpoint.pt` holds, read
+through rpevit.checkpoint, weights only) is estimated as the larger of two readings of that row, d *
+n / m and d - (m - n) * train_s_per_epoch: the first scales everything by the epochs, the second
+keeps the row's fixed cost (data loading, validation, the final evaluation) whole, so both a longer
+and a resumed trial are over- rather than under-estimated. Of several rows at a level the slowest
+counts, among those that trained at least the n epochs asked for where there are any: a row of a few
+epochs scaled up by d * n / m counts its fixed cost n / m times (a budget ladder's 2-epoch cool-down
+row, scaled to a 40-epoch trunk, counted its start-up and final evaluation 20 times). A budget
+ladder's shorter trial is planned as its cool-down alone when its trunk runs before it in the plan
+and has passed the branch epoch by the time its slot frees (`branch_estimate`), else as the whole
+run it then trains. Tasks without epochs (bench, kernel_mse) take a row's time as it is. The members
+of a fused group run together, so the group takes one member's time, scaled by k_new / k_row when
+the group has more members than the row's group had (k members cost k times the work on a CPU; about
+the same on a GPU once rows of groups of that size exist); members whose checkpoints stand at
 different epochs train as sub-groups one after another, whose times add up.
 
 Nothing known (no OK row of the task yet): with `--deadline-estimate SECONDS` (per epoch of one

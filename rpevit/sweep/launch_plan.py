@@ -13,11 +13,11 @@ of them a round starts. tune_run.py turns a `Launch` into Tune trials and runs t
   (`Node`): the launcher reads them from the started Ray, the dry run describes this machine.
 - The deadline (`plan_deadline_round`): which Tune trials of the pending ones end before it on the
   slots (rpevit.sweep.deadline.plan_units), as a Launch of the admitted ones and the trials left.
-- Rungs first (`pause_trunks`, `check_rungs_first`; sweep.py --rungs-first): a first round in which each
-  trunk stops after its last branch's epoch and its shorter trials run (a trunk whose shorter trials all have
-  rows waits), then a second round of the paused
-  trunks alone (tune_run.run_sweep_trials), so every shorter rung of every ladder is answered before any
-  trunk trains past its last branch point. Same rows (rpevit/tasks/budget_ladder.py).
+- Rungs first (`pause_trunks`, `check_rungs_first`; sweep.py --rungs-first): a first round in which
+  each trunk stops after its last branch's epoch and its shorter trials run (a trunk whose shorter
+  trials all have rows waits), then a second round of the paused trunks alone
+  (tune_run.run_sweep_trials), so every shorter rung of every ladder is answered before any trunk
+  trains past its last branch point. Same rows (rpevit/tasks/budget_ladder.py).
 """
 from __future__ import annotations
 
