@@ -264,14 +264,24 @@ def test_the_rehearsal_wants_the_short_lease_s_question_first_and_one_profile():
     def row(mode: str, profiled: bool = False) -> dict:
         return {"mode": mode, "images_per_s": 1.0, **({"profile": {"steps": 1}} if profiled else {})}
 
-    good = [row("fused k=3 + compiled (on)", True), row("2 packed processes, fused k=3 + compiled"),
-            row("solo eager"), row("solo compiled (on)")]
+    good = [row("fused k=3 + compiled (on)", True), row("fused k=3 + whole step in one graph (graph)", True),
+            row("2 packed processes, fused k=3 + compiled"), row("solo eager"), row("solo compiled (on)")]
     assert checks.bench_problems({"models": {"tiny": {"rows": good}}}) == []
-    old_order = [row("solo eager", True), row("solo compiled (on)", True), *good[:2]]  # the lease before issue 60
+    old_order = [row("solo eager", True), row("solo compiled (on)", True), *good[:3]]  # the lease before issue 60
     problems = checks.bench_problems({"models": {"tiny": {"rows": old_order}}})
-    assert any("must come first" in p for p in problems) and any("only the first" in p for p in problems)
-    failed = [*good[:1], {"mode": "2 packed processes, fused k=3 + compiled", "error": "RuntimeError: x"}]
+    assert any("must come first" in p for p in problems) and any("only the first two" in p for p in problems)
+    # the order of the bench before the whole-step mode (806fd2b): packed right after fused, one profile
+    no_whole = [good[0], good[2], *good[3:]]
+    problems = checks.bench_problems({"models": {"tiny": {"rows": no_whole}}})
+    assert any("must come first" in p for p in problems) and any("only the first two" in p for p in problems)
+    one_profile = [good[0], {**good[1], "profile": None}, *good[2:]]
+    assert any("only the first two" in p for p in checks.bench_problems({"models": {"tiny": {"rows": one_profile}}}))
+    failed = [*good[:2], {"mode": "2 packed processes, fused k=3 + compiled", "error": "RuntimeError: x"}]
     assert any("without a rate" in p for p in checks.bench_problems({"models": {"tiny": {"rows": failed}}}))
+    # what the rehearsal's short bench (gpu_lease.sh run_bench) asks throughput.py for: the order checked here
+    lease = LEASE.read_text()
+    assert "--modes fused whole packed eager compiled --profile-modes fused whole" in lease
+    assert "--modes fused whole packed mps eager compiled" in lease and lease.count("--profile-modes fused whole") == 2
 
 
 def test_the_rehearsal_wants_a_plan_that_admits_a_group():
