@@ -258,7 +258,7 @@ def rehearsal_checks():
     return checks
 
 
-def test_the_rehearsal_wants_the_short_lease_s_question_first_and_one_profile():
+def test_the_rehearsal_wants_the_short_lease_s_question_first_and_the_two_fused_profiles():
     checks = rehearsal_checks()
 
     def row(mode: str, profiled: bool = False) -> dict:
