@@ -28,7 +28,8 @@
 #    the script, not the CPU's speed), and summary.py on what came back; call 2 `main`: the deadline
 #    planner with the lease's own deadline and the last lease's packed rate (it must admit whole
 #    groups), then a CPU-sized sweep.py run of one fused group through Ray, its rows (a snapshot) and
-#    curves; then `group` on a fresh machine (a new LEASE_DIR: it unpacks .lease itself), its rows back (benchmarks/lease/rehearsal_checks.py);
+#    curves; then `group` on a fresh machine (a new LEASE_DIR: it unpacks .lease itself), its rows
+#    back (benchmarks/lease/rehearsal_checks.py);
 #    long: `first`; a few fused + compiled + bf16 steps of every all12.yaml cell at 49 and 64 tokens
 #    against their eager solo steps (tests/all12_cells.py: aot_eager for all 24, Inductor's CPU backend
 #    for the four riskiest: softmax with luo_rpe and with circulant_string, at both token counts);
