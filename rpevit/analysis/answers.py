@@ -24,7 +24,8 @@ interval at its Holm level excludes 0.
 Only published study folders are read (`published_folders`): the folders results/.gitignore re-includes
 (`!/<folder>/`: what git tracks under results/, so what a fresh clone holds) and those results/STUDIES lists.
 Within them: the report's studies (STUDIES), the validation studies (`*_val_*`), the declared ones (a
-`declaration.json`), the running declared ones (`in_progress/<study>/`, one line each, no verdict) and the
+`declaration.json`), the running declared ones (`in_progress/<study>/`, one line each, no verdict, and its
+`PROGRESS.md`: which declared cells hold which seeds, rpevit.analysis.progress) and the
 sweeps one level below a published folder (`gpu_h100/<sweep>/`, `pilots/<sweep>/`). Any other folder under
 results/ is a user's own (README command 1 writes `results/smoke/`; a sweep of one's own `results/<name>/`):
 it is never read into generated text, whatever it holds (rows, a declaration.json, a `_val_` in its name), so
@@ -52,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
-from rpevit.analysis import headline, validation_choice
+from rpevit.analysis import headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
                                     with_variant)
@@ -398,9 +399,15 @@ def running_lines(results_dir: Path) -> list[str]:
         decl, _, families, _ = confirmatory.judge(folder)
         items = sum(len(outcomes) for _, outcomes in families)
         status = status_of(folder) or "declared before its first trial"
-        lines.append(f"- Running, {status}: {code_span(folder.relative_to(results_dir).as_posix())} "
+        name = folder.relative_to(results_dir).as_posix()
+        so_far = progress.progress(folder)
+        planned = f" of {so_far.planned} trials" if so_far.planned is not None else ""
+        lines.append(f"- Running, {status}: {code_span(name)} "
                      f"({confirmatory.question_text(decl)}; {items} judged items in {len(families)} families, "
-                     f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete.")
+                     f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete. "
+                     f"Rows so far: {so_far.ok} ok{planned}, {so_far.complete_cells} of "
+                     f"{len(so_far.cells) * len(so_far.rungs)} cell x rung entries complete "
+                     f"(`{name}/{progress.PROGRESS_FILE}`).")
     return lines
 
 
@@ -1169,6 +1176,14 @@ def targets(results_dir: Path) -> list[Path]:
             if p.exists()]
 
 
+def progress_files(results_dir: Path) -> dict[Path, str]:
+    """in_progress/<study>/PROGRESS.md of each running declared study: its rows so far, per declared cell and
+    rung (rpevit.analysis.progress), so no stop types them by hand."""
+    return {folder / progress.PROGRESS_FILE: whole_file(progress.progress_text(progress.progress(folder), folder.name),
+                                                        COMMAND)
+            for folder in confirmatory_studies(results_dir, running=True)}
+
+
 def expected_texts(results_dir: Path) -> dict[Path, str]:
     """Every generated file and every file holding generated blocks, as the analysis code writes them."""
     sources = Sources(Path(results_dir))
@@ -1178,6 +1193,7 @@ def expected_texts(results_dir: Path) -> dict[Path, str]:
         return lambda: cache.setdefault(name, BLOCKS[name](sources))
 
     out = {Path(results_dir) / ANSWERS_FILE: whole_file(answers_file(sources), COMMAND)}
+    out.update(progress_files(Path(results_dir)))
     placed: set[str] = set()
     for path in targets(results_dir):
         text = path.read_text(encoding="utf-8")
@@ -1225,4 +1241,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 __all__ = ["BLOCKS", "COMMAND", "AnswersError", "Sources", "answers_file", "confirmatory_studies", "declared_section",
-           "expected_texts", "is_published", "main", "provenance_mismatches", "published_folders", "readme_block"]
+           "expected_texts", "is_published", "main", "progress_files", "provenance_mismatches", "published_folders", "readme_block"]

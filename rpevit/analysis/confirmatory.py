@@ -263,15 +263,21 @@ def family_title(fam: Family, level: Any, metric: str, default: str) -> str:
     return md_text(fam.name + (f" ({'; '.join(parts)})" if parts else ""))
 
 
-def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[str, list[Outcome]]], dict[str, int]]:
-    """The declaration in force, its record, the judged families (name with its for_each value and, for a
-    family with a secondary metric, the metric: the primary's then the secondary's at each level) and the
-    set-aside counts. Raises DeclarationError where the folder has no declaration."""
+def in_force(results_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A declared study's record (declaration.json, checked) and its last entry, the declaration in force
+    (`parsed`, `recorded_at`). DeclarationError where the folder has none."""
     record = read_record(results_dir)
     if record is None:
         raise DeclarationError(f"{results_dir} holds no declaration.json: this study declared no comparisons (its "
                                f"space has no declare: block), so everything about it is exploratory")
-    entry = record["declarations"][-1]
+    return record, record["declarations"][-1]
+
+
+def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[str, list[Outcome]]], dict[str, int]]:
+    """The declaration in force, its record, the judged families (name with its for_each value and, for a
+    family with a secondary metric, the metric: the primary's then the secondary's at each level) and the
+    set-aside counts. Raises DeclarationError where the folder has no declaration."""
+    record, entry = in_force(results_dir)
     decl: Declaration = entry["parsed"]
     frame = read_trials(results_dir, ["train"]).frame
     redeclared = bool(redeclarations(record))
@@ -407,4 +413,4 @@ def main() -> None:
                 "declared comparisons", text)
 
 
-__all__ = ["Outcome", "build", "declared_status", "exploratory_note", "judge", "main", "redeclared_text"]
+__all__ = ["Outcome", "build", "declared_status", "exploratory_note", "in_force", "judge", "main", "redeclared_text"]
