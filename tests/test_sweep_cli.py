@@ -9,7 +9,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ import yaml
 
 from rpevit import registry
 from rpevit.config import TrialConfig
+from tests.process_output import Output
 
 pytestmark = pytest.mark.slow  # Ray and real sweeps: `pytest -m "not slow"` leaves them out
 
@@ -31,7 +31,7 @@ TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 
 
 
 def start_sweep(space: dict, tmp_path: Path, *flags: str, env: dict | None = None
-                ) -> tuple[subprocess.Popen, list[str]]:
+                ) -> tuple[subprocess.Popen, Output]:
     """Run sweep.py in its own process group; its output lines are collected by a thread."""
     path = tmp_path / f"{space['name']}.yaml"
     path.write_text(yaml.safe_dump(space))
@@ -39,9 +39,7 @@ def start_sweep(space: dict, tmp_path: Path, *flags: str, env: dict | None = Non
                              str(tmp_path / "results"), *flags], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env={**os.environ, **(env or {})})
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    return proc, lines
+    return proc, Output(proc)
 
 
 def descendants(pid: int) -> set[int]:
@@ -84,7 +82,7 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
                 dashboard = (response.status, json.loads(response.read()))
         time.sleep(0.5)
     rc = proc.wait(timeout=max(1, deadline - time.time()))
-    out = "".join(lines)
+    out = lines.whole()
     assert dashboard is not None and dashboard[0] == 200, out[-3000:]
     assert "ray_version" in dashboard[1] and anonymous == 401  # it answers, and only with the token
     assert rc == 1, out[-3000:]  # non-zero: one trial failed
@@ -110,7 +108,7 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
     # --resume reruns nothing here (failed trials need --retry-failed) and still reports the failure
     again, lines = start_sweep(space, tmp_path, "--resume")
     assert again.wait(timeout=120) == 1
-    assert "0 to run" in "".join(lines)
+    assert "0 to run" in lines.whole()
     pd.testing.assert_frame_equal(pd.read_parquet(results / "trials.parquet"), trials)
 
 

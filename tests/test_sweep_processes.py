@@ -15,13 +15,14 @@ import signal
 import stat
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import ray  # noqa: F401  (puts Ray's bundled psutil on the path)
 import psutil  # noqa: E402
 import yaml
+
+from tests.process_output import Output
 
 pytestmark = pytest.mark.slow  # Ray and real sweeps: `pytest -m "not slow"` leaves them out
 
@@ -32,13 +33,11 @@ SPACE = {"name": "locked", "fixed": {"dataset": "digits", "dim": 32, "depth": 2,
          "grid": {"pe": ["rope"]}, "resources": {"cpus_per_trial": 1}}
 
 
-def start(space_file: Path, results: Path, *flags: str) -> tuple[subprocess.Popen, list[str]]:
+def start(space_file: Path, results: Path, *flags: str) -> tuple[subprocess.Popen, Output]:
     proc = subprocess.Popen([sys.executable, "sweep.py", "--space", str(space_file), "--results-dir", str(results),
                              *flags], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
-    return proc, lines
+    return proc, Output(proc)
 
 
 def family(pid: int) -> list[psutil.Process]:
@@ -91,7 +90,7 @@ def test_one_driver_per_sweep_loopback_ray_and_ray_dies_with_a_killed_driver(tmp
         # 4: a second driver on the same sweep stops at once, naming the holder
         b, b_lines = start(space_file, results, "--resume")
         assert b.wait(timeout=60) == 2
-        out_b = "".join(b_lines)
+        out_b = b_lines.whole()
         assert "in use by another driver" in out_b and f"pid {a.pid}" in out_b, out_b[-2000:]
         # no Ray of its own; not timed: under contention its imports alone took 24 s (the wait's 60 s is the
         # hang guard)
@@ -136,12 +135,12 @@ runpy.run_path("sweep.py", run_name="__main__")
 """
 
 
-def stopped(proc: subprocess.Popen, lines: list[str], seen: list[psutil.Process], results: Path) -> None:
+def stopped(proc: subprocess.Popen, lines: Output, seen: list[psutil.Process], results: Path) -> None:
     """The driver ended on SIGTERM as it should: 143, one line saying so, no traceback or abort dump,
     every process it started gone, the sweep lock free."""
     try:
         assert proc.wait(timeout=120) == 143, "".join(lines)[-3000:]
-        out = "".join(lines)
+        out = lines.whole()
         assert out.count("SIGTERM received, stopping") == 1, out[-3000:]
         for noise in ("Traceback", "*** SIGTERM", "SIGABRT", "Exception ignored"):
             assert noise not in out, out[-3000:]
@@ -201,8 +200,7 @@ def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
         name = "import_ray" if moment == "ray.import" else "_init_ray"
         proc = subprocess.Popen([sys.executable, "-c", TERM_DURING_INIT, name, delay, *argv], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        lines: list[str] = []
-        threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+        lines = Output(proc)
     else:
         proc, lines = start(space_file, results, "--no-dashboard")
     seen: list[psutil.Process] = []
