@@ -6,6 +6,7 @@ The script form of rpevit.analysis.answers, whose docstring has the details:
     python analysis/answers.py results --check    # exit 1 naming each stale file
 """
 from rpevit.analysis.answers import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

@@ -4,6 +4,7 @@ The script form of rpevit.analysis.budget_ladder, whose docstring has the detail
     python analysis/budget_ladder.py --help
 """
 from rpevit.analysis.budget_ladder import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

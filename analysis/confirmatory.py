@@ -4,6 +4,7 @@ The script form of rpevit.analysis.confirmatory, whose docstring has the details
     python analysis/confirmatory.py --help
 """
 from rpevit.analysis.confirmatory import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

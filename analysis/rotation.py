@@ -4,6 +4,7 @@ The script form of rpevit.analysis.rotation, whose docstring has the details:
     python analysis/rotation.py --help
 """
 from rpevit.analysis.rotation import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

@@ -4,6 +4,7 @@ The script form of rpevit.analysis.rotinv_concentration, whose docstring has the
     python analysis/rotinv_concentration.py --help
 """
 from rpevit.analysis.rotinv_concentration import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

@@ -4,6 +4,7 @@ The script form of rpevit.analysis.token_scaling, whose docstring has the detail
     python analysis/token_scaling.py --help
 """
 from rpevit.analysis.token_scaling import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

@@ -4,6 +4,7 @@ The script form of rpevit.analysis.validation_choice, whose docstring has the de
     python analysis/validation_choice.py --help
 """
 from rpevit.analysis.validation_choice import main
+from rpevit.tool_exit import run_tool
 
 if __name__ == "__main__":
-    main()
+    run_tool(main)

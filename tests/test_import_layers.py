@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL_ONLY = ("timm", "torchvision")  # what only building a model needs (rpevit.models.vit)
 READERS = ("rpevit.config", "rpevit.sweep.space", "rpevit.analysis.report")  # a space, results, the analysis
 # docs/architecture.md, "Layers", from the bottom: a module imports only from its own layer and those before it
-LAYERS = (("rpevit.data", "rpevit.metrics", "rpevit.flops", "rpevit.sigterm", "rpevit.registry"),
+LAYERS = (("rpevit.data", "rpevit.metrics", "rpevit.flops", "rpevit.sigterm", "rpevit.tool_exit", "rpevit.registry"),
           ("rpevit.config",),
           ("rpevit.attention", "rpevit.pe", "rpevit.checkpoint", "rpevit.training"),
           ("rpevit.models",),
@@ -65,8 +65,10 @@ def test_reading_a_space_or_results_imports_no_model_code():
 
 PROBE = """
 import json, runpy, sys
+import rpevit.tool_exit
 MODEL_ONLY = {model_only!r}
 loaded = {{}}
+rpevit.tool_exit.exit_now = sys.exit  # a script's run_tool ends in SystemExit here, so this probe goes on
 
 def run(script, *args):
     sys.argv = [script, *args]

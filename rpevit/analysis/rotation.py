@@ -398,4 +398,6 @@ def main() -> None:
                 build(args.results_dir, args.bench))
 
 if __name__ == "__main__":
-    main()
+    from rpevit.tool_exit import run_tool
+
+    run_tool(main)

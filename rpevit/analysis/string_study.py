@@ -291,4 +291,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from rpevit.tool_exit import run_tool
+
+    run_tool(main)

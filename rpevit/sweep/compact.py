@@ -9,13 +9,13 @@ it, so it never runs beside the sweep's own driver (one line, exit 2, when one h
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 from rpevit.sweep import store
 from rpevit.sweep.results import TRIALS_FILE
+from rpevit.tool_exit import run_tool
 
 
 def describe(folder: Path, done: list[store.Compaction]) -> str:
@@ -63,15 +63,5 @@ def main(argv: list[str] | None = None) -> int:
     return run_on_folders(argv, __doc__.splitlines()[0], lambda folder: describe(folder, store.compact(folder)))
 
 
-def exit_now(code: int) -> None:
-    """End a command-line tool with `code` once its output is flushed, without the interpreter's teardown: with
-    torch and pyarrow both loaded, a native thread pool's destructor aborted the process at exit about one run in
-    twelve (SIGABRT, "terminate called without an active exception" after the tool's own last line; seen with
-    the snapshot tool). Every file these tools write is complete (atomic renames) before this is called."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    run_tool(main)

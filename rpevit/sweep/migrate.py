@@ -264,4 +264,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rpevit.tool_exit import run_tool
+
+    run_tool(main)

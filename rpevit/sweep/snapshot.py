@@ -178,6 +178,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from rpevit.sweep.compact import exit_now
+    from rpevit.tool_exit import run_tool
 
-    exit_now(main())
+    run_tool(main)

@@ -1,0 +1,61 @@
+"""rpevit.tool_exit: a tool ends with sys.exit's code and its flushed output, and without the interpreter's
+teardown (where pyarrow's and torch's thread pools sometimes abort after the tool's last line)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+TOOL = """
+import atexit, sys
+from rpevit.tool_exit import run_tool
+atexit.register(lambda: print("teardown ran", file=sys.stderr))  # the teardown: skipped
+def main():
+    print("last line", end="")  # unflushed, as a pipe buffers it
+    {body}
+run_tool(main)
+"""
+
+
+def run_body(body: str) -> subprocess.CompletedProcess:
+    code = textwrap.dedent(TOOL).format(body=body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+
+
+@pytest.mark.parametrize("body, code, stderr", [
+    ("return None", 0, ""),
+    ("return 2", 2, ""),
+    ("raise SystemExit(3)", 3, ""),
+    ("raise SystemExit(None)", 0, ""),
+    ("raise SystemExit('error: x is 5; allowed: 1 to 4')", 1, "error: x is 5; allowed: 1 to 4\n"),
+])
+def test_a_tool_exits_as_sys_exit_would_with_its_output_flushed_and_no_teardown(body, code, stderr):
+    done = run_body(body)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "last line", stderr)
+
+
+def test_an_error_in_argparse_is_its_usage_and_exit_2():
+    done = run_body("import argparse; argparse.ArgumentParser(prog='t').parse_args(['--bad'])")
+    assert done.returncode == 2 and done.stderr.splitlines()[-1] == "t: error: unrecognized arguments: --bad"
+    assert "teardown ran" not in done.stderr
+
+
+def test_a_bug_keeps_its_traceback():
+    done = run_body("raise KeyError('k')")
+    assert done.returncode == 1 and "Traceback" in done.stderr and "KeyError: 'k'" in done.stderr
+
+
+TOOLS = sorted(f"analysis/{p.name}" for p in (REPO / "analysis").glob("*.py")) + [
+    "rpevit/sweep/compact.py", "rpevit/sweep/snapshot.py", "rpevit/sweep/migrate.py"]
+
+
+@pytest.mark.parametrize("script", TOOLS)
+def test_every_tool_that_reads_parquet_ends_through_run_tool(script):
+    """Its `__main__` block is run_tool(main), so none of them ends in the teardown that can abort."""
+    text = (REPO / script).read_text(encoding="utf-8")
+    assert text.rstrip().endswith("run_tool(main)"), script
