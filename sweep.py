@@ -235,5 +235,7 @@ def run(argv: list[str] | None = None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # ended by os._exit once Ray is shut down and the output flushed (rpevit.tool_exit)
+    from rpevit.tool_exit import run_tool  # noqa: E402
+
+    run_tool(main)

@@ -4,8 +4,10 @@ With torch and pyarrow both loaded, a native thread pool's destructor sometimes 
 teardown (SIGABRT, "terminate called without an active exception" printed after the tool's own last line;
 apache/arrow#34314). It was seen about one run in twelve with the snapshot tool, and with report.py in CI on
 2026-11-29: the tool had already printed its one `error:` line, and the abort added a second line and turned
-exit 1 into 134. Every file these tools write is complete (atomic renames) before they return, so ending
-without the teardown loses nothing; only atexit handlers are skipped, and none of these tools relies on one.
+exit 1 into 134. `sweep.py --dry-run` did the same 2 runs in 20 (exit 134 after its trial table). Every file
+these tools write is complete (atomic renames) before they return, and sweep.py has shut Ray down and released its
+lock by then (rpevit.sweep.session), so ending without the teardown loses nothing; only atexit handlers are
+skipped (Ray's own shutdown among them, already done), and none of these tools relies on one.
 """
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def test_a_bug_keeps_its_traceback():
 
 
 TOOLS = sorted(f"analysis/{p.name}" for p in (REPO / "analysis").glob("*.py")) + [
-    "rpevit/sweep/compact.py", "rpevit/sweep/snapshot.py", "rpevit/sweep/migrate.py"]
+    "rpevit/sweep/compact.py", "rpevit/sweep/snapshot.py", "rpevit/sweep/migrate.py", "sweep.py"]
 
 
 @pytest.mark.parametrize("script", TOOLS)
