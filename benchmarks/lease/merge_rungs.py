@@ -251,4 +251,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from rpevit.tool_exit import run_tool  # the teardown can abort (rpevit/tool_exit.py)
+
+    run_tool(lambda: main(sys.argv[1:]))

@@ -147,4 +147,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from rpevit.tool_exit import run_tool  # the teardown can abort (rpevit/tool_exit.py)
+
+    run_tool(main)

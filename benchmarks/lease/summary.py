@@ -263,4 +263,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(sys.argv[1:]))
+    from rpevit.tool_exit import run_tool  # the teardown can abort (rpevit/tool_exit.py)
+
+    run_tool(lambda: main(sys.argv[1:]))
