@@ -16,10 +16,21 @@ import sys
 from typing import Callable, NoReturn
 
 
+BROKEN_STDOUT = 120  # the interpreter's exit code when flushing stdout fails at exit (`python ... | head`)
+
+
 def exit_now(code: int) -> NoReturn:
-    """End the process with `code` once stdout and stderr are flushed, without the interpreter's teardown."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    """End the process with `code` once stdout and stderr are flushed, without the interpreter's teardown.
+    A reader of stdout that has gone (`| head -1`) ends it with 120 where it would have been 0, as the
+    interpreter's own exit does, not with a traceback."""
+    try:
+        sys.stdout.flush()
+    except OSError:  # BrokenPipeError: nobody reads what is left
+        code = code or BROKEN_STDOUT
+    try:
+        sys.stderr.flush()
+    except OSError:
+        pass
     os._exit(code)
 
 

@@ -2,6 +2,7 @@
 teardown (where pyarrow's and torch's thread pools sometimes abort after the tool's last line)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -37,6 +38,14 @@ def run_body(body: str) -> subprocess.CompletedProcess:
 def test_a_tool_exits_as_sys_exit_would_with_its_output_flushed_and_no_teardown(body, code, stderr):
     done = run_body(body)
     assert (done.returncode, done.stdout, done.stderr) == (code, "last line", stderr)
+
+
+def test_a_reader_of_stdout_that_has_gone_ends_it_with_120_as_the_interpreter_does_not_a_traceback():
+    """Its last line is still in the buffer (stdout to a pipe, PYTHONUNBUFFERED unset) when exit_now flushes it."""
+    code = textwrap.dedent(TOOL).format(body="import time; time.sleep(1.0)")  # `true` has exited by then
+    done = subprocess.run(["bash", "-c", f"{sys.executable} -c \"$TOOL\" | true; echo ${{PIPESTATUS[0]}}"],
+                          capture_output=True, text=True, cwd=REPO, env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "TOOL": code}, timeout=60)
+    assert done.stdout.strip() == "120" and done.stderr == "", (done.stdout, done.stderr)
 
 
 def test_an_error_in_argparse_is_its_usage_and_exit_2():
