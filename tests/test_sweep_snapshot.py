@@ -59,7 +59,6 @@ def test_the_copy_holds_every_row_the_reader_sees_and_reads_as_a_compacted_folde
         assert seen(dest, kind) == seen(source, kind)
 
 
-@pytest.mark.slow
 def begun_through(copy: Path, lives: Lives, writer: threading.Thread, timeout_s: float = 30.0) -> int:
     """`lives.begun` once the writer thread has parsed the `begin` line of every trial the copy holds rows of.
 
@@ -76,6 +75,7 @@ def begun_through(copy: Path, lives: Lives, writer: threading.Thread, timeout_s:
     return lives.begun
 
 
+@pytest.mark.slow
 def test_copies_taken_while_a_real_writer_runs_hold_no_trial_row_without_its_epochs(tmp_path):
     """The driver's writer (tests/store_sigkill_writer.py, one life that is not killed before its work is
     done) writes 60 trials, merging parts and compacting every 5; meanwhile copies are taken back to back.

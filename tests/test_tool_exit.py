@@ -43,8 +43,9 @@ def test_a_tool_exits_as_sys_exit_would_with_its_output_flushed_and_no_teardown(
 def test_a_reader_of_stdout_that_has_gone_ends_it_with_120_as_the_interpreter_does_not_a_traceback():
     """Its last line is still in the buffer (stdout to a pipe, PYTHONUNBUFFERED unset) when exit_now flushes it."""
     code = textwrap.dedent(TOOL).format(body="import time; time.sleep(1.0)")  # `true` has exited by then
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "TOOL": code}
     done = subprocess.run(["bash", "-c", f"{sys.executable} -c \"$TOOL\" | true; echo ${{PIPESTATUS[0]}}"],
-                          capture_output=True, text=True, cwd=REPO, env={**{k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, "TOOL": code}, timeout=60)
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=60)
     assert done.stdout.strip() == "120" and done.stderr == "", (done.stdout, done.stderr)
 
 
