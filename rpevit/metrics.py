@@ -156,9 +156,32 @@ def release_cached_memory(device: torch.device) -> None:
 
 
 def device_name(device: torch.device) -> str:
+    """What ran the trial, for every row and figure: a GPU's name, or for a CPU its architecture, model,
+    the widest vector unit torch dispatches to and the threads, e.g. 'cpu:x86_64 AMD EPYC 9B45 (AVX2)
+    x1 threads'. The model and the vector unit say which machine timed a row (an AVX-512 Xeon and an
+    AVX2-only Zen 5 take different times per epoch), which 'cpu:x86_64' alone did not."""
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"cpu:{platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"
+    arch = platform.processor() or platform.machine()
+    model = cpu_model(Path("/proc/cpuinfo"))
+    capability = torch.backends.cpu.get_cpu_capability()
+    return " ".join(part for part in (f"cpu:{arch}", model, f"({capability})" if capability else "",
+                                      f"x{torch.get_num_threads()} threads") if part)
+
+
+def cpu_model(cpuinfo: Path) -> str:
+    """The CPU's model name from a Linux cpuinfo file ('model name' of its first processor, whitespace
+    collapsed), '' where there is none (another OS, or an architecture whose cpuinfo names no model):
+    platform.processor() on Linux is only the architecture."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() == "model name" and value.strip():
+            return " ".join(value.split())
+    return ""
 
 
 @functools.lru_cache(maxsize=1)

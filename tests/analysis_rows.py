@@ -15,7 +15,7 @@ import torch
 
 from rpevit import metrics
 from rpevit.config import TrialConfig
-from rpevit.sweep.protocol import SUMMARY, Report
+from rpevit.sweep.protocol import EPOCH, SUMMARY, Report
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import trial_key
 from rpevit.tasks import kernel_mse as kmse_task
@@ -23,13 +23,18 @@ from rpevit.tasks import kernel_mse as kmse_task
 ENV = metrics.environment(torch.device("cpu"))
 
 
-def write_sweep(out_dir: Path, name: str, rows: list[dict], failed: Sequence[tuple[dict, str]] = ()) -> Path:
+def write_sweep(out_dir: Path, name: str, rows: list[dict], failed: Sequence[tuple[dict, str]] = (),
+                epochs: Sequence[Sequence[dict]] = ()) -> Path:
     """Feed summary rows to the driver-side writer as Tune would, one on_trial_result per trial;
-    `failed`: (config row, error line) of trials that raised, recorded as the writer records them."""
+    `failed`: (config row, error line) of trials that raised, recorded as the writer records them;
+    `epochs`: per row (in order, as many as given), its epoch rows, reported before its summary."""
     keys = [trial_key(r) for r in rows]
     failed_keys = [trial_key(r) for r, _ in failed]
     configs = {**dict(zip(keys, rows)), **dict(zip(failed_keys, (r for r, _ in failed)))}
     writer = ParquetResults(out_dir, name, configs, {k: i for i, k in enumerate(configs)})
+    for i, (key, per_epoch) in enumerate(zip(keys, epochs)):
+        for row in per_epoch:
+            writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"), Report(EPOCH, key, row).to_tune())
     for i, (key, row) in enumerate(zip(keys, rows)):
         writer.on_trial_result(i, [], SimpleNamespace(trial_id=f"t{i}"),
                                Report(SUMMARY, key, row).to_tune())
@@ -43,6 +48,22 @@ def config_row(**fields) -> dict:
     """A stored row's config; redraw_interval 0 (one training draw) unless given, as these rows were
     built before the default became 100."""
     return {**TrialConfig.from_dict({"redraw_interval": 0, **fields}).to_dict(), **ENV}
+
+
+def ladder_epoch_rows(row: dict, nudge: dict[int, float] | None = None) -> list[dict]:
+    """A trial's epoch rows (constructed numbers) as a branched ladder records them: up to the rung's cool-down
+    start (epochs less round(cooldown_fraction x epochs)) the trunk's values, the same for every rung of the
+    variant and seed; after it the rung's own. `nudge`: epoch -> an amount added to that epoch's train loss
+    (a run that did not reproduce)."""
+    branch = row["epochs"] - round(row["cooldown_fraction"] * row["epochs"])
+    base = (sum(map(ord, row["attention"] + row["pe"])) % 97 + row["seed"]) / 1e4  # per variant and seed
+    out = []
+    for e in range(1, row["epochs"] + 1):
+        own = 0.0 if e <= branch else 0.5 + row["epochs"] / 100  # the cool-down differs per rung
+        out.append({"epoch": e, "train_loss": 2.0 - 0.05 * e + base + own + (nudge or {}).get(e, 0.0),
+                    "train_acc": 0.1 * e, "val_loss": 2.1 - 0.05 * e + base + own, "val_acc": 0.3 + 0.01 * e + own,
+                    "lr": 1e-3, "epoch_s": 1.0})
+    return out
 
 
 # softmax+ape 0.91, favor+ape 0.80, favor+rope 0.85 -> G = 0.05 / 0.11; relu+ape = softmax+ape -> no gap

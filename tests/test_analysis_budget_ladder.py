@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from rpevit.analysis import budget_ladder
-from tests.analysis_rows import config_row, png_ok, write_sweep
+from rpevit.sweep.space import trial_key
+from tests.analysis_rows import config_row, ladder_epoch_rows, png_ok, write_sweep
 
 # variant -> accuracy at 5 / 10 / 20 epochs (seeds add +-0.5 points); the order of 4 variants swaps one pair at 20
 MEANS = {("softmax", "ape"): (60, 70, 80), ("softmax", "rope"): (58, 69, 79), ("favor", "ape"): (55, 62, 71),
@@ -101,3 +102,42 @@ def test_the_summary_sentence_carries_every_budget_tau_and_best_mean(tmp_path):
     few = write_sweep(tmp_path / "two", "two", [r for r in rows() if r["attention"] == "softmax"])
     assert "5 → 10 epochs not defined (2 variants at both, 3 needed)" in budget_ladder.summary(few)
     assert budget_ladder.summary(write_sweep(tmp_path / "one", "one", [r for r in rows() if r["epochs"] == 5])) is None
+
+
+def test_a_seeds_rungs_are_checked_to_be_one_run_up_to_the_shorter_ones_cool_down(tmp_path):
+    ladder = rows()
+    out = write_sweep(tmp_path / "same", "same", ladder, epochs=[ladder_epoch_rows(r) for r in ladder])
+    check = budget_ladder.shared_epochs(budget_ladder.ladder_rows(pd.DataFrame(ladder).assign(sweep="same",
+                                        trial_key=[trial_key(r) for r in ladder])),
+                                        budget_ladder.trial_epoch_curves(out))
+    # 4 variants x 3 seeds, each with pairs 5/10 (epochs 1-4), 5/20 (1-4) and 10/20 (1-8)
+    assert (check.pairs, check.epochs, check.largest, check.differing, check.without_rows) == (36, 192, 0.0, (), 0)
+    assert "36 pair(s), 192 epoch rows. Identical in every one" in budget_ladder.build(out)
+
+
+def test_a_pair_that_differs_before_the_cool_down_is_named_and_one_after_it_is_not(tmp_path):
+    ladder = rows()
+    rung = next(i for i, r in enumerate(ladder) if (r["attention"], r["pe"], r["seed"], r["epochs"])
+                == ("favor", "rope", 1, 10))
+    # epoch 3 is before every rung's cool-down (5 epochs: 4); epoch 9 is in the 10-epoch rung's own cool-down
+    nudged = [ladder_epoch_rows(r, {3: 0.01, 9: 5.0} if i == rung else None) for i, r in enumerate(ladder)]
+    text = budget_ladder.build(write_sweep(tmp_path / "differ", "differ", ladder, epochs=nudged))
+    assert "36 pair(s), 192 epoch rows. 2 pair(s) differ (largest |difference| 0.01)" in text
+    assert "favor+rope seed 1: 5 vs 10 epochs (epochs 1-4, largest |difference| 0.01)" in text
+    assert "favor+rope seed 1: 10 vs 20 epochs (epochs 1-8, largest |difference| 0.01)" in text
+    assert "5 vs 20" not in text and "not one run up to their cool-down" in text
+    only_after = [ladder_epoch_rows(r, {9: 5.0} if i == rung else None) for i, r in enumerate(ladder)]
+    assert "Identical in every one" in budget_ladder.build(write_sweep(tmp_path / "after", "after", ladder,
+                                                                       epochs=only_after))
+
+
+def test_rungs_of_another_configuration_are_not_paired_and_missing_epoch_rows_are_counted(tmp_path):
+    ladder = rows()
+    other = {**ladder[0], "lr": 2e-3, "epochs": 10}  # softmax+ape seed 0 at another lr: a configuration of its own
+    missing = next(i for i, r in enumerate(ladder) if r["epochs"] == 20)  # its two pairs cannot be compared
+    curves = [[] if i == missing else ladder_epoch_rows(r) for i, r in enumerate(ladder)] + [ladder_epoch_rows(other, {1: 1.0})]
+    text = budget_ladder.build(write_sweep(tmp_path / "mixed", "mixed", [*ladder, other], epochs=curves))
+    assert "34 pair(s), 180 epoch rows. Identical in every one" in text  # 192 less the 4 + 8 of the two pairs
+    assert "2 pair(s) lack some of those epoch rows and are not compared" in text
+    bare = budget_ladder.build(write_sweep(tmp_path / "bare", "bare", ladder))
+    assert "Not checked: no two rungs of one configuration" in bare

@@ -11,7 +11,7 @@ from rpevit.analysis import answers, progress
 from rpevit.analysis.generated import stale
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import DeclarationError, parse
-from tests.analysis_rows import config_row, write_sweep
+from tests.analysis_rows import config_row, ladder_epoch_rows, write_sweep
 
 PAIRS = [[{"attention": "softmax", "pe": pe}, {"attention": "favor", "pe": pe}] for pe in ("ape", "rope")]
 DECLARE = {"metric": "judged", "seeds": [5, 6, 7], "families": [
@@ -88,3 +88,35 @@ def test_a_folder_without_a_declaration_is_refused_in_one_line(tmp_path):
     folder = write_sweep(tmp_path / "s", "s", [row("softmax", "ape", 10, 5, time.time())])
     with pytest.raises(DeclarationError, match="holds no declaration.json"):
         progress.progress(folder)
+
+
+def test_a_ladder_says_whether_each_seeds_rungs_are_one_run_up_to_their_cool_down(tmp_path):
+    """The declared trend pairs a seed's rungs; a trunk trained again after its checkpoint was lost must still
+    agree with the rungs it once branched. PROGRESS.md says so from the epoch rows, and names a pair that does not."""
+    after = time.time() + 10
+    rows = [{**row(a, "ape", e, s, after), "lr_schedule": "wsd", "cooldown_fraction": 0.2}
+            for a in ("softmax", "favor") for e in (10, 20, 40) for s in (5, 6)]
+    retrained = next(i for i, r in enumerate(rows) if (r["attention"], r["epochs"], r["seed"]) == ("favor", 40, 6))
+    curves = [ladder_epoch_rows(r, {12: 1e-6} if i == retrained else None) for i, r in enumerate(rows)]
+    folder = tmp_path / "results" / answers.IN_PROGRESS / "ladder"
+    folder.mkdir(parents=True)
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "ladder", rows, epochs=curves)
+    p = progress.progress(folder)
+    assert (p.shared.pairs, p.shared.epochs) == (12, 4 * (8 + 8 + 16))  # 2 attentions x 2 seeds x 3 pairs
+    assert p.shared.differing == ("favor+ape seed 6: 20 vs 40 epochs (epochs 1-16, largest |difference| 1e-06)",)
+    text = progress.progress_text(p, "ladder")
+    assert "1 pair(s) differ (largest |difference| 1e-06): favor+ape seed 6: 20 vs 40 epochs" in text
+    # epoch 12 is after the 10-epoch rung's cool-down start (8): its pair with the trunk is not touched
+    assert "10 vs 40" not in text
+
+
+def test_a_study_judged_at_one_budget_has_no_rung_check(tmp_path):
+    one = {**DECLARE, "families": [{"name": "gap", "comparisons": PAIRS}]}
+    folder = tmp_path / "results" / answers.IN_PROGRESS / "one"
+    folder.mkdir(parents=True)
+    declaration.record(folder, parse(one, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "one", [row("softmax", "ape", 10, 5, time.time() + 10)])
+    p = progress.progress(folder)
+    assert p.rung_field is None and p.shared is None
+    assert "one run up to their cool-down" not in progress.progress_text(p, "one")

@@ -1,14 +1,15 @@
-"""Metric formulas against scikit-learn and hand computations."""
+"""Metric formulas against scikit-learn and hand computations; the device a row names."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from sklearn.metrics import accuracy_score, log_loss, precision_recall_fscore_support
 
-from rpevit.metrics import classification_metrics, confusion_matrix, information_criteria
+from rpevit.metrics import classification_metrics, confusion_matrix, cpu_model, device_name, information_criteria
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -46,3 +47,31 @@ def test_perfect_predictions() -> None:
     assert got["test_acc"] == got["precision"] == got["recall"] == got["f1"] == 1.0
     assert got["log_likelihood"] == pytest.approx(0.0, abs=1e-9)
     assert np.isfinite(got["log_likelihood"])
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC   9B45 128-Core Processor
+flags\t\t: fpu avx2
+
+processor\t: 1
+model name\t: AMD EPYC 9B45 128-Core Processor
+"""
+
+
+def test_the_cpu_model_is_read_from_cpuinfo(tmp_path) -> None:
+    (tmp_path / "cpuinfo").write_text(CPUINFO)
+    assert cpu_model(tmp_path / "cpuinfo") == "AMD EPYC 9B45 128-Core Processor"  # the first, spaces collapsed
+    (tmp_path / "arm").write_text("processor\t: 0\nBogoMIPS\t: 50.00\nCPU implementer\t: 0x41\n")
+    assert cpu_model(tmp_path / "arm") == ""  # no model line: nothing invented
+    assert cpu_model(tmp_path / "absent") == ""
+
+
+def test_a_cpu_row_names_the_model_and_vector_unit_that_timed_it() -> None:
+    name = device_name(torch.device("cpu"))
+    assert name.startswith("cpu:") and name.endswith(f"x{torch.get_num_threads()} threads")
+    capability = torch.backends.cpu.get_cpu_capability()
+    assert f"({capability})" in name
+    model = cpu_model(Path("/proc/cpuinfo"))
+    if model:  # Linux on x86: the model the kernel reports, as it reports it
+        assert model in name

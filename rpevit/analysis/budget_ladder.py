@@ -10,14 +10,19 @@ a ladder's rungs are fixed budgets, none of them "final". Per variant and budget
 budgets: Kendall's tau of the variants' rankings by mean accuracy, beside the tau of each seed's own
 ranking at the two budgets (paired by seed: a seed's rungs share its trunk) and a t interval over those
 per-seed taus; the highest mean at each budget names the variants it is not resolved from (Welch).
+Whether that pairing holds is checked from the epoch rows (shared_epochs): a seed's shorter rung and every
+longer rung of it record the same epochs before the shorter rung's cool-down where they are one run up to
+there (a branched trunk, or a rerun that reproduced it exactly), and any pair that does not is named.
 Everything here is exploratory: the
 study's declared comparisons are in confirmatory.md (analysis/confirmatory.py). Writes
 budget_ladder.md and budget_ladder.png into RESULTS_DIR.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +30,11 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rpevit.analysis import stats, variants
-from rpevit.analysis.common import (fmt, judged_accuracy, markdown_table, pyplot, read_trials, save_figure,
-                                    script_main, with_variant)
+from rpevit.analysis.common import (column, fmt, judged_accuracy, markdown_table, md_text, pyplot, read_epoch_curves,
+                                    read_trials, save_figure, script_main, trial_files, with_variant)
+from rpevit.config import TrialConfig
+from rpevit.sweep.results import STORED_KEY
+from rpevit.tasks.budget_ladder import ladder_branch_epoch
 
 LEVEL = 0.95
 
@@ -148,6 +156,96 @@ def summary(results_dir: Path) -> str | None:
             f"{'; '.join(between)}; the highest mean at each fixed budget, %: {'; '.join(best)}")
 
 
+SHARED_MEASURES = ("train_loss", "val_loss", "val_acc")  # what an epoch row records of the run itself
+LISTED_PAIRS = 10  # pairs that differ named in the text; the rest counted
+
+
+@dataclass(frozen=True)
+class SharedEpochs:
+    """How a seed's rungs agree on the epochs before the shorter rung's cool-down. A pair is a shorter and a
+    longer rung of one configuration (every TrialConfig field but `epochs`, the seed included) under the wsd
+    schedule, whose learning rate, data order and random-feature draws agree up to the shorter rung's cool-down
+    start (rpevit.tasks.budget_ladder.branch_epoch proves it in steps for a branched space). `largest`: the
+    largest |difference| of SHARED_MEASURES over every epoch compared (0.0: identical; nan: none compared)."""
+
+    pairs: int  # pairs compared
+    epochs: int  # epoch rows compared, over all pairs
+    largest: float
+    differing: tuple[str, ...]  # one label per pair that differs, in order
+    without_rows: int  # pairs whose shared epochs are not all in the epoch rows (not compared)
+
+
+def trial_epoch_curves(results_dir: Path) -> pd.DataFrame:
+    """The epoch rows (common.EPOCH_CURVE_COLUMNS, with `sweep`) of every sweep folder under results_dir."""
+    frames = [f for f in (read_epoch_curves(path.parent) for path in trial_files(Path(results_dir))) if f is not None]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def shared_epochs(rows: pd.DataFrame, curves: pd.DataFrame) -> SharedEpochs:
+    """SharedEpochs of the trial rows `rows` (their config columns, sweep and the key each was stored under:
+    STORED_KEY where the rows were read through migrate.resolved_frame, else trial_key) from their epoch rows
+    `curves` (trial_epoch_curves): every shorter/longer pair of one configuration, compared on the epochs
+    before the shorter one's cool-down (ladder_branch_epoch)."""
+    wsd = rows[column(rows, "lr_schedule", "").astype(str) == "wsd"] if not rows.empty else rows
+    keys = [f.name for f in dataclasses.fields(TrialConfig) if f.name != "epochs" and f.name in wsd.columns]
+    if wsd.empty or curves.empty or "epochs" not in wsd.columns:
+        return SharedEpochs(0, 0, math.nan, (), 0)
+    by_trial = {key: g.drop_duplicates("epoch").set_index("epoch").sort_index()
+                for key, g in curves.groupby(["sweep", "trial_key"])}
+    pairs = compared = without = 0
+    largest = math.nan
+    differing: list[str] = []
+    for _, group in wsd.assign(_config=wsd[keys].astype(str).agg("\x1f".join, axis=1)).groupby("_config"):
+        group = group.sort_values("epochs")
+        for (_, short), (_, long) in itertools.combinations(group.iterrows(), 2):
+            if int(short["epochs"]) == int(long["epochs"]):
+                continue
+            shared = range(1, ladder_branch_epoch({"epochs": short["epochs"],
+                                                   "cooldown_fraction": short["cooldown_fraction"]}) + 1)
+            a, b = (by_trial.get((str(r["sweep"]), str(r.get(STORED_KEY, r["trial_key"])))) for r in (short, long))
+            if a is None or b is None or not (set(shared) <= set(a.index) and set(shared) <= set(b.index)):
+                without += 1
+                continue
+            diff = max(_measure_difference(a.loc[list(shared), m], b.loc[list(shared), m]) for m in SHARED_MEASURES)
+            pairs, compared = pairs + 1, compared + len(shared)
+            largest = diff if math.isnan(largest) else max(largest, diff)
+            if diff > 0:
+                differing.append(f"{short['attention']}+{short['pe']} seed {int(short['seed'])}: "
+                                 f"{int(short['epochs'])} vs {int(long['epochs'])} epochs "
+                                 f"(epochs 1-{shared[-1]}, largest |difference| {fmt(diff, 3)})")
+    return SharedEpochs(pairs, compared, largest, tuple(differing), without)
+
+
+def _measure_difference(a: pd.Series, b: pd.Series) -> float:
+    """max |a - b| of one measure over the shared epochs; both missing counts as equal, one missing as inf."""
+    a, b = pd.to_numeric(a, errors="coerce").to_numpy(float), pd.to_numeric(b, errors="coerce").to_numpy(float)
+    both = np.isnan(a) & np.isnan(b)
+    if (np.isnan(a) ^ np.isnan(b)).any():
+        return math.inf
+    return float(np.max(np.abs(a[~both] - b[~both]), initial=0.0))
+
+
+def shared_epochs_text(check: SharedEpochs) -> str:
+    """One paragraph: whether a seed's rungs are one run up to the shorter rung's cool-down."""
+    skipped = (f" {check.without_rows} pair(s) lack some of those epoch rows and are not compared."
+               if check.without_rows else "")
+    if check.pairs == 0:
+        return ("Not checked: no two rungs of one configuration (wsd schedule) with the epoch rows of the epochs "
+                "before the shorter one's cool-down." + skipped)
+    head = (f"Each shorter rung against every longer rung of its configuration and seed, on the epochs before the "
+            f"shorter one's cool-down (train loss, validation loss and accuracy as each epoch recorded them): "
+            f"{check.pairs} pair(s), {check.epochs} epoch rows.")
+    if not check.differing:
+        return (f"{head} Identical in every one: each seed's rungs are one run up to their cool-down, as the "
+                f"pairing by seed assumes.{skipped}")
+    listed = "; ".join(md_text(d) for d in check.differing[:LISTED_PAIRS])
+    more = f"; and {len(check.differing) - LISTED_PAIRS} more" if len(check.differing) > LISTED_PAIRS else ""
+    return (f"{head} {len(check.differing)} pair(s) differ (largest |difference| {fmt(check.largest, 3)}): "
+            f"{listed}{more}. Those rungs share their seed's initialisation and data order but are not one run "
+            f"up to their cool-down (a run not reproduced exactly: a trunk trained again, or other hardware), "
+            f"so their pairing by seed is weaker than the others'.{skipped}")
+
+
 def budget_label(epochs: int, images: float) -> str:
     return f"{epochs} epochs ({fmt(images / 1e6, 3)}M images)" if math.isfinite(images) else f"{epochs} epochs"
 
@@ -206,6 +304,8 @@ def build(results_dir: Path) -> str | None:
              f"longest run: the shorter ones resume it at their cool-down start); a t interval over those "
              f"per-seed taus, clipped to [-1, 1]. A per-seed tau ranks single-seed accuracies, so it is noisier than "
              f"the tau of the means beside it.", "",
+             "### Are a seed's rungs one run up to their cool-down?", "",
+             shared_epochs_text(shared_epochs(rows, trial_epoch_curves(results_dir))), "",
              "![accuracy against budget](budget_ladder.png)", ""]
     return "\n".join(lines)
 
@@ -215,4 +315,5 @@ def main() -> None:
                 "train trials at two or more budgets (epochs)")
 
 
-__all__ = ["build", "kendall_tau", "ladder_rows", "main", "per_budget", "tau_interval"]
+__all__ = ["SharedEpochs", "build", "kendall_tau", "ladder_rows", "main", "per_budget", "shared_epochs",
+           "shared_epochs_text", "tau_interval", "trial_epoch_curves"]

@@ -272,8 +272,29 @@ def read_epoch_times(folder: Path) -> pd.DataFrame | None:
 
 
 def _read_epoch_times(path: Path) -> pd.DataFrame | DamagedResults | None:
+    return _read_epoch_columns(path, EPOCH_TIME_COLUMNS)
+
+
+EPOCH_CURVE_COLUMNS = ["sweep", "trial_key", "epoch", "train_loss", "val_loss", "val_acc"]
+
+
+def read_epoch_curves(folder: Path) -> pd.DataFrame | None:
+    """A sweep folder's epoch rows with what each epoch measured (EPOCH_CURVE_COLUMNS: losses and validation
+    accuracy), every row once; None where there is none or it cannot be read (named on stderr once), as
+    read_epoch_times."""
+    found = _once("epoch curves", Path(folder) / results.EPOCHS_FILE,
+                  lambda path: _read_epoch_columns(path, EPOCH_CURVE_COLUMNS))
+    if isinstance(found, DamagedResults):
+        if found.path not in _WARNED:
+            _WARNED.add(found.path)
+            print(f"warning: {damaged_text(found)}", file=sys.stderr, flush=True)
+        return None
+    return found
+
+
+def _read_epoch_columns(path: Path, columns: list[str]) -> pd.DataFrame | DamagedResults | None:
     try:
-        table = store.read_table(path, columns=EPOCH_TIME_COLUMNS)
+        table = store.read_table(path, columns=columns)
     except DamagedResults as err:
         return err
     return None if table is None else table.to_pandas()

@@ -10,7 +10,10 @@ What it counts is what the verdicts will use: the rows of the current space (spa
 declaration in force admits (its seeds, started after it was recorded: confirmatory.usable_rows), so a
 cell shown complete here is one confirmatory.md judges. The cells are the ones the declared families name,
 in the order they first name them; the rungs are the values of the field the families are judged per
-(`for_each`, or a trend's field) found in the rows or named by a trend.
+(`for_each`, or a trend's field) found in the rows or named by a trend. For a ladder, one more line says
+whether each seed's rungs are one run up to their cool-down (budget_ladder.shared_epochs), as the declared
+trend's pairing by seed assumes: a trunk trained again (its checkpoint lost with a machine) is checked
+against the rungs it once branched.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from rpevit.analysis import confirmatory
+from rpevit.analysis import budget_ladder, confirmatory
 from rpevit.analysis.common import column, current_rows, markdown_table, read_sweep, space_keys
 from rpevit.sweep.declaration import Declaration, redeclarations
 from rpevit.sweep.protocol import FAILED, OK
@@ -43,6 +46,7 @@ class Progress:
     cells: tuple[tuple[dict[str, Any], dict[Any, tuple[int, ...]]], ...]
     seeds: tuple[int, ...]
     last_finished: str  # UTC, minutes; "" without rows
+    shared: budget_ladder.SharedEpochs | None = None  # a ladder's (rung_field "epochs"): its rungs' shared epochs
 
     @property
     def complete_cells(self) -> int:
@@ -98,8 +102,11 @@ def progress(folder: Path) -> Progress:
         cells.append((side, per_rung))
     finished = unix_seconds(column(frame, "finished_at")).dropna() if not frame.empty else pd.Series(dtype=float)
     last = pd.Timestamp(finished.max(), unit="s", tz="UTC").strftime("%Y-%m-%d %H:%M UTC") if len(finished) else ""
+    shared = (budget_ladder.shared_epochs(usable, budget_ladder.trial_epoch_curves(folder))
+              if field == "epochs" and not usable.empty else None)
     return Progress(len(keys) if keys is not None else None, len(ok_rows), int((status == FAILED).sum()),
-                    {k: v for k, v in set_aside.items() if v}, field, rungs, tuple(cells), tuple(decl.seeds), last)
+                    {k: v for k, v in set_aside.items() if v}, field, rungs, tuple(cells), tuple(decl.seeds), last,
+                    shared)
 
 
 def seed_list_text(have: Sequence[int], declared: Sequence[int]) -> str:
@@ -127,6 +134,9 @@ def progress_text(p: Progress, name: str) -> str:
              markdown_table(["cell", *map(rung_name, p.rungs)],
                             [[confirmatory.short_label(side), *(seed_list_text(per_rung[r], p.seeds) for r in p.rungs)]
                              for side, per_rung in p.cells])]
+    if p.shared is not None:
+        lines += ["", "Are a seed's rungs one run up to their cool-down (the declared trend pairs them by seed)? "
+                  + budget_ladder.shared_epochs_text(p.shared)]
     return "\n".join(lines)
 
 
