@@ -262,17 +262,7 @@ def read_epoch_times(folder: Path) -> pd.DataFrame | None:
     """A sweep folder's epoch rows, only the columns that time them (trial_key, epoch, epoch_s), every row once
     (store.read_table: the file and a running sweep's parts); None where there is none or it cannot be read (named
     on stderr once), so a cost figure that needs it says it did without rather than failing the report."""
-    found = _once("epoch times", Path(folder) / results.EPOCHS_FILE, _read_epoch_times)
-    if isinstance(found, DamagedResults):
-        if found.path not in _WARNED:
-            _WARNED.add(found.path)
-            print(f"warning: {damaged_text(found)}", file=sys.stderr, flush=True)
-        return None
-    return found
-
-
-def _read_epoch_times(path: Path) -> pd.DataFrame | DamagedResults | None:
-    return _read_epoch_columns(path, EPOCH_TIME_COLUMNS)
+    return _epoch_rows(folder, "epoch times", EPOCH_TIME_COLUMNS)
 
 
 EPOCH_CURVE_COLUMNS = ["sweep", "trial_key", "epoch", "train_loss", "val_loss", "val_acc"]
@@ -282,8 +272,13 @@ def read_epoch_curves(folder: Path) -> pd.DataFrame | None:
     """A sweep folder's epoch rows with what each epoch measured (EPOCH_CURVE_COLUMNS: losses and validation
     accuracy), every row once; None where there is none or it cannot be read (named on stderr once), as
     read_epoch_times."""
-    found = _once("epoch curves", Path(folder) / results.EPOCHS_FILE,
-                  lambda path: _read_epoch_columns(path, EPOCH_CURVE_COLUMNS))
+    return _epoch_rows(folder, "epoch curves", EPOCH_CURVE_COLUMNS)
+
+
+def _epoch_rows(folder: Path, what: str, columns: list[str]) -> pd.DataFrame | None:
+    """The columns of a folder's epoch rows, read once per one_read_per_folder; None where there are none or
+    the file is damaged (named on stderr once per file)."""
+    found = _once(what, Path(folder) / results.EPOCHS_FILE, lambda path: _read_epoch_columns(path, columns))
     if isinstance(found, DamagedResults):
         if found.path not in _WARNED:
             _WARNED.add(found.path)
