@@ -78,10 +78,10 @@ def plan_launch(space: Space, plan: SweepPlan, checkpoint_root: Path, nodes: Seq
     return Launch(specs, bundle_, slots, res.max_concurrent)
 
 
-def branches_after_their_trunks(specs: Sequence[TrialSpec], slots: int) -> list[TrialSpec]:
+def branches_after_their_trunks(specs: Sequence[TrialSpec], slots: int, lag: int | None = None) -> list[TrialSpec]:
     """The Tune trials of budget ladders in the order Tune starts them: the trunks (and lone trials) in
-    the space's order, each ladder's shorter trials `slots - 1` trunks after its own trunk, the last
-    ones at the end. Why: a space lists its priority first (cifar10_ladder_cpu: softmax and FAVOR+, then
+    the space's order, each ladder's shorter trials `lag` (default `slots - 1`) trunks after its own trunk,
+    the last ones at the end. Why: a space lists its priority first (cifar10_ladder_cpu: softmax and FAVOR+, then
     Performer-ReLU), and a partial ladder must answer that first at every rung; with every trunk first,
     the 5- and 10-epoch rungs of the first ladders waited for the last ladder's trunk. Why the lag: a
     shorter trial resumes from the checkpoint its trunk writes at the start of its cool-down; on one slot
@@ -94,7 +94,7 @@ def branches_after_their_trunks(specs: Sequence[TrialSpec], slots: int) -> list[
         if spec.members[0].trial_key in trunk_of:
             shorter.setdefault(trunk_of[spec.members[0].trial_key], []).append(spec)
     first = [spec for spec in specs if spec.members[0].trial_key not in trunk_of]
-    lag, out = max(slots, 1) - 1, []
+    lag, out = (max(slots, 1) - 1 if lag is None else lag), []
     for i, spec in enumerate(first):
         out.append(spec)
         if i >= lag:
@@ -132,8 +132,14 @@ def pause_trunks(launch: Launch, space: Space) -> tuple[Launch, list[str]]:
     first = [replace(s, pause_at_branch=True) if s.branches else s for s in launch.specs
              if s.members[0].trial_key not in held]
     # ordered again without them: a held trunk counted in a ladder's lag would leave its shorter trials right
-    # behind their own trunk, so on two slots they would start beside it, before its checkpoint, at full cost
-    return replace(launch, specs=branches_after_their_trunks(first, launch.slots)), held
+    # behind their own trunk, so on two slots they would start beside it, before its checkpoint, at full cost.
+    # And one trunk later than the default order on more than one slot: a paused trunk writes its last branch's
+    # checkpoint as it pauses, so trunks started together pause within seconds of each other in either order;
+    # with the default lag the slot the first frees started the other's rung, before that checkpoint, at full
+    # cost (cifar10_ladder40_cpu, 2026-11-29: a 20-epoch rung trained from epoch 0 because its trunk paused 9 s
+    # after its neighbour). One more trunk between them gives the slot that frees first a trunk to start.
+    lag = launch.slots if launch.slots > 1 else 0
+    return replace(launch, specs=branches_after_their_trunks(first, launch.slots, lag)), held
 
 
 def tune_trials(space: Space, configs: list[dict[str, Any]], pending: list[int], *, checkpoint_root: Path | str,
