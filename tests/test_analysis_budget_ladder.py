@@ -135,7 +135,8 @@ def test_rungs_of_another_configuration_are_not_paired_and_missing_epoch_rows_ar
     ladder = rows()
     other = {**ladder[0], "lr": 2e-3, "epochs": 10}  # softmax+ape seed 0 at another lr: a configuration of its own
     missing = next(i for i, r in enumerate(ladder) if r["epochs"] == 20)  # its two pairs cannot be compared
-    curves = [[] if i == missing else ladder_epoch_rows(r) for i, r in enumerate(ladder)] + [ladder_epoch_rows(other, {1: 1.0})]
+    curves = [[] if i == missing else ladder_epoch_rows(r) for i, r in enumerate(ladder)]
+    curves.append(ladder_epoch_rows(other, {1: 1.0}))
     text = budget_ladder.build(write_sweep(tmp_path / "mixed", "mixed", [*ladder, other], epochs=curves))
     assert "34 pair(s), 180 epoch rows. Identical in every one" in text  # 192 less the 4 + 8 of the two pairs
     assert "2 pair(s) lack some of those epoch rows and are not compared" in text
