@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure, rotation, string_study, token_scaling
-from rpevit.analysis import headline, progress, validation_choice
+from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
                                     with_variant)
@@ -964,7 +964,8 @@ def declared_studies_block(sources: Sources) -> str:
                      f"{names(first)}.")
         if later:
             text += f" Running, redeclared (rows so far, judged once complete and published): {redeclared(later)}."
-    return text
+    unfinished = [c for c in (continuation.continuation(f, sources.results_dir) for f in published) if c is not None]
+    return "\n\n".join([text, *map(continuation.continuation_text, unfinished)])
 
 
 def rows_block(sources: Sources) -> str:

@@ -247,10 +247,16 @@ def judge_family(rows: pd.DataFrame, values: pd.Series, fam: Family, fixed: dict
     return out
 
 
-def levels_of(frame: pd.DataFrame, fam: Family) -> list[Any]:
-    if not fam.for_each or frame.empty or fam.for_each not in frame.columns:
+def levels_of(frame: pd.DataFrame, fam: Family, decl: Declaration) -> list[Any]:
+    """The values of a family's for_each: those its rows hold, and every budget a declared trend over the same
+    field names, so a rung no row has reached yet is judged "incomplete" rather than left out (a declaration
+    lists no levels of its own: a for_each value that neither a row nor a trend names is not known here)."""
+    if not fam.for_each:
         return [None]
-    return sorted(set(frame[fam.for_each]), key=lambda v: (isinstance(v, str), v))
+    named = {v for f in decl.families if f.trend is not None and f.trend.field == fam.for_each
+             for v in (f.trend.start, f.trend.end)}
+    found = set(frame[fam.for_each]) if not frame.empty and fam.for_each in frame.columns else set()
+    return sorted(found | named, key=lambda v: (isinstance(v, str), v)) or [None]
 
 
 def family_title(fam: Family, level: Any, metric: str, default: str) -> str:
@@ -285,7 +291,7 @@ def judge(results_dir: Path) -> tuple[Declaration, dict[str, Any], list[tuple[st
     rows = rows.reset_index(drop=True)
     families = []
     for fam in decl.families:
-        for level in levels_of(frame, fam):
+        for level in levels_of(frame, fam, decl):
             fixed = {fam.for_each: level} if fam.for_each else {}
             where = family_title(replace(fam, secondary_metric=None), level, decl.metric, decl.metric)
             for metric in fam.metrics(decl.metric):
