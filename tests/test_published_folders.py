@@ -84,8 +84,9 @@ def tracked_folders() -> set[str]:
 
 def clone(tmp_path: Path) -> Path:
     """What a fresh clone holds that the generated text is read from and written into: results/ (the
-    committed studies, their .gitignore and STUDIES; none of this checkout's own folders), README.md and
-    docs/."""
+    committed studies, their .gitignore and STUDIES; none of this checkout's own folders), README.md,
+    docs/ and search_spaces/ (a published study still to finish is continued from its space file:
+    rpevit.analysis.continuation)."""
     root = tmp_path / "clone"
     tracked = tracked_folders()
 
@@ -96,6 +97,7 @@ def clone(tmp_path: Path) -> Path:
 
     shutil.copytree(RESULTS, root / "results", ignore=not_in_a_clone)
     shutil.copytree(ROOT / "docs", root / "docs")
+    shutil.copytree(ROOT / "search_spaces", root / "search_spaces")
     shutil.copy2(ROOT / "README.md", root / "README.md")
     return root
 
