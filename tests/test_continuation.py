@@ -172,3 +172,10 @@ def test_a_rung_no_row_has_reached_is_judged_incomplete_not_left_out(tmp_path):
     _, _, families, _ = confirmatory.judge(published(tmp_path))
     assert [(title, [o.complete for o in outcomes]) for title, outcomes in families] == [
         ("gap (epochs = 5)", [True]), ("gap (epochs = 10)", [False]), ("trend (epochs 5 → 10)", [False])]
+
+
+def test_a_folder_name_the_shell_would_split_gives_no_command(tmp_path):
+    folder = published(tmp_path)
+    odd = folder.rename(folder.parent / "tiny ladder; x")
+    c = continuation.continuation(odd, tmp_path / "results")
+    assert c.commands() == [] and "its folder under results/ is" in c.why_not and "tiny ladder; x" in c.why_not

@@ -91,12 +91,22 @@ def continuation(folder: Path, results_dir: Path) -> Continuation | None:
     known = Continuation(folder.relative_to(results_dir).as_posix(), incomplete, len(outcomes),
                          (so_far.complete_cells, len(so_far.cells) * len(so_far.rungs)), so_far.ok, so_far.planned)
     try:
+        check_folder(known.folder)
         name, source = space_name_and_source(folder)
         commit = latest_commit(folder)
         rungs_first = branches_its_rungs(results_dir.parent, source, folder)
     except ConfigError as err:
         return replace(known, why_not=confirmatory.md_text(str(err)))
     return replace(known, name=name, source=source, commit=commit, rungs_first=rungs_first)
+
+
+def check_folder(relative: str) -> str:
+    """The study's folder under results/, as the commands name it: each part a name a sweep accepts, so the
+    shell line and the code block need no quoting (a space, a `;` or a line break would break either)."""
+    if not all(NAME_PATTERN.fullmatch(part) for part in relative.split("/")):
+        raise ConfigError(f"its folder under results/ is {relative[:120]!r}; allowed: folder names of letters, "
+                          f"digits, '_', '.', '-' (as a sweep's name)")
+    return relative
 
 
 def space_name_and_source(folder: Path) -> tuple[str, str]:
@@ -174,5 +184,5 @@ def continuation_text(c: Continuation) -> str:
                       *(f"    {line}" for line in c.publish_commands())])
 
 
-__all__ = ["Continuation", "branches_its_rungs", "continuation", "continuation_text", "latest_commit",
+__all__ = ["Continuation", "branches_its_rungs", "check_folder", "continuation", "continuation_text", "latest_commit",
            "space_name_and_source"]
