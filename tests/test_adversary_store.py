@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rpevit.sweep import compact as compact_cli
-from rpevit.sweep import session, store
+from rpevit.sweep import results, session, store
 from rpevit.sweep import snapshot as snapshot_cli
 from rpevit.sweep.declaration import DECLARATION_FILE
 from rpevit.sweep.lock import LOCK_FILE
@@ -321,6 +322,43 @@ def test_a_fifo_in_parts_is_named_by_every_reader_of_the_store_without_waiting(t
     assert not os.path.lexists(fifo)
     for kind in store.KINDS:
         assert stored(folder, kind).equals(before[kind])
+
+
+def test_every_reader_of_space_json_refuses_a_fifo_and_names_it(tmp_path):
+    """space.json has one reader (results.read_space_file); before it, the analysis's (common.space_keys,
+    which report.py, progress and the continuing commands use) and the migration's opened a FIFO there and
+    hung (each failed this test after HANG_S with a JSON error, not "named pipe")."""
+    from rpevit.analysis import common
+    from rpevit.sweep import migrate
+
+    folder = folder_with_rows(tmp_path / "s")
+    (folder / SPACE_FILE).unlink()
+    os.mkfifo(folder / SPACE_FILE)
+    t0 = time.monotonic()
+    with released_after(folder / SPACE_FILE, HANG_S):
+        with pytest.raises(SystemExit, match=r"space.json: it is a named pipe.*delete the file to keep every row"):
+            common.space_keys(folder)
+        with pytest.raises(SystemExit, match="named pipe"):
+            common.current_rows(pd.DataFrame({"trial_key": KEYS}), folder)
+        assert migrate._read_space_file(folder) is None  # the runner rewrites it from the space right after
+        assert results.space_key_scheme(folder) is None
+    assert time.monotonic() - t0 < HANG_S
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('{"name": "s"}', "field 'trial_keys' has value 'None'"),
+    ('{"trial_keys": ["a", 7]}', "field 'trial_keys' has value '[7]' among its items"),
+    ('{"trial_keys": ', "cannot be read as a sweep's space.json (JSONDecodeError"),
+    ("\udcff", "cannot be read as a sweep's space.json ("),
+])
+def test_the_space_json_reader_names_what_is_wrong_and_what_is_allowed(tmp_path, text, says):
+    (tmp_path / SPACE_FILE).write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=re.escape(says)) as caught:
+        results.read_space_file(tmp_path / TRIALS_FILE)  # a Parquet path means its folder
+    assert str(tmp_path / SPACE_FILE) in str(caught.value) and "allowed: the JSON object sweep.py writes" in str(
+        caught.value) and "\n" not in str(caught.value)
+    assert results.space_key_scheme(tmp_path) is None and store._space_order(tmp_path) == {}
 
 
 def test_a_fifo_as_a_compacted_file_or_space_json_is_never_opened(tmp_path):

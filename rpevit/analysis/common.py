@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import math
 import re
 import sys
@@ -306,33 +305,26 @@ def _read_rows(path: Path) -> pd.DataFrame | DamagedResults:
 def space_keys(folder: Path) -> set[str] | None:
     """trial_keys of the space.json the sweep runner wrote into folder; None when there is none.
     A space.json that is not what the runner writes stops the script with one line (SystemExit)."""
-    return _space_file(folder)[0]
+    space = space_file(folder)
+    return set(space["trial_keys"]) if space is not None else None
 
 
-def _space_file(folder: Path) -> tuple[set[str] | None, str | None]:
-    """(trial_keys, key_scheme) of the folder's space.json ((None, None) without one), read once per
-    one_read_per_folder; SystemExit (one line) for one that is not what the runner writes."""
+def space_file(folder: Path) -> dict[str, Any] | None:
+    """The folder's space.json as the runner wrote it (results.read_space_file: the one reader, a FIFO never
+    opened), read once per one_read_per_folder; None without one; SystemExit (one line) for one that is not
+    what the runner writes."""
     found = _once("space", Path(folder) / SPACE_FILE, _parse_space_file)
     if isinstance(found, SystemExit):
         raise found
     return found
 
 
-def _parse_space_file(path: Path) -> tuple[set[str] | None, str | None] | SystemExit:
-    if not path.exists():
-        return None, None
+def _parse_space_file(path: Path) -> dict[str, Any] | None | SystemExit:
     try:
-        space = json.loads(path.read_text(encoding="utf-8"))
-        keys = space["trial_keys"]
-        if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
-            raise TypeError(f"'trial_keys' is {type(keys).__name__}, not a list of strings")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:  # ValueError: JSON, UTF-8
-        reason = " ".join(f"{type(err).__name__}: {err}".split())[:200]
-        return SystemExit(f"error: {path} is not a sweep's {SPACE_FILE} ({reason}); allowed: the JSON object "
-                          f"sweep.py writes, with a 'trial_keys' list (rerun the sweep with --resume to rewrite it, "
-                          f"or delete the file to keep every row of that folder)")
-    scheme = space.get("key_scheme")
-    return set(keys), scheme if isinstance(scheme, str) else None
+        return results.read_space_file(path.parent)
+    except ValueError as err:  # ConfigError: names the file, what is wrong and what is allowed
+        return SystemExit(f"error: {' '.join(str(err).split())} (rerun the sweep with --resume to rewrite it, or "
+                          f"delete the file to keep every row of that folder)")
 
 
 def current_rows(frame: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, int]:
@@ -340,8 +332,11 @@ def current_rows(frame: pd.DataFrame, folder: Path) -> tuple[pd.DataFrame, int]:
     that was edited after a sweep ran leaves rows of trials it no longer contains in trials.parquet;
     mixing them in would average configurations the space no longer describes. (A space.json that is
     not the runner's stops the script with one line.)"""
-    keys, scheme = _space_file(folder)
-    return results.rows_of_space(frame, keys, scheme)
+    space = space_file(folder)
+    if space is None:
+        return results.rows_of_space(frame, None, None)
+    scheme = space.get("key_scheme")
+    return results.rows_of_space(frame, space["trial_keys"], scheme if isinstance(scheme, str) else None)
 
 
 @dataclass

@@ -25,7 +25,6 @@ git), and `budget_ladder.shared_epochs` checks that it reproduces what its rungs
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -33,11 +32,11 @@ from pathlib import Path, PurePosixPath
 import pandas as pd
 
 from rpevit.analysis import confirmatory, progress
-from rpevit.analysis.common import code_span, column, current_rows, read_sweep, space_keys
+from rpevit.analysis.common import code_span, column, current_rows, read_sweep, space_file, space_keys
 from rpevit.config import ConfigError
 from rpevit.sweep.protocol import OK
-from rpevit.sweep.results import MAX_SPACE_FILE_BYTES, SPACE_FILE, TRIALS_FILE, unix_seconds
-from rpevit.sweep.space import NAME_PATTERN, load_space, open_regular_file
+from rpevit.sweep.results import SPACE_FILE, TRIALS_FILE, unix_seconds
+from rpevit.sweep.space import NAME_PATTERN, load_space
 
 STUDIES = "../studies"  # the sweep's working folder, beside the clone: checkpoints never inside a checkout
 COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -110,18 +109,11 @@ def check_folder(relative: str) -> str:
 
 
 def space_name_and_source(folder: Path) -> tuple[str, str]:
-    """space.json's `name` and `source`, each checked (module docstring); ConfigError names what is wrong."""
-    path = folder / SPACE_FILE
-    try:
-        with open_regular_file(path, "the sweep's space file", f"the {SPACE_FILE} sweep.py writes") as handle:
-            raw = handle.read(MAX_SPACE_FILE_BYTES + 1)
-        space = json.loads(raw.decode("utf-8")) if len(raw) <= MAX_SPACE_FILE_BYTES else None
-    except (OSError, ValueError, RecursionError) as err:
-        raise ConfigError(f"{path} cannot be read ({type(err).__name__}); allowed: the {SPACE_FILE} sweep.py "
-                          f"writes") from err
-    if not isinstance(space, dict):
-        raise ConfigError(f"{path} is not a JSON object of at most {MAX_SPACE_FILE_BYTES:,} bytes; allowed: the "
-                          f"{SPACE_FILE} sweep.py writes")
+    """space.json's `name` and `source`, each checked (module docstring); ConfigError names what is wrong.
+    The file itself is read by the analysis's one reader (common.space_file)."""
+    path, space = folder / SPACE_FILE, space_file(folder)
+    if space is None:
+        raise ConfigError(f"{path} is missing; allowed: the {SPACE_FILE} sweep.py writes")
     name, source = space.get("name"), space.get("source")
     if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{path}: field 'name' has value {str(name)[:80]!r}; allowed: a sweep's name (one folder "

@@ -35,7 +35,8 @@ from rpevit.config import TrialConfig, field_types, recorded_values, resolve_val
 from rpevit.sweep.protocol import OK
 from rpevit.sweep import store
 from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, SPACE_FILE, STORED_KEY, TRIALS_FILE, DamagedResults,
-                                  atomic_file, check_key_column, epochs_schema, is_missing, space_key_scheme, to_table,
+                                  atomic_file, check_key_column, epochs_schema, is_missing, read_space_file,
+                                  space_key_scheme, to_table,
                                   trial_folder, trials_schema, write_table_atomic, write_text_atomic)
 from rpevit.sweep.space import Space, seeded_keys, trial_key
 
@@ -235,13 +236,12 @@ def _rename_folders(out_dir: Path, changed: dict[str, str]) -> int:
 
 
 def _read_space_file(out_dir: Path) -> dict[str, Any] | None:
-    """space.json as a dict with a 'trial_keys' list; None where there is none or it is not one (the
-    runner rewrites it from the space right after)."""
+    """space.json as a dict with a 'trial_keys' list (results.read_space_file: a FIFO is never opened); None
+    where there is none or it is not one (the runner rewrites it from the space right after)."""
     try:
-        space = json.loads((out_dir / SPACE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
+        return read_space_file(out_dir)
+    except ValueError:  # ConfigError
         return None
-    return space if isinstance(space, dict) and isinstance(space.get("trial_keys"), list) else None
 
 
 def _rewrite_space_keys(out_dir: Path, space: dict[str, Any] | None, changed: dict[str, str]) -> None:

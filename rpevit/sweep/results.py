@@ -733,33 +733,51 @@ def trial_seconds(frame: pd.DataFrame) -> pd.Series:
     return unix_seconds(frame["finished_at"]) - unix_seconds(frame["started_at"])
 
 
-def current_keys(results_dir: str | os.PathLike) -> list[str] | None:
-    """Trial keys of the sweep's current space, from `space.json` (None: no space.json there)."""
+SPACE_ALLOWED = "the JSON object sweep.py writes, with a 'trial_keys' list of trial keys"
+
+
+def read_space_file(results_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """A sweep folder's `space.json` (`results_dir`: the folder, or its trials/epochs Parquet path) as the
+    JSON object sweep.py writes, its 'trial_keys' a list of strings; None where there is none.
+
+    The one reader of space.json: the analysis, the compaction's row order, the migration, and the commands
+    results/README.md gives to continue a study all read it here, so each gets the same checks: a regular
+    file only (a FIFO there would block the reader, issue 59 item 5), at most MAX_SPACE_FILE_BYTES, UTF-8
+    JSON. Anything else: ConfigError naming the file, what is wrong and what is allowed."""
     folder = Path(results_dir)
-    folder = folder.parent if folder.suffix == ".parquet" else folder
-    path = folder / SPACE_FILE
-    try:  # a regular file only: a FIFO there would block the reader (issue 59, item 5)
-        data = read_regular_bytes(path, MAX_SPACE_FILE_BYTES, "the JSON object sweep.py writes")
+    path = (folder.parent if folder.suffix == ".parquet" else folder) / SPACE_FILE
+    try:
+        data = read_regular_bytes(path, MAX_SPACE_FILE_BYTES, SPACE_ALLOWED)
         if data is None:
             return None
-        keys = json.loads(data)["trial_keys"]
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ValueError(f"{path} cannot be read as a sweep's space.json ({err}); allowed: the file "
-                         f"sweep.py writes (a JSON object with a 'trial_keys' list)") from err
-    if not isinstance(keys, list):
-        raise ValueError(f"{path}: 'trial_keys' has value {keys!r}; allowed: a list of trial keys")
-    return keys
+        space = json.loads(data)
+    except (OSError, ValueError, RecursionError) as err:  # ConfigError (a FIFO, too large), JSON, UTF-8
+        reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
+        raise ConfigError(f"{path} cannot be read as a sweep's {SPACE_FILE} ({reason}); allowed: "
+                          f"{SPACE_ALLOWED}") from None
+    if not isinstance(space, dict):
+        raise ConfigError(f"{path} holds a JSON {type(space).__name__}, not an object; allowed: {SPACE_ALLOWED}")
+    keys = space.get("trial_keys")
+    if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
+        shown = keys if not isinstance(keys, list) else [k for k in keys if not isinstance(k, str)][:1]
+        raise ConfigError(f"{path}: field 'trial_keys' has value {str(shown)[:80]!r}"
+                          f"{' among its items' if isinstance(keys, list) else ''}; allowed: {SPACE_ALLOWED}")
+    return space
+
+
+def current_keys(results_dir: str | os.PathLike) -> list[str] | None:
+    """Trial keys of the sweep's current space, from `space.json` (None: no space.json there); ConfigError
+    (read_space_file) for one that is not what sweep.py writes."""
+    space = read_space_file(results_dir)
+    return None if space is None else space["trial_keys"]
 
 
 def space_key_scheme(results_dir: str | os.PathLike) -> str | None:
     """The key scheme a folder's space.json records: KEY_SCHEME, or None (written before keys hashed
     resolved configs, or no readable space.json; rpevit.sweep.migrate)."""
-    folder = Path(results_dir)
-    folder = folder.parent if folder.suffix == ".parquet" else folder
     try:
-        data = read_regular_bytes(folder / SPACE_FILE, MAX_SPACE_FILE_BYTES, "")
-        scheme = json.loads(data or b"{}").get("key_scheme")
-    except (OSError, ValueError, AttributeError, RecursionError):  # ConfigError is a ValueError
+        scheme = (read_space_file(results_dir) or {}).get("key_scheme")
+    except ValueError:  # ConfigError: unreadable, read as no scheme (current_keys says what is wrong)
         return None
     return scheme if isinstance(scheme, str) else None
 

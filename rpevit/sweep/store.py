@@ -50,7 +50,6 @@ where tables of one kind differ in type all the same, they are brought to the sc
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
@@ -66,9 +65,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rpevit.sweep.protocol import OK
-from rpevit.sweep.results import (EPOCHS_FILE, MAX_SPACE_FILE_BYTES, SPACE_FILE, TIMESTAMP, TRIALS_FILE, TRIALS_LOST,
+from rpevit.sweep.results import (EPOCHS_FILE, TIMESTAMP, TRIALS_FILE, TRIALS_LOST,
                                   DamagedResults, arrow_column, check_key_column, declared_types, epochs_schema,
-                                  open_regular, read_regular_bytes, read_results_table, remove_stale_temps,
+                                  open_regular, read_results_table, read_space_file, remove_stale_temps,
                                   set_aside, temp_pattern, trials_schema, write_table_atomic)
 
 PARTS_DIR = "parts"
@@ -511,11 +510,11 @@ def _task_of(table: pa.Table) -> str | None:
 
 def _space_order(folder: Path) -> dict[str, int]:
     """trial_key -> its index in the folder's space.json (empty where there is none or it is not one)."""
-    try:  # a regular file only: a FIFO there would block the compaction (issue 59, item 5)
-        keys = json.loads(read_regular_bytes(folder / SPACE_FILE, MAX_SPACE_FILE_BYTES, "") or b"{}")["trial_keys"]
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):  # ConfigError is a ValueError
+    try:  # results.read_space_file: a regular file only (a FIFO would block the compaction, issue 59 item 5)
+        space = read_space_file(folder)
+    except ValueError:  # ConfigError: orders nothing (the analysis's reader says what is wrong)
         return {}
-    return {k: i for i, k in enumerate(keys)} if isinstance(keys, list) else {}
+    return {k: i for i, k in enumerate(space["trial_keys"])} if space is not None else {}
 
 
 def _ordered(table: pa.Table, kind: str, order: Mapping[str, int], reindex: bool, task: str | None) -> pa.Table:
