@@ -345,6 +345,27 @@ def test_every_reader_of_space_json_refuses_a_fifo_and_names_it(tmp_path):
     assert time.monotonic() - t0 < HANG_S
 
 
+@pytest.mark.parametrize("name", ["STUDIES", "sub/rotinv_concentration.md"])
+def test_a_fifo_as_a_text_file_the_report_reads_is_named_not_opened(tmp_path, name):
+    """results/STUDIES (read by every script that reads a parent folder) and rotinv_concentration.md (copied
+    into report.md) were opened with read_text: a FIFO of either name hung report.py (failed before)."""
+    from rpevit.analysis import common, report
+
+    fifo = tmp_path / name
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    t0 = time.monotonic()
+    with released_after(fifo, HANG_S):
+        with pytest.raises(SystemExit, match=f"^error: {re.escape(str(fifo))}: it is a named pipe") as caught:
+            common.listed_studies(tmp_path) if name == "STUDIES" else report.rotinv_section(tmp_path)
+    assert time.monotonic() - t0 < HANG_S and "allowed: " in str(caught.value) and "\n" not in str(caught.value)
+    os.unlink(fifo)
+    fifo.write_bytes(b"# \xff\n")  # not UTF-8: named too
+    undecodable = f"^error: {re.escape(str(fifo))} cannot be read \\('utf-8' codec can't decode"
+    with pytest.raises(SystemExit, match=undecodable):
+        common.listed_studies(tmp_path) if name == "STUDIES" else report.rotinv_section(tmp_path)
+
+
 @pytest.mark.parametrize("text, says", [
     ("[1, 2]", "holds a JSON list, not an object"),
     ('{"name": "s"}', "field 'trial_keys' has value 'None'"),

@@ -47,6 +47,7 @@ from rpevit.sweep.results import (SPACE_FILE, STR, TRIALS_FILE, DamagedResults, 
 
 ENVIRONMENT_COLUMNS = tuple(name for name, _ in results.ENVIRONMENT_COLUMNS)  # where a row was produced
 STUDIES_FILE = "STUDIES"  # in a parent RESULTS_DIR: the sweep folders to read, one per line
+MAX_TEXT_BYTES = 2**20  # a STUDIES list or a generated Markdown file read back: far above any real one
 VARIANT = ("dataset", "attention", "pe", "qk_norm", "redraw")  # what one row of a per-variant table is
 
 
@@ -153,17 +154,29 @@ def sweep_folders(results_dir: Path) -> list[Path]:
     return sorted(folder / TRIALS_FILE for folder in folders if store.holds_rows(folder))
 
 
+def read_text_file(path: Path, allowed: str) -> str | None:
+    """The text of a file under a results folder (None: nothing there), read as untrusted: a regular file only
+    (a FIFO of that name would block the script forever), at most MAX_TEXT_BYTES, UTF-8; otherwise SystemExit,
+    one line naming the file, what is wrong and `allowed`."""
+    try:
+        data = results.read_regular_bytes(path, MAX_TEXT_BYTES, allowed)
+        return None if data is None else data.decode("utf-8")
+    except config.ConfigError as err:  # names the file, what it is and what is allowed
+        raise SystemExit(f"error: {' '.join(str(err).split())}") from None
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        raise SystemExit(f"error: {path} cannot be read ({' '.join(str(err).split())[:200]}); allowed: "
+                         f"{allowed}") from None
+
+
 def listed_studies(results_dir: Path) -> list[str] | None:
     """The folder names results_dir/STUDIES lists (None: no such file). A line that is not one plain
     folder name stops the script with one line naming the file, the line and what is allowed."""
     path = Path(results_dir) / STUDIES_FILE
-    if not path.exists():
+    text = read_text_file(path, "a text file with one sweep folder name per line, or no file (then every folder "
+                                "is read)")
+    if text is None:
         return None
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, ValueError) as err:
-        raise SystemExit(f"error: {path} cannot be read ({' '.join(str(err).split())[:200]}); allowed: a text file "
-                         f"with one sweep folder name per line, or no file (then every folder is read)") from err
+    lines = text.splitlines()
     names = []
     for number, line in enumerate(lines, 1):
         name = line.split("#", 1)[0].strip()

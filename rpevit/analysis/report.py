@@ -26,11 +26,13 @@ from rpevit.analysis import efficiency, gap_closure, kernel_mse, rotation, strin
 from rpevit.analysis.confirmatory import exploratory_note
 from rpevit.analysis.common import (SPACE_FILE, cli, code_span, column, current_rows, environment_table, fmt,
                                     markdown_table, md_text, one_read_per_folder, read_epoch_times, read_sweep,
-                                    read_trials, space_keys, studies_note, trial_files, write_markdown)
+                                    read_text_file, read_trials, space_keys, studies_note, trial_files,
+                                    write_markdown)
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 
 ROTINV_FILE = "rotinv_concentration.md"
+ROTINV_ALLOWED = "the Markdown file analysis/rotinv_concentration.py wrote (a regular UTF-8 file)"
 THREAD_HOURS_NOTE = ("Thread-hours: per Tune trial, last finish − first start times its torch threads, over the "
                      "rows of the current space; a trial resumed after a stop or a budget ladder's pause counts "
                      "from its resume, plus the recorded training seconds (epochs.parquet) of each epoch trained "
@@ -115,7 +117,8 @@ def rotinv_section(results_dir: Path) -> str | None:
     parts = ["## Rotation-invariant RPE: concentration of the random mode", ""]
     for path in found:
         rel = path.parent.relative_to(results_dir)
-        text = re.sub(r"^(#+) ", r"#\1\1 ", inert_markdown(path.read_text()), flags=re.M).replace("#### ", "### ", 1)
+        text = inert_markdown(read_text_file(path, ROTINV_ALLOWED) or "")
+        text = re.sub(r"^(#+) ", r"#\1\1 ", text, flags=re.M).replace("#### ", "### ", 1)
         png = path.with_suffix(".png")
         parts += [f"_from {md_text(rel / ROTINV_FILE)}_", "", text.strip(), ""]
         if png.exists():  # a relative link whatever the folder is called (`javascript:x` is quoted to a path)
