@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -263,3 +264,33 @@ def test_ctrl_c_stops_the_sweep_says_so_and_exits_130(tmp_path):
     assert re.search(r"continue with: .*--resume", out)
     progress = [line for line in out.splitlines() if re.match(r"\[\d\d:\d\d:\d\d\] running", line)]
     assert "done 0" in progress[-1], progress[-1]  # 200 epochs: no trial finished, none counted as done
+
+
+def test_a_trials_pickled_error_is_never_unpickled_and_a_fifo_error_file_is_named(tmp_path):
+    """Without Tune's text error file the writer read `trial.get_pickled_error()` (cloudpickle.loads of a file
+    in the trial's folder: a file is untrusted, never unpickled; this test failed before, the pickle's
+    payload ran). Ray writes the text file whenever it writes the pickle, so the text is all there is to read."""
+    import pickle
+
+    from rpevit.sweep.writer import error_line, trial_traceback
+
+    ran = tmp_path / "payload-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (ran,))
+
+    pickled = tmp_path / "error.pkl"
+    pickled.write_bytes(pickle.dumps(Payload()))
+    trial = SimpleNamespace(trial_id="t0", error_file=str(tmp_path / "error.txt"),
+                            get_pickled_error=lambda: pickle.loads(pickled.read_bytes()))
+    assert error_line(trial_traceback(trial)) == "unknown error (no error file)" and not ran.exists()
+    os.mkfifo(tmp_path / "error.txt")
+    writer = threading.Timer(5.0, lambda: os.close(os.open(tmp_path / "error.txt", os.O_WRONLY | os.O_NONBLOCK)))
+    writer.start()  # a reader stuck opening the FIFO is let go after 5 s: the test fails instead of hanging
+    started = time.monotonic()
+    try:
+        assert "it is a named pipe" in trial_traceback(trial) and time.monotonic() - started < 5
+    finally:
+        writer.cancel()
+    assert not ran.exists()

@@ -24,7 +24,8 @@ from rpevit.config import TrialConfig, field_types
 from rpevit.sweep import store
 from rpevit.sweep.protocol import EPOCH, FAILED, OK, SUMMARY, VARIANT_FAILED, Report, members_of
 from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, TRIALS_LOST, ResultsWriteError, epochs_schema,
-                                  is_missing, remove_stale_temps, to_table, trial_folder, trials_schema)
+                                  is_missing, read_regular_bytes, remove_stale_temps, to_table, trial_folder,
+                                  trials_schema)
 
 EPOCH_FLUSH_S = 10.0  # epoch rows are batched; trial rows (and pending epochs) flush at once
 EPOCH_BITS = 1 << 16  # epochs 0 .. 65535 are counted in one int's bits per trial; others in a set
@@ -224,6 +225,7 @@ def _keys(keys: Any) -> pa.Array:
     return pa.array(list(keys), type=pa.string())
 
 
+MAX_ERROR_FILE_BYTES = 16 * 2**20  # Tune's error.txt of one trial: a traceback per failure, far below
 ERROR_CHARS = 2000  # a trial row's `error`: the whole message of the exception that ended it, as one line
 # the line that starts an exception's message in a traceback: `rpevit.data.DataError: ...`, `ValueError: ...`
 # (Ray's `ray.exceptions.RayTaskError(DataError): ray::ImplicitFunc.train() ...` too; continuation lines of a
@@ -251,8 +253,14 @@ def error_line(traceback: str) -> str:
 
 
 def _error_text(trial) -> str:
+    """Tune's text error file of a trial ("" where there is none: error_line then says so). Never its pickled
+    twin (error.pkl, `Trial.get_pickled_error`): a file is untrusted and is never unpickled, and Ray writes the
+    text file, with the same error, every time it writes the pickle (Trial.handle_error)."""
     path = getattr(trial, "error_file", None)
-    if path and Path(path).exists():
-        return Path(path).read_text(errors="replace")
-    error = trial.get_pickled_error() if hasattr(trial, "get_pickled_error") else None
-    return repr(error) if error is not None else ""
+    if not path:
+        return ""
+    try:  # a regular file only: a FIFO there would block the driver's callback
+        data = read_regular_bytes(Path(path), MAX_ERROR_FILE_BYTES, "the error file Tune writes")
+    except (OSError, ValueError) as err:  # ConfigError is a ValueError: the reason stands in for the text
+        return f"{type(err).__name__}: {err}"
+    return (data or b"").decode("utf-8", errors="replace")
