@@ -36,8 +36,8 @@ from rpevit.sweep.protocol import OK
 from rpevit.sweep import store
 from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, SPACE_FILE, STORED_KEY, TRIALS_FILE, DamagedResults,
                                   atomic_file, check_key_column, epochs_schema, is_missing, read_space_file,
-                                  space_key_scheme, to_table,
-                                  trial_folder, trials_schema, write_table_atomic, write_text_atomic)
+                                  space_key_scheme, to_table, trial_folder, trials_schema, write_table_atomic,
+                                  write_text_atomic)
 from rpevit.sweep.space import Space, seeded_keys, trial_key
 
 BACKUP_SUFFIX = ".before-resolved-keys"

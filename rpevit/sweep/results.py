@@ -751,7 +751,9 @@ def read_space_file(results_dir: str | os.PathLike) -> dict[str, Any] | None:
         if data is None:
             return None
         space = json.loads(data)
-    except (OSError, ValueError, RecursionError) as err:  # ConfigError (a FIFO, too large), JSON, UTF-8
+    except ConfigError:  # a FIFO, a device, too large: it names the file, what it is and SPACE_ALLOWED
+        raise
+    except (OSError, ValueError, RecursionError) as err:  # unreadable, not UTF-8, not JSON
         reason = " ".join(f"{type(err).__name__}: {err}".split())[:300]
         raise ConfigError(f"{path} cannot be read as a sweep's {SPACE_FILE} ({reason}); allowed: "
                           f"{SPACE_ALLOWED}") from None
