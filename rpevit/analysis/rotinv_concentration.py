@@ -25,12 +25,19 @@ from rpevit.pe.rotation_invariant import centred_coordinates, double_factorial_o
 
 
 def distinct_offsets(coords: torch.Tensor) -> torch.Tensor:
-    """t = |c_i - c_j|^2 of the distinct nonzero offsets up to sign (X depends on (w^T D)^2 only)."""
-    diff = (coords[:, None, :] - coords[None, :, :]).reshape(-1, 2)
-    diff = torch.where((diff[:, :1] < 0) | ((diff[:, :1] == 0) & (diff[:, 1:] < 0)), -diff, diff)
-    unique = torch.unique(torch.round(diff * 1e9) / 1e9, dim=0)
+    """t = |c_i - c_j|^2 of the distinct nonzero offsets up to sign (X depends on (w^T D)^2 only),
+    (2H-1)(2W-1) - 1 halved on an H x W grid. Offsets are compared as integer multiples of the grid
+    step, not as floats: coordinates built in float32 (the trial's dtype, `centred_coordinates`) make
+    equal offsets differ in their last bits, and comparing those counted 420 offsets on 8 x 8, not 112."""
+    diff = (coords[:, None, :] - coords[None, :, :]).reshape(-1, 2).double()
+    step = diff.abs()[diff.abs() > 0].min()
+    steps = torch.round(diff / step)
+    if (diff / step - steps).abs().max() > 1e-3:
+        raise ValueError("coordinates are not on a grid: their offsets are not multiples of the smallest one")
+    steps = torch.where((steps[:, :1] < 0) | ((steps[:, :1] == 0) & (steps[:, 1:] < 0)), -steps, steps)
+    unique = torch.unique(steps, dim=0)
     unique = unique[(unique != 0).any(-1)]
-    return (unique**2).sum(-1)
+    return ((unique * step) ** 2).sum(-1)
 
 
 def per_draw_variance(t: torch.Tensor, a: list[float]) -> torch.Tensor:
