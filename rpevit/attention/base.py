@@ -127,7 +127,7 @@ def written_out_softmax_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor 
     For the fused groups, where SDPA under vmap goes wrong on CUDA (see `exact_softmax_attention` and
     `RelativeBias.softmax_attention`). Their N is small (49-64 tokens), where the (N, N) scores cost
     little; the logits and the softmax run in float32 at least (SDPA's kernels accumulate there too).
-    Equal to SDPA in float64 (tests/test_pe_relative_bias.py, tests/test_attention.py).
+    Equal to SDPA in float64 (tests/test_pe_relative_bias.py).
     """
     work = torch.promote_types(q.dtype, torch.float32)
     scores = (q @ k.transpose(-1, -2)).to(work) * q.shape[-1] ** -0.5
