@@ -63,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoints. Same rows; every ladder's shorter budgets are answered first")
     p.add_argument("--max-trials", type=int, default=DEFAULT_MAX_TRIALS,
                    help=f"refuse spaces that expand to more trials (default {DEFAULT_MAX_TRIALS:,})")
-    p.add_argument("--address", default=None, help="join a Ray cluster: auto | host:port (or set RAY_ADDRESS)")
+    p.add_argument("--address", default=None,
+                   help="join a Ray cluster: auto | host:port | ray://host:port for Ray Client (or set RAY_ADDRESS)")
     p.add_argument("--gpus-per-trial", type=float, default=None, help="fractions share a GPU (0.25: 4 per GPU)")
     p.add_argument("--cpus-per-trial", type=float, default=None)
     p.add_argument("--max-concurrent", type=int, default=None, help="0 = as many as the resources fit")
