@@ -1,4 +1,4 @@
-"""rpevit/analysis/efficiency.py: the Pareto front, cost tables from train and bench rows, cost ratios
+"""rpevit/analysis/efficiency/: the Pareto front, cost tables from train and bench rows, cost ratios
 and the accuracy-vs-cost figure."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""rpevit/analysis/gap_closure.py on rows written by the real Parquet writer: G, Holm verdicts, the
+"""rpevit/analysis/gap_closure/ on rows written by the real Parquet writer: G, Holm verdicts, the
 draw-aware tables and the gap-closure figure."""
 from __future__ import annotations
 
