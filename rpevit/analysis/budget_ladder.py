@@ -7,9 +7,10 @@ Reads the `train` rows of one study whose trials differ in `epochs` (a space wit
 e.g. search_spaces/cifar10_ladder_cpu.yaml). Every figure carries its budget as "N epochs (M images)":
 a ladder's rungs are fixed budgets, none of them "final". Per variant and budget: the judged accuracy
 (mean over fresh draws for random-feature models) as mean [95% t interval] (n seeds). Between every two
-budgets: Kendall's tau of the variants' rankings by mean accuracy, beside the tau of each seed's own
-ranking at the two budgets (paired by seed: a seed's rungs share its trunk) and a t interval over those
-per-seed taus; the highest mean at each budget names the variants it is not resolved from (Welch).
+budgets: Kendall's tau of each seed's own ranking at the two budgets (paired by seed: a seed's rungs share
+its trunk), their mean with its t interval (n seeds), and, labelled apart, the tau of the rankings of the
+mean accuracies (no interval); the highest mean at each budget names the variants it is not resolved from
+(Welch, Holm over its k - 1 differences to the others: the top is picked from the data).
 Whether that pairing holds is checked from the epoch rows (shared_epochs): a seed's shorter rung and every
 longer rung of it record the same epochs before the shorter rung's cool-down where they are one run up to
 there (a branched trunk, or a rerun that reproduced it exactly), and any pair that does not is named.
@@ -83,48 +84,96 @@ def seed_taus(rows: pd.DataFrame, first: int, second: int) -> dict[int, float]:
     return out
 
 
-def tau_interval(table: pd.DataFrame, first: int, second: int,
-                 rows: pd.DataFrame | None = None) -> tuple[float, float, float, int]:
-    """(tau of the mean rankings at two budgets, low, high, variants compared). The interval is the
-    one-sample t interval of the per-seed taus (seed_taus; clipped to [-1, 1], the range of a tau), NaN
-    without 2+ seeds or without `rows`. Not a bootstrap of the means: perturbing every mean independently
-    shrinks tau (its draws sat below the point value) and ignores that a seed's rungs share a trunk."""
+@dataclass(frozen=True)
+class LadderTau:
+    """How alike the variants' rankings are at two budgets. `per_seed`: the mean of the per-seed taus
+    (seed_taus) with its one-sample t interval at LEVEL, clipped to [-1, 1] (the range of a tau), n = the
+    seeds; the figure that carries an interval. `of_means`: Kendall's tau between the rankings of the
+    variants' mean accuracies, a different quantity (a ranking of means is steadier than any one seed's), shown
+    beside it without an interval. `variants`: the variants at both budgets."""
+
+    per_seed: stats.Interval
+    of_means: float
+    variants: int
+
+
+def tau_interval(table: pd.DataFrame, first: int, second: int, rows: pd.DataFrame | None = None) -> LadderTau:
+    """LadderTau of two budgets: NaN of_means below 3 variants at both, no per-seed figure without `rows`
+    (n=0), no interval below 2 per-seed taus. The interval is the t interval of the per-seed taus, not a
+    bootstrap of the means: perturbing every mean independently shrinks tau (its draws sat below the point
+    value) and ignores that a seed's rungs share a trunk."""
     a = table[table["epochs"] == first].set_index("variant")
     b = table[table["epochs"] == second].set_index("variant")
     common = sorted(set(a.index) & set(b.index))
     if len(common) < 3:
-        return math.nan, math.nan, math.nan, len(common)
-    tau = kendall_tau(a.loc[common, "mean"].to_numpy(), b.loc[common, "mean"].to_numpy())
-    if rows is None:
-        return tau, math.nan, math.nan, len(common)
-    iv = stats.mean_interval(list(seed_taus(rows, first, second).values()), LEVEL)
-    if not iv.bounded:
-        return tau, math.nan, math.nan, len(common)
-    return tau, max(-1.0, iv.lo), min(1.0, iv.hi), len(common)
+        return LadderTau(stats.Interval(math.nan, n=(0,)), math.nan, len(common))
+    of_means = kendall_tau(a.loc[common, "mean"].to_numpy(), b.loc[common, "mean"].to_numpy())
+    per_seed = stats.mean_interval(list(seed_taus(rows, first, second).values()) if rows is not None else [], LEVEL)
+    if per_seed.bounded:
+        per_seed = dataclasses.replace(per_seed, lo=max(-1.0, per_seed.lo), hi=min(1.0, per_seed.hi))
+    return LadderTau(per_seed, of_means, len(common))
 
 
-def taus(table: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[tuple[int, int, float, float, float, int]]:
-    """(first, second, tau, low, high, variants) for every two budgets, shorter first."""
+def taus(table: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[tuple[int, int, LadderTau]]:
+    """(first, second, LadderTau) for every two budgets, shorter first."""
     budgets = sorted(table["epochs"].unique())
-    return [(first, second, *tau_interval(table, first, second, rows))
+    return [(first, second, tau_interval(table, first, second, rows))
             for first, second in itertools.combinations(budgets, 2)]
 
 
-def tied_with_top(rows: pd.DataFrame, group: pd.DataFrame) -> tuple[pd.Series, list[str]]:
-    """The variant with the highest mean at one budget, and the variants whose difference from it is not
-    resolved (Welch, 95%, exploratory): 'highest' alone would call a tie within seed noise a winner."""
+def per_seed_text(tau: LadderTau) -> str:
+    """'0.876 [0.864, 0.888] (n=3 seeds)': the mean of the per-seed taus, its interval and its seeds."""
+    iv = tau.per_seed
+    seeds = f"n={iv.n[0]} seed{'' if iv.n[0] == 1 else 's'}"
+    if not math.isfinite(iv.point):
+        return "no per-seed tau (no seed has 3 variants at both budgets)"
+    if not iv.bounded:
+        return f"{fmt(iv.point, 3)} (no interval, {seeds})"
+    return f"{fmt(iv.point, 3)} [{fmt(iv.lo, 3)}, {fmt(iv.hi, 3)}] ({seeds})"
+
+
+@dataclass(frozen=True)
+class Tie:
+    """A variant not resolved from the highest mean at its budget: its difference to the top (top minus it,
+    points) at 95% (`nominal`) and at its Holm level (`holm`), Holm over the differences of the k - 1 others to
+    the top that have an interval."""
+
+    variant: str
+    nominal: stats.Interval
+    holm: stats.Interval
+
+    def text(self) -> str:
+        holm = f", Holm [{fmt(self.holm.lo, 3)}, {fmt(self.holm.hi, 3)}]" if self.holm.bounded else ""
+        return f"{self.variant} ({fmt(self.nominal.point, 3)} points behind, {self.nominal.text()}{holm})"
+
+
+def tied_with_top(rows: pd.DataFrame, group: pd.DataFrame) -> tuple[pd.Series, list[Tie], int]:
+    """The variant with the highest mean at one budget, the variants whose difference from it is not resolved,
+    and how many differences were judged (those with an interval). The top is picked from the data, so its k - 1
+    differences to the others are one Holm family (Welch, each at its Holm level; exploratory), and every
+    variant whose Holm interval includes 0, or that has no interval, is listed: 'highest' alone would call a
+    tie within seed noise a winner, and a plain 95% interval per difference would ignore that the top was
+    chosen as the largest of k means."""
     top = group.loc[group["mean"].idxmax()]
     epochs = int(top["epochs"])
     at = rows[rows["epochs"] == epochs]
     best = stats.finite(at.loc[at["variant"] == top["variant"], "acc"])
-    ties = []
-    for variant in sorted(group["variant"]):
-        if variant == top["variant"]:
-            continue
-        diff = stats.welch(best, stats.finite(at.loc[at["variant"] == variant, "acc"]))
-        if diff.bounded and not diff.excludes(0.0):
-            ties.append(f"{variant} ({fmt(diff.point, 3)} points behind, {diff.text()})")
-    return top, ties
+    others = {variant: stats.finite(at.loc[at["variant"] == variant, "acc"])
+              for variant in sorted(group["variant"]) if variant != top["variant"]}
+    judged = stats.judge_family({v: (lambda level, acc=acc: stats.welch(best, acc, level))
+                                 for v, acc in others.items()})
+    ties = [Tie(v, j.nominal, j.interval) for v, j in judged.items()
+            if not (j.interval.bounded and j.interval.excludes(0.0))]
+    return top, ties, sum(j.nominal.bounded for j in judged.values())
+
+
+def ties_text(ties: list[Tie], judged: int) -> str:
+    """', not resolved from A (...), B (...) (Holm over its 11 differences to the others)', or that it is
+    resolved from each of the others; '' where nothing was judged and nothing is tied."""
+    family = f"Holm over its {judged} difference{'' if judged == 1 else 's'} to the others"
+    if ties:
+        return f", not resolved from {', '.join(t.text() for t in ties)} ({family})"
+    return f", resolved from each of the other {judged} ({family})" if judged else ""
 
 
 def variants_text(k: int) -> str:
@@ -132,28 +181,35 @@ def variants_text(k: int) -> str:
 
 
 def summary(results_dir: Path) -> str | None:
-    """The ladder in one sentence for the answers (rpevit/analysis/answers.py): Kendall's tau between every
-    two budgets with its interval, and the highest mean at each budget with its n; None where the rows hold
-    one budget only. Exploratory, as everything in this module."""
+    """The ladder in one sentence for the answers (rpevit/analysis/answers.py): between every two budgets the
+    mean of the per-seed taus with its interval and n seeds, and beside it, labelled, the tau of the rankings of
+    the means; the highest mean at each budget with its n and the variants it is not resolved from (Holm over
+    its k - 1 differences to the others); None where the rows hold one budget only. Exploratory, as everything
+    in this module."""
     rows = ladder_rows(read_trials(results_dir, ["train"]).frame)
     if rows.empty:
         return None
     table = per_budget(rows)
     between = []
-    for first, second, tau, lo, hi, k in taus(table, rows):
-        if not math.isfinite(tau):
-            between.append(f"{first} → {second} epochs not defined ({variants_text(k)} at both, 3 needed)")
+    for first, second, tau in taus(table, rows):
+        if not math.isfinite(tau.of_means):
+            between.append(f"{first} → {second} epochs not defined ({variants_text(tau.variants)} at both, "
+                           f"3 needed)")
             continue
-        interval = f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo) else "no interval"
-        between.append(f"{first} → {second} epochs {fmt(tau, 3)} {interval} ({variants_text(k)})")
+        between.append(f"{first} → {second} epochs {per_seed_text(tau)}, the rankings of the means: tau "
+                       f"{fmt(tau.of_means, 3)} ({variants_text(tau.variants)})")
     best = []
     for epochs, g in table.groupby("epochs"):
-        top, ties = tied_with_top(rows, g)
+        top, ties, judged = tied_with_top(rows, g)
         best.append(f"{budget_label(int(epochs), float(top['images']))}: {top['variant']} "
                     f"{top['interval'].text()} of {variants_text(len(g))}"
-                    + (f", not resolved from {', '.join(ties)}" if ties else ""))
-    return (f"Kendall's tau of the variants' mean rankings (interval: the per-seed taus', paired by seed) "
-            f"{'; '.join(between)}; the highest mean at each fixed budget, %: {'; '.join(best)}")
+                    + ties_text(ties, judged))
+    return (f"Kendall's tau between the variants' rankings at two budgets, as the mean of the per-seed taus "
+            f"(each seed's own ranking at both, paired by seed) [95% t interval] (n seeds), and beside it the tau "
+            f"of the rankings of the variants' mean accuracies: {'; '.join(between)}; the highest mean at each "
+            f"fixed budget, %, and the variants it is not resolved from (exploratory: the highest is picked from "
+            f"the data, so its differences to the others are judged by Holm over those k - 1 comparisons): "
+            f"{'; '.join(best)}")
 
 
 SHARED_MEASURES = ("train_loss", "val_loss", "val_acc")  # what an epoch row records of the run itself
@@ -286,24 +342,27 @@ def build(results_dir: Path) -> str | None:
         by = g.set_index("epochs")
         acc_rows.append([variant, *(by.loc[e, "interval"].text() if e in by.index else "—" for e in budgets)])
     acc_rows.sort(key=lambda r: r[0])
-    tau_rows = [[f"{first} → {second} epochs", fmt(tau, 3), ", ".join(f"{seed}: {fmt(t, 3)}" for seed, t in
-                                                                        seed_taus(rows, first, second).items()) or "—",
-                 f"[{fmt(lo, 3)}, {fmt(hi, 3)}]" if math.isfinite(lo) else "—", k]
-                for first, second, tau, lo, hi, k in taus(table, rows)]
+    tau_rows = [[f"{first} → {second} epochs",
+                 per_seed_text(tau) if math.isfinite(tau.of_means) else "—",
+                 ", ".join(f"{seed}: {fmt(t, 3)}" for seed, t in seed_taus(rows, first, second).items()) or "—",
+                 fmt(tau.of_means, 3), tau.variants]
+                for first, second, tau in taus(table, rows)]
     ns = sorted(set(table["n"]))
     lines = [trials.note(), "",
              "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Device: " + devices + ".",
              "", "### Judged test accuracy at each fixed budget, % (mean [95% t interval] (n seeds))", "",
              markdown_table(["variant", *(budget_label(e, images[e]) for e in budgets)], acc_rows), "",
              "### How stable the ranking of the variants is across budgets", "",
-             markdown_table(["budgets", "Kendall's tau of the mean rankings", "tau of each seed's own ranking",
-                             "95% t interval of the per-seed taus", "variants"], tau_rows), "",
+             markdown_table(["budgets", "per-seed tau: mean [95% t interval] (n seeds)",
+                             "tau of each seed's own ranking", "tau of the rankings of the means (no interval)",
+                             "variants"], tau_rows), "",
              f"Tau: 1 = the same order at both budgets, 0 = unrelated, -1 = reversed. The interval is over seeds "
              f"(n = {', '.join(map(str, ns))} per cell): each seed's own ranking at the two budgets, paired because a "
              f"seed's rungs share its initialisation and data order (and, where the study branches its rungs, its "
-             f"longest run: the shorter ones resume it at their cool-down start); a t interval over those "
-             f"per-seed taus, clipped to [-1, 1]. A per-seed tau ranks single-seed accuracies, so it is noisier than "
-             f"the tau of the means beside it.", "",
+             f"longest run: the shorter ones resume it at their cool-down start); the mean of those per-seed taus "
+             f"with its t interval, clipped to [-1, 1]. A per-seed tau ranks single-seed accuracies, so it is "
+             f"noisier than the tau of the rankings of the means beside it, which is another quantity (not the "
+             f"point of that interval, and it may lie outside it).", "",
              "### Are a seed's rungs one run up to their cool-down?", "",
              shared_epochs_text(shared_epochs(rows, trial_epoch_curves(results_dir))), "",
              "![accuracy against budget](budget_ladder.png)", ""]
@@ -315,5 +374,5 @@ def main() -> None:
                 "train trials at two or more budgets (epochs)")
 
 
-__all__ = ["SharedEpochs", "build", "kendall_tau", "ladder_rows", "main", "per_budget", "shared_epochs",
-           "shared_epochs_text", "tau_interval", "trial_epoch_curves"]
+__all__ = ["LadderTau", "SharedEpochs", "Tie", "build", "kendall_tau", "ladder_rows", "main", "per_budget",
+           "shared_epochs", "shared_epochs_text", "tau_interval", "tied_with_top", "trial_epoch_curves"]
