@@ -120,3 +120,25 @@ def test_the_committed_readme_is_a_figure_a_short_table_and_a_link():
     assert 1 <= len(table_rows) <= 12
     assert f"](results/{headline.FIGURE})" in section and "](results/ANSWERS.md)" in section
     assert (ROOT / "results" / headline.FIGURE).is_file()
+
+
+def test_a_verdict_that_differs_at_a_shorter_rung_is_said_under_the_table(tmp_path):
+    """The table shows the longest complete rung; a reviewer read it as the answer at every budget. Where a
+    shorter rung's verdict differs, one generated sentence says so with that rung's figure (none where all agree),
+    and the number of fresh draws is the rows' own eval_draws, not a typed 8."""
+    same = headline.headline(study(tmp_path / "a", "cifar10_ladder_cpu", rows()))
+    assert headline.budget_note(same) == ""
+    wider = [{**r, "test_acc_draw_mean": r["test_acc_draw_mean"] - 0.05, "eval_draws": 5}
+             if (r["attention"], r["pe"], r["epochs"]) == ("favor", "ape", 10) else {**r, "eval_draws": 5}
+             for r in rows()]
+    h = headline.headline(study(tmp_path / "b", "cifar10_ladder_cpu", wider))
+    note = headline.budget_note(h)
+    shorter = {r.backend: r for r in h.rungs["favor"] if r.epochs == 10}["favor"]
+    longest = h.longest_complete("favor")
+    differ = [(pe, o) for pe, o, last in zip(headline.RPES, shorter.primary, longest.primary)
+              if headline._verdict(o, h.n, False) != headline._verdict(last, h.n, False)]
+    assert differ and note.startswith("The verdict depends on the budget")
+    for pe, o in differ:
+        assert f"FAVOR+ {pe} at 10 epochs {o.holm.text()}: {headline._verdict(o, h.n, False)}" in note
+    lines = headline.readme_lines(h, "x.png")
+    assert lines[-1] == note and "the mean over 5 fresh draws" in lines[0]

@@ -1,12 +1,15 @@
 """rpevit/analysis/string_study.py: STRING variants ranked against rope, their costs and the f sweep."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
 from scipy import stats as sps
 
 from rpevit.analysis import common, efficiency, report, string_study
+from rpevit.analysis.stats import mean_interval, welch
 from tests.analysis_rows import assert_readable_and_inside, config_row, write_sweep
 
 
@@ -93,3 +96,44 @@ def test_string_f_plot_draws_no_interval_from_one_seed(tmp_path, figures):
     three = one.assign(values=[np.array([0.9, 0.91, 0.92]), np.array([0.9, 0.92, 0.91])])
     string_study.plot_f({"mnist": three}, tmp_path / "f.png")
     assert "95% t interval" in figures[-1]._suptitle.get_text() and "n = 3 seeds" in figures[-1].axes[0].get_title()
+
+
+def solver_rows(dense: list[float], sparse: list[float], sparse_seeds: list[int] | None = None) -> pd.DataFrame:
+    """Train rows (already one per seed) of rope and sparse-S Cayley at f = 0.1 with the dense and the sparse solver."""
+    out = []
+    for pe, solver, accs, seeds in (("rope", "auto", [0.90, 0.91, 0.92], [0, 1, 2]),
+                                    (string_study.SPARSE, "auto", dense, [0, 1, 2]),
+                                    (string_study.SPARSE, "sparse", sparse, sparse_seeds or [0, 1, 2])):
+        out += [{"dataset": "cifar10", "variant": f"{pe} {solver}", "pe": pe, "seed": seed, "test_acc": acc,
+                 "string_sparsity": 0.1, "cayley_solver": solver, "train x rope": math.nan, "infer x rope": math.nan}
+                for seed, acc in zip(seeds, accs)]
+    return pd.DataFrame(out)
+
+
+def solver_sentence(rows: pd.DataFrame) -> str:
+    text = string_study.verdict("CIFAR-10", string_study.variant_table(rows), string_study.f_table(rows))
+    return text[text.index("The sparse solver"):]
+
+
+def test_the_solver_check_pairs_by_seed_and_says_identical_runs_in_words():
+    """The sparse and the dense solve compute the same P, and a seed run by both is one paired observation:
+    identical runs (cifar10_cpu: 60.24, 59.69, 60.41 with both) are said to be identical seed for seed, not
+    given a Welch interval of +-0.85 points around an exact 0; runs that differ get the one-sample t interval
+    of their per-seed differences (n = shared seeds); Welch only where no seed is shared."""
+    same = [0.6024, 0.5969, 0.6041]
+    text = solver_sentence(solver_rows(same, same))
+    assert "(identical seed for seed: difference 0 in each of the 3 seeds)." in text
+    assert "[" not in text.split("with the dense solve")[1] and "n=3,3" not in text
+    # seeds that differ by a constant 0.1 point but spread 0.6 points across seeds: paired, the seed spread cancels
+    moved = [a + 0.001 * (1 + 0.1 * i) for i, a in enumerate(same)]
+    text = solver_sentence(solver_rows(same, moved))
+    paired = mean_interval(np.array(moved) - np.array(same))
+    assert f"(difference, points, paired by seed: {paired.text(scale=100)}: one check, 95%)." in text
+    assert "(n=3)" in text and "n=3,3" not in text and paired.excludes(0.0)
+    # one seed run by one solver only: paired over the two shared, the other named as left out
+    text = solver_sentence(solver_rows(same, moved[:2] + [0.7], sparse_seeds=[0, 1, 5]))
+    pair = mean_interval(np.array(moved[:2]) - np.array(same[:2]))
+    assert f"paired by seed: {pair.text(scale=100)}: one check, 95%; 2 seeds run by one solver only left out)" in text
+    # no seed shared: the two are independent samples, Welch
+    text = solver_sentence(solver_rows(same, moved, sparse_seeds=[3, 4, 5]))
+    assert f"Welch (the two solvers share no seed): {welch(moved, same).text(scale=100)}: one check, 95%" in text

@@ -3,7 +3,7 @@ mean validation accuracy is chosen (draw mean for random-feature rows), its test
 a change of choice is claimed only when the Holm-corrected Welch interval excludes 0."""
 from __future__ import annotations
 
-from rpevit.analysis import validation_choice
+from rpevit.analysis import stats, validation_choice
 from tests.analysis_rows import config_row, write_sweep
 
 # (attention, luo_scale) -> per-seed validation accuracy; favor is judged on its validation draw mean
@@ -228,3 +228,69 @@ def test_an_earlier_choice_that_failed_on_every_seed_is_said_so_not_called_unres
                     "value tried, so not bracketed" \
         and "not resolved" not in short
     assert answers.possessive("digits") == "digits'" and answers.possessive("mnist") == "mnist's"
+
+
+def paired_rows(chosen_seeds=(0, 1, 2)) -> list[dict]:
+    """Two cells, two recipes, a large seed effect (0.80 / 0.86 / 0.92) shared by both recipes and a small,
+    steady gain of the new recipe on every seed: paired by seed the gain is plain, unpaired the seed spread
+    hides it. The chosen recipe's rows come in the reverse seed order in one cell (pairing is by seed id,
+    not by row position)."""
+    base = {0: 0.80, 1: 0.86, 2: 0.92, 3: 0.80, 4: 0.86, 5: 0.92}
+    gain = {("softmax", "rope"): (0.010, 0.012, 0.011), ("favor", "ape"): (0.006, 0.005, 0.007)}
+    out = []
+    for (attention, pe), steps in gain.items():
+        for init, seeds in (("trunc_normal", (0, 1, 2)), ("torch_default", chosen_seeds)):
+            order = seeds[::-1] if attention == "favor" and init == "torch_default" else seeds
+            for seed in order:
+                val = base[seed] + (steps[seed % 3] if init == "torch_default" else 0.0)
+                out.append({**config_row(attention=attention, pe=pe, lr=2e-3, init=init, grad_clip=1.0, seed=seed,
+                                         dataset="mnist", redraw_interval=10 if attention == "favor" else 0),
+                            "test_acc": 0.5, "test_acc_draw_mean": 0.5, "final_val_acc": val, "val_acc_draw_mean": val})
+    return out
+
+
+def joint_verdict(text: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith("Validation chooses"))
+
+
+def test_the_joint_margin_is_paired_by_seed_and_exploratory(tmp_path):
+    """The joint choice and the earlier one ran the same seeds in every cell: its margin is the one-sample t
+    interval of the per-seed differences of the cell means (n = seeds), not Welch; and since the chosen one is
+    the best of the candidates tried (a selection), it is exploratory: "excludes 0", never "resolved"."""
+    verdict = joint_verdict(validation_choice.build(write_sweep(tmp_path / "recipe", "recipe", paired_rows())))
+    diffs = [(0.010 + 0.006) / 2, (0.012 + 0.005) / 2, (0.011 + 0.007) / 2]  # per seed, mean over the two cells
+    paired = stats.mean_interval(diffs)
+    assert paired.excludes(0.0) and not stats.welch([0.8 + d for d in diffs], [0.8, 0.86, 0.92]).excludes(0.0)
+    assert (f"its margin on validation (mean over cells) is {paired.text(100, 3)} points (paired by seed; exploratory: "
+            f"0.002, torch_default, 1 was picked as the best of 2 candidates): its 95% interval excludes 0.") in verdict
+    assert "(n=3)" in verdict and "n=3,3" not in verdict and "resolved" not in verdict
+
+
+def test_the_joint_margin_falls_back_to_welch_where_the_seeds_differ_and_says_why(tmp_path):
+    verdict = joint_verdict(validation_choice.build(write_sweep(tmp_path / "recipe", "recipe",
+                                                                paired_rows(chosen_seeds=(3, 4, 5)))))
+    diffs = [(0.010 + 0.006) / 2, (0.012 + 0.005) / 2, (0.011 + 0.007) / 2]
+    welch = stats.welch([b + d for b, d in zip([0.80, 0.86, 0.92], diffs)], [0.80, 0.86, 0.92])
+    assert (f"is {welch.text(100, 3)} points (Welch, unpaired: the two ran different seeds: 3, 4, 5 and 0, 1, 2; "
+            f"exploratory: 0.002, torch_default, 1 was picked as the best of 2 candidates): its 95% interval does not "
+            f"exclude 0.") in verdict
+
+
+def test_the_joint_choice_is_called_the_setting_used_only_where_a_published_study_ran_it(tmp_path):
+    """ANSWERS.md labelled every joint choice "(the setting used)", digits' too, beside "no published study ran
+    digits with it": the label now says which, from the rows (the dataset's default, the validation study itself
+    not counted), and "the setting used" once a study ran it on the dataset."""
+    from rpevit.analysis import answers
+
+    folder = write_sweep(tmp_path / "recipe_val_mnist", "recipe_val_mnist", recipe_rows())
+    joint = answers.validation_lines(folder)[-1]
+    assert joint.startswith("every variant alike (mnist's default, which no published study has run): 0.002, "
+                            "torch_default, 1 for every variant") and "the setting used" not in joint
+    study = {**config_row(attention="softmax", pe="ape", dataset="mnist", seed=0), "test_acc": 0.9,
+             "final_val_acc": 0.9, "val_acc_draw_mean": float("nan"), "test_acc_draw_mean": float("nan")}
+    write_sweep(tmp_path / "other", "other", [{**study, "lr": 2e-3, "init": "trunc_normal", "grad_clip": 1.0},
+                                              {**study, "dataset": "cifar10", "lr": 2e-3, "init": "torch_default"}])
+    assert "the setting used" not in answers.validation_lines(folder)[-1]  # the earlier recipe, or another dataset
+    write_sweep(tmp_path / "study", "study", [{**study, "lr": 2e-3, "init": "torch_default", "grad_clip": 1.0}])
+    assert answers.validation_lines(folder, short=True)[-1].startswith("every variant alike (the setting used): 0.002, "
+                                                                        "torch_default, 1")

@@ -56,25 +56,22 @@ from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure
 from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
-                                    with_variant)
+                                    redraw_labels, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
 from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
-from rpevit.config import FIRST_DEFAULTS, TrialConfig, recorded_values
+from rpevit.config import FIRST_DEFAULTS, ConfigError, TrialConfig, recorded_values
 from rpevit.sweep.declaration import DECLARATION_FILE, DeclarationError
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE
+from rpevit.sweep.space import load_space
 
 COMMAND = "python analysis/answers.py results"
 ANSWERS_FILE = "ANSWERS.md"
 # What happened to a study after its rows were first read, which its rows cannot show: seeds added after a look.
 ADDED_AFTER_A_LOOK = {"mnist_converged_cpu": (3, 4)}
-STUDY_NOTES = {
-    "mnist_converged_cpu": "seeds 3 and 4 of its 12 headline cells were added after the 3-seed result had been read "
-                           "(a second look, with no sequential correction), and its Holm families (one per "
-                           "configuration and accuracy) were defined after the data were seen",
-}
+
 ROTATION_STUDY, ROTATION_BENCH = "rotation_mnist_cpu", "bench_rotation_mnist_cpu"
 TOKEN_SCALING = "token_scaling_cpu"
 GPU_FOLDER, GPU_SWEEP, GPU_BENCH, GPU_PACKING = "gpu_h100", "all12_cifar10_gpu_4ep", "bench_cifar10_gpu", "packing"
@@ -143,8 +140,23 @@ def exploratory(folders: Iterable[str], results_dir: Path) -> str:
     if redeclared:
         parts.append(f"{', '.join(f'`{f}`' for f in redeclared)} {'was' if len(redeclared) == 1 else 'were'} "
                      f"redeclared (`sweep.py --redeclare`; when and what changed: \"Declared comparisons\")")
-    parts += [f"in `{f}`, {STUDY_NOTES[f]}" for f in folders if f in STUDY_NOTES]
+    parts += [f"in `{f}`, {note}" for f in folders if (note := study_note(results_dir, f))]
     return f"_Exploratory: {'; '.join(parts)}._"
+
+
+def study_note(results_dir: Path, sweep: str) -> str | None:
+    """What a reader must know of a study that looked at its data before it had all its seeds (ADDED_AFTER_A_LOOK):
+    which seeds of how many cells came after the look, counted from its rows; None for any other study."""
+    seeds = ADDED_AFTER_A_LOOK.get(sweep)
+    if seeds is None:
+        return None
+    frame = with_variant(read_trials(Path(results_dir) / sweep, ["train"]).frame)
+    added = frame[frame["seed"].isin(seeds)] if not frame.empty else frame
+    cells = len(added[["attention", "pe", "qk_norm", "redraw"]].drop_duplicates()) if not added.empty else 0
+    return (f"seeds {' and '.join(str(s) for s in seeds)} were added to {cells} of its cells after the "
+            f"{len(set(frame['seed']) - set(seeds)) if not frame.empty else 0}-seed result had been read (a second "
+            f"look, with no sequential correction), and its Holm families (one per configuration and accuracy) were "
+            f"defined after the data were seen")
 
 
 # ---------------------------------------------------------------- the studies, read once
@@ -307,8 +319,25 @@ def configuration_lines(sources: Sources, config: Config) -> list[str]:
                  + (" " + " ".join(f"{s}." for s in shown) if shown else "")
                  + (f" No other encoding's effect on {backend}+ape excludes 0 there ({rest} not resolved)."
                     if rest and shown else f" No encoding's effect on {backend}+ape excludes 0 there."
-                    if rest else ""))
+                    if rest else "")
+                 + same_gaps_text(train, backend))
     return lines
+
+
+def same_gaps_text(assessed: Assessment, backend: str) -> str:
+    """The same-encoding gaps of one accuracy that `configuration_lines` shows no other way (those of encodings
+    whose effect is not resolved), each judged in the configuration's Holm family: a resolved one with its
+    figures, the rest by name; a reviewer found resolved training-draw gaps left unsaid."""
+    unshown = [(pe, c) for pe, c in assessed.closures.items() if c.same_holm is not None
+               and not (c.G_holm is not None and c.G_holm.resolved)]
+    if not unshown:
+        return ""
+    resolved = [f"softmax+{pe} − {backend}+{pe} {claim(c.same_holm)} "
+                f"({c.same_holm.word(f'softmax+{pe} ahead', f'{backend}+{pe} ahead')})"
+                for pe, c in unshown if c.same_holm.resolved]
+    rest = [pe for pe, c in unshown if not c.same_holm.resolved]
+    parts = resolved + ([f"not resolved: {', '.join(rest)}"] if rest else [])
+    return f" Same-encoding gaps there: {'; '.join(parts)}."
 
 
 def accuracy_of(sources: Sources, dataset: str, attention: str, pe: str) -> np.ndarray:
@@ -592,8 +621,35 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
             text += f" ({'; '.join(failed)})"
         lines.append(text)
     joint = validation_choice.joint_choice(knob, records) if knob in validation_choice.JOINT else None
-    if joint is not None:  # the choice the studies use: one setting for every variant alike
-        lines.append("every variant alike (the setting used): "
+    if joint is not None:  # one setting for every variant alike: the dataset's default unless superseded
+        # whether a published study (results/STUDIES, the declared ones: as ran_with reads them; no validation
+        # study) ran the joint choice on the dataset, so that "the setting used" is said only where one did
+        results_dir, datasets = folder.parent, {str(r["cell"][0]) for r in records}
+        studies = [read_trials(results_dir, ["train"]).without_rotation_study().frame,
+                   *(read_trials(f, ["train"]).frame for f in confirmatory_studies(results_dir))]
+        skip = {folder.name, *(f.name for f in validation_folders(results_dir))}
+
+        def same(v, c) -> bool:  # a knob value as stored against the chosen one (numbers: to rounding)
+            try:
+                return math.isclose(float(v), float(c))
+            except (TypeError, ValueError):
+                return str(v) == str(c)
+
+        ran = False
+        for frame in studies:
+            if frame.empty or "dataset" not in frame.columns:
+                continue
+            frame = frame[frame["dataset"].astype(str).isin(datasets)
+                          & ~column(frame, "sweep", "").astype(str).isin(skip)]
+            rows, _ = with_defaults_for_unrecorded(knob_rows(frame, knob), knob)
+            ran = ran or any(all(same(v, c) for v, c in zip(value, joint["chosen"]))
+                             for value in rows[list(knob)].drop_duplicates().itertuples(index=False, name=None))
+        later = superseded_by(results_dir, folder)
+        dataset = possessive("/".join(sorted(datasets)))
+        used = ("the setting used" if ran and not later else "a setting published studies ran, since superseded"
+                if ran else f"{dataset} default, which no published study has run" if not later
+                else "superseded before any published study ran it")
+        lines.append(f"every variant alike ({used}): "
                      + validation_choice.joint_sentence(knob, joint, label).removeprefix("Validation chooses ").rstrip("."))
     return lines
 
@@ -716,13 +772,27 @@ def scaling_summary(sources: Sources) -> str:
             + "; ".join(luo_path_text(k, e) for k, e in facts["paths"].items()) + ".")
 
 
+def bench_protocol(folder: Path) -> str:
+    """How a bench study timed, from its rows: 'the machine its rows name (cpu:x86_64 x2 threads; 2 torch
+    threads), medians of 3 interleaved repeats'."""
+    frame = read_trials(folder, ["bench"]).frame
+
+    def one(name: str) -> str:
+        values = sorted({setting_text(v) for v in frame[name].dropna()}) if name in frame else []
+        return "/".join(values) or "?"
+
+    interleaved = "interleaved " if "timing_interleaved" in frame and frame["timing_interleaved"].all() else ""
+    return (f"the machine its rows name ({one('device_name')}; {one('torch_threads')} torch threads), medians of "
+            f"{one('timing_repeats')} {interleaved}repeats")
+
+
 def cost_section(sources: Sources) -> list[str]:
     """Where the efficient variants pay: token scaling (exponents, crossovers, luo_rpe's two paths) and each
     study's cost ratios, timed alone."""
     facts = scaling_facts(sources)
     lines = ["## Cost: where the efficient variants pay (measurements)", "",
-             f"From `results/{TOKEN_SCALING}/` (bench trials each alone on the 2-core CPU, medians of 3 interleaved "
-             f"repeats, per image; `results/{TOKEN_SCALING}/token_scaling.md` has every table). Measurements, not "
+             f"From `results/{TOKEN_SCALING}/` (bench trials each alone on {bench_protocol(sources.results_dir / TOKEN_SCALING)}, "
+             f"per image; `results/{TOKEN_SCALING}/token_scaling.md` has every table). Measurements, not "
              "comparisons: nothing here is tested.", "",
              f"- Over each variant's top decade of N, the O(N) variants' training-step exponents span "
              f"{facts['linear time']} and their step-memory exponents {facts['linear memory']}; softmax's "
@@ -790,23 +860,87 @@ def grouped_same(a: Assessment, backend: str) -> str:
     return "; ".join(f"{word}: {', '.join(items)}" for word, items in groups.items())
 
 
-def declared_verdicts(sources: Sources, dataset: str, a: str, b: str) -> str:
+# What a training run's outcome depends on, beside the cells' own attention and encoding: the fields an
+# exploratory and a declared answer to one comparison are set side by side on (redraw: random-feature rows only).
+PROTOCOL_FIELDS = ("epochs", "n_train", "lr_schedule", "lr", "warmup_epochs", "init", "grad_clip", "redraw_interval",
+                   "redraw_until", "torch_version")
+REDRAW_FIELDS = ("redraw_interval", "redraw_until")
+
+
+def cell_rows(frame: pd.DataFrame, variants: Iterable[str], qk_norm: str = "none") -> pd.DataFrame:
+    """The rows of `frame` whose attention+pe is one of `variants` ("softmax+ape"), at `qk_norm`."""
+    if frame.empty:
+        return frame
+    names = frame["attention"].astype(str) + "+" + frame["pe"].astype(str)
+    keep = names.isin(list(variants))
+    if "qk_norm" in frame.columns:
+        keep &= frame["qk_norm"].astype(str).eq(qk_norm) | frame["qk_norm"].isna()
+    return frame[keep]
+
+
+def setting_text(value: object) -> str:
+    """A setting as a reader writes it: 54000 whether a row stored it as an int or a float, 0.002, cosine."""
+    if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
+        return str(int(value)) if float(value).is_integer() else fmt(float(value))
+    return str(value)
+
+
+def protocol_differences(before: pd.DataFrame, after: pd.DataFrame, redraw: str | None = None) -> str:
+    """The PROTOCOL_FIELDS whose values differ between two sets of rows, each as 'lr 0.002 → 0.004' (several
+    values joined by '/'), or "" where none does. A field older rows lack is read at what their code ran
+    (`with_defaults_for_unrecorded`); `redraw` (a redraw_label, "every 100 until 0.8") keeps only the
+    random-feature `before` rows of that one schedule (an exploratory study that also ran others reports each
+    configuration apart)."""
+    def values(rows: pd.DataFrame, name: str) -> str:
+        if name in REDRAW_FIELDS:
+            rows = rows[has_random_features(rows)]
+        if name not in rows.columns and name not in {f.name for f in fields(TrialConfig)}:
+            return "—"  # an environment column no row recorded
+        if name in {f.name for f in fields(TrialConfig)}:
+            rows, _ = with_defaults_for_unrecorded(rows, (name,))
+        shown = sorted({setting_text(v) for v in rows[name].dropna()}, key=lambda t: (len(t), t))
+        return "/".join(shown) or "—"
+
+    if redraw is not None and not before.empty:
+        random = has_random_features(before)
+        before = before[~random | (pd.Series(redraw_labels(before, random), index=before.index) == redraw)]
+    out = []
+    for name in PROTOCOL_FIELDS:
+        old, new = values(before, name), values(after, name)
+        if old != new:
+            out.append(f"{name} {old} → {new}")
+    return ", ".join(out)
+
+
+def declared_verdicts(sources: Sources, dataset: str, a: str, b: str, config: Config | None = None) -> str:
     """The verdicts the declared studies on `dataset` gave a − b (variants as prose names them), per family
     that declared it on its primary metric: "`mnist_headline_cpu` (the same-encoding gap): not resolved with
-    5 seeds". Empty where none declared it."""
+    5 seeds". With `config` (the exploratory configuration the line supersedes), each study also names the
+    settings its rows of a and b ran that differ from the exploratory rows' (`protocol_differences`): the
+    same question, not the same runs. Empty where none declared it."""
     found = []
+    before = cell_rows(sources.train.frame[sources.train.frame["dataset"].astype(str) == dataset], (a, b)) \
+        if config is not None and not sources.train.frame.empty else None
     for folder in confirmatory_studies(sources.results_dir):
         frame = read_trials(folder, ["train"]).frame
         if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
             continue
         decl, _, families, _ = confirmatory.judge(folder)
         redeclared = ", redeclared" if status_of(folder) else ""
+        verdicts = []
         for name, outcomes in families:
             for o in outcomes:
                 if o.kind == "comparison" and (o.a_short, o.b_short) == (a, b) and o.metric == decl.metric:
                     verdict = (f"resolved, {o.holm.text()}" if o.resolved else
                                o.verdict(len(decl.seeds)).split(" (no verdict")[0])
-                    found.append(f"{code_span(folder.name)}{redeclared} ({name}): {verdict}")
+                    verdicts.append(f"{name}: {verdict}")
+        if not verdicts:
+            continue
+        differs = ""
+        if before is not None:
+            changed = protocol_differences(before, cell_rows(frame, (a, b)), config[3])
+            differs = f" (settings that differ from these rows: {changed})" if changed else " (the same settings)"
+        found.append(f"{code_span(folder.name)}{redeclared}{differs}: {'; '.join(verdicts)}")
     return "; ".join(found)
 
 
@@ -837,7 +971,7 @@ def summary_lines(sources: Sources) -> list[str]:
         assessed = sources.assessed[DRAW_MEAN]
         config = find_config(assessed, dataset, "favor")
         a = assessed[config]
-        notes = [f"in `{s}`, {STUDY_NOTES[s]}" for s in sources.sweeps(dataset) if s in STUDY_NOTES]
+        notes = [f"in `{s}`, {note}" for s in sources.sweeps(dataset) if (note := study_note(sources.results_dir, s))]
         lines.append(f"- **{title}** (`{'`, `'.join(sources.sweeps(dataset))}`; {epochs_of(sources, dataset)}; "
                      f"FAVOR+ redrawn {config[3]}" + "".join(f"; {n}" for n in notes) + "):")
         gap = f"  - FAVOR+: {short_gap(a.gap, 'favor')}"
@@ -845,9 +979,9 @@ def summary_lines(sources: Sources) -> list[str]:
         if first is not None and first.gap.judged is not None and first.gap.judged.nominal.n != a.gap.judged.nominal.n:
             gap += f" (first look, {first.gap.nominal.n_text()}: Holm {bounds(first.gap.judged.interval)}, " \
                    f"{verdict_text(first.gap.judged)})"
-        if declared := declared_verdicts(sources, dataset, "softmax+ape", "favor+ape"):
-            gap += (f"; superseded by the declared studies' confirmatory answer to the same comparison, run with the "
-                    f"validated settings: {declared}")
+        if declared := declared_verdicts(sources, dataset, "softmax+ape", "favor+ape", config):
+            gap += (f"; superseded by the declared studies that ask the same question (softmax+ape − favor+ape) at "
+                    f"the settings chosen on validation, not a rerun of these trials: {declared}")
         lines += [gap + ".", f"  - On favor+ape (gain): {grouped_effects(a, 'favor')}.",
                   f"  - Same encoding, softmax+pe − favor+pe: {grouped_same(a, 'favor')}."]
         relu = assessed[find_config(assessed, dataset, "relu")]
@@ -1067,11 +1201,27 @@ def gpu_times_block(sources: Sources) -> str:
     return markdown_table(["attention", *pes], rows)
 
 
+def epochs_of_space(folder: Path, root: Path) -> str:
+    """'4 of the space's 200 epochs': the epochs a sweep's rows ran against those its space file (space.json's
+    `source`, checked by continuation.space_name_and_source, read from the repository `root`) gives the trials of
+    the rows' datasets; the rows' epochs alone where the space file is not there."""
+    frame = read_trials(folder, ["train"]).frame
+    ran = "/".join(str(e) for e in sorted({int(e) for e in frame["epochs"]}))
+    try:
+        _, source = continuation.space_name_and_source(folder)
+        datasets = sorted(set(frame["dataset"].astype(str)))
+        space = load_space(root / source, only={"dataset": datasets[0]} if len(datasets) == 1 else None)
+    except (ConfigError, OSError) as err:
+        return f"{ran} epochs (the space's own budget unknown: {' '.join(str(err).split())[:120]})"
+    planned = "/".join(str(e) for e in sorted({int(t["epochs"]) for t in space.trials}))
+    return f"{ran} of the space's {planned} epochs"
+
+
 def gpu_answers_block(sources: Sources) -> str:
-    """The 4-epoch GPU rows' gap answers (exploratory; 4 of 200 epochs: not an answer)."""
+    """The short GPU rows' gap answers (exploratory; a few of the recipe's epochs: not an answer)."""
     gpu = Sources(sources.results_dir / GPU_FOLDER)
-    lines = [exploratory([GPU_SWEEP], gpu.results_dir) + " _4 of the recipe's 200 epochs: early-training "
-             "figures, not an answer._", "",
+    budget = epochs_of_space(gpu.results_dir / GPU_SWEEP, sources.results_dir.resolve().parent)
+    lines = [exploratory([GPU_SWEEP], gpu.results_dir) + f" _{budget}: early-training figures, not an answer._", "",
              f"softmax+ape scores {percent(accuracy_of(gpu, 'cifar10', 'softmax', 'ape'))} %."]
     for config in configurations(gpu.assessed[DRAW_MEAN], "cifar10"):
         lines += configuration_lines(gpu, config)

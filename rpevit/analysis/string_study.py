@@ -19,7 +19,9 @@ sparse_cayley_string at each f and solver, rotinv: the encodings whose registrat
   be compared with;
 - accuracy against f for the dense-solver rows, and the sparse-solver row beside the dense row of
   the same f (the two paths compute the same P: their accuracies should agree within seed noise;
-  one comparison, its own 95% Welch interval);
+  one comparison at 95%, paired by seed over the seeds both ran: a one-sample t interval of the
+  per-seed differences; said in words where every one of them is exactly 0, identical runs; Welch
+  only where the two share no seed);
 - a verdict in words generated from those numbers.
 
 Writes string_study.md and string_study_f.png into RESULTS_DIR.
@@ -30,6 +32,7 @@ import math
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from rpevit.analysis import variants
@@ -148,14 +151,36 @@ def holm_word(holm: Judged | None) -> str:
 
 
 def f_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Sparse-S Cayley rows by f and solver: accuracy mean, interval and seeds."""
+    """Sparse-S Cayley rows by f and solver: accuracy mean, interval and seeds; `by_seed`, seed -> test
+    accuracy (the mean where a seed has two rows), what the solver check pairs on."""
     sparse = rows[rows["pe"] == SPARSE]
     out = []
     for (f, solver), g in sparse.groupby(["string_sparsity", "cayley_solver"]):
         acc = g["test_acc"].to_numpy(float)
         out.append({"f": f, "solver": solver, "seeds": len(acc), "acc": acc.mean(),
-                    "acc_text": mean_interval(acc).text(scale=100, digits=4), "values": acc})
-    return pd.DataFrame(out, columns=["f", "solver", "seeds", "acc", "acc_text", "values"])
+                    "acc_text": mean_interval(acc).text(scale=100, digits=4), "values": acc,
+                    "by_seed": g.groupby("seed")["test_acc"].mean().to_dict()})
+    return pd.DataFrame(out, columns=["f", "solver", "seeds", "acc", "acc_text", "values", "by_seed"])
+
+
+def solver_check(sparse: dict, dense: dict, values_sparse, values_dense) -> str:
+    """The sparse solver against the dense one at the same f, in words (one check, 95%): the two paths
+    compute the same P, so a seed run by both is one paired observation. Over the seeds both ran: where
+    every per-seed difference is exactly 0, the runs are identical and no interval is drawn; else the
+    one-sample t interval of the per-seed differences (n = shared seeds). Welch only where no seed is
+    shared. sparse / dense: seed -> accuracy; values_*: every row's accuracy, for Welch."""
+    sparse, dense = ({s: v for s, v in d.items() if math.isfinite(v)} for d in (sparse, dense))
+    shared = sorted(set(sparse) & set(dense))
+    if not shared:
+        d = welch(values_sparse, values_dense)
+        return f"difference, points, Welch (the two solvers share no seed): {d.text(scale=100)}: one check, 95%"
+    diffs = np.array([sparse[s] - dense[s] for s in shared], float)
+    alone = len(set(sparse) ^ set(dense))
+    left = f"; {alone} seed{'' if alone == 1 else 's'} run by one solver only left out" if alone else ""
+    if np.all(diffs == 0):
+        return f"identical seed for seed: difference 0 in each of the {len(shared)} seeds{left}"
+    d = mean_interval(diffs)
+    return f"difference, points, paired by seed: {d.text(scale=100)}: one check, 95%{left}"
 
 
 def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
@@ -197,10 +222,9 @@ def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
     for _, row in fs[fs["solver"] == "sparse"].iterrows():
         twin = dense[dense["f"] == row["f"]]
         if len(twin):
-            d = welch(row["values"], twin["values"].iloc[0])
+            check = solver_check(row["by_seed"], twin["by_seed"].iloc[0], row["values"], twin["values"].iloc[0])
             lines.append(f"The sparse solver at f = {fmt(row['f'], 3)} reaches {row['acc_text']} against "
-                         f"{twin['acc_text'].iloc[0]} with the dense solve (difference, points, "
-                         f"{d.text(scale=100)}: one check, 95%).")
+                         f"{twin['acc_text'].iloc[0]} with the dense solve ({check}).")
     return " ".join(lines)
 
 
@@ -278,7 +302,8 @@ def build(results_dir: Path) -> str | None:
     parts += ["Cost columns: bench trials of the same model, each with the machine to itself (— where none was "
               "run). The reference notebook's ratios are its per-epoch times relative to RoPE (plain PyTorch on a "
               "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% t intervals over "
-              "seeds (differences: Welch, the two variants' seeds independent), each with its seed counts n. "
+              "seeds (differences to rope: Welch, the two variants' seeds independent; the sparse solver against the "
+              "dense one: paired by seed), each with its seed counts n. "
               "Holm: each difference to rope judged at its Holm level within the family of all k variants; "
               "a variant is called above or below rope only where that interval excludes 0.", ""]
     if plot_f(per_dataset, results_dir / "string_study_f.png") is not None:

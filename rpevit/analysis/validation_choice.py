@@ -11,6 +11,11 @@ by is `val_acc_draw_mean` (the mean over fresh draws) for random-feature backend
 test accuracy (judged_accuracy: draw mean for random features) is then read once. Whether the
 chosen candidate beats the earlier choice on validation is a Welch comparison, Holm-corrected over
 the cells: claimed only when the corrected interval excludes 0, else "not resolved with n seeds".
+For a knob taken once for every cell (JOINT), the joint choice's margin over the earlier choice is
+paired by seed (per seed, the mean over cells of the chosen minus the earlier candidate; a one-sample
+t interval over the seeds), Welch with the reason where the two ran different seeds; it is exploratory,
+as the chosen candidate is the best of those tried (a selection), so it says whether its 95% interval
+excludes 0 and makes no claim.
 A choice at an end of the values tried is flagged: the grid does not bracket it. Trials that failed
 (e.g. training diverged) are listed with their error, per candidate, and count as tried.
 """
@@ -117,6 +122,7 @@ def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None,
             errors = group.loc[group["failed"].astype(bool), "error"]
             candidates[value] = {"val": stats.mean_interval(ok["val"]), "test": stats.mean_interval(ok["test"]),
                                  "val_seeds": ok["val"].to_numpy(), "test_seeds": ok["test"].to_numpy(),
+                                 "val_by_seed": by_seed(ok),
                                  "failed": len(errors), "seeds": len(group),
                                  "error": errors.iloc[0].split(": ", 1)[-1] if len(errors) else ""}
         measured = {v: c for v, c in candidates.items() if math.isfinite(c["val"].point)}
@@ -125,6 +131,15 @@ def choices(frame: pd.DataFrame, failed: pd.DataFrame | None = None,
                         "earlier": earlier if earlier in candidates else None,
                         "edge": edge_of_grid(knob, chosen, list(candidates)) if chosen is not None else None})
     return knob, records
+
+
+def by_seed(rows: pd.DataFrame) -> dict | None:
+    """seed -> validation accuracy of a candidate's rows in one cell (the mean where a seed has two rows;
+    finite ones only), what a paired comparison pairs on; None where the rows carry no seed."""
+    if "seed" not in rows or rows["seed"].isna().any():
+        return None
+    found = rows[np.isfinite(rows["val"].to_numpy(float))]
+    return {seed: float(v) for seed, v in found.groupby("seed")["val"].mean().items()}
 
 
 def earlier_choice(knob: tuple[str, ...], dataset: str, study: str | None = None) -> tuple | None:
@@ -139,7 +154,8 @@ def earlier_choice(knob: tuple[str, ...], dataset: str, study: str | None = None
 def joint_choice(knob: tuple[str, ...], records: list[dict]) -> dict | None:
     """One candidate for every cell alike (JOINT knobs): per candidate tried in every cell, the mean over
     cells (each weighted alike) of the cell's mean validation accuracy, and per seed the mean over cells
-    (the seeds' paired values, for a Welch comparison with the earlier choice). None when no candidate
+    (`val_by_seed`: seed -> that mean, over the seeds every cell ran, for the comparison with the earlier
+    choice paired by seed; None where the rows carry no seed). None when no candidate
     was measured in every cell. A candidate tried in every cell but failed on every seed of one cannot
     be chosen for every variant; it still counts as tried (`unusable`, and in the bracketing), as a
     failed candidate does for one cell."""
@@ -163,16 +179,41 @@ def joint_choice(knob: tuple[str, ...], records: list[dict]) -> dict | None:
         n = min(len(c["val_seeds"]) for c in per_cell)
         seeds = np.mean([np.asarray(c["val_seeds"], float)[:n] for c in per_cell], axis=0)
         tests = np.mean([np.asarray(c["test_seeds"], float)[:n] for c in per_cell], axis=0)
-        scores[value] = {"val": stats.mean_interval(seeds), "val_seeds": seeds, "test": stats.mean_interval(tests)}
+        scores[value] = {"val": stats.mean_interval(seeds), "val_seeds": seeds, "test": stats.mean_interval(tests),
+                         "val_by_seed": cell_mean_by_seed(per_cell)}
     chosen = max(scores, key=lambda v: scores[v]["val"].point)
     earlier = records[0]["earlier"]
     return {"scores": scores, "chosen": chosen, "earlier": earlier if earlier in scores else None,
             "edge": edge_of_grid(knob, chosen, sorted(tried)), "unusable": unusable, "untried": untried}
 
 
+def cell_mean_by_seed(per_cell: list[dict]) -> dict | None:
+    """seed -> the mean over cells of a candidate's validation accuracy, for the seeds every cell ran (the
+    cells weighted alike, as in the joint choice); None where some cell's rows carry no seed."""
+    found = [c.get("val_by_seed") for c in per_cell]
+    if any(f is None for f in found):
+        return None
+    shared = set.intersection(*(set(f) for f in found))
+    return {seed: float(np.mean([f[seed] for f in found])) for seed in sorted(shared)}
+
+
+def joint_margin(joint: dict) -> tuple[stats.Interval, str]:
+    """The joint choice minus the earlier one on validation (mean over cells) and how it was computed: paired
+    by seed (a one-sample t interval of the per-seed differences, n = seeds) where the two ran the same seeds,
+    else Welch over the seeds' cell means (each seed's mean over the cells that all ran it), with the reason."""
+    chosen, earlier = (joint["scores"][v] for v in (joint["chosen"], joint["earlier"]))
+    a, b = chosen.get("val_by_seed"), earlier.get("val_by_seed")
+    if a and b and set(a) == set(b):
+        return stats.mean_interval([a[seed] - b[seed] for seed in sorted(a)]), "paired by seed"
+    if a is None or b is None:  # no seed ids: the cells' values by row position, as before
+        return stats.welch(chosen["val_seeds"], earlier["val_seeds"]), "Welch, unpaired: the rows carry no seed"
+    why = "the two ran different seeds: " + " and ".join(", ".join(map(str, sorted(s))) or "none" for s in (a, b))
+    return stats.welch(list(a.values()), list(b.values())), f"Welch, unpaired: {why}"
+
+
 def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
     """The joint choice as Markdown: every candidate's mean over the cells, the chosen one, and its margin
-    over the earlier choice on validation (Welch over the seeds' cell means, one comparison)."""
+    over the earlier choice on validation (joint_sentence)."""
     joint = joint_choice(knob, records)
     if joint is None:
         return ["No candidate was measured in every cell: no joint choice."]
@@ -187,8 +228,9 @@ def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
 
 
 def joint_sentence(knob: tuple[str, ...], joint: dict, label) -> str:
-    """What validation chooses for every variant alike, its margin over the earlier choice (Welch over the
-    seeds' cell means, one comparison), whether the grid brackets it and what cannot be used."""
+    """What validation chooses for every variant alike, its margin over the earlier choice (joint_margin: paired
+    by seed where the seeds match; exploratory, as the chosen one is the best of the K candidates, so no claim:
+    whether its 95% interval excludes 0), whether the grid brackets it and what cannot be used."""
     chosen, earlier = joint["chosen"], joint["earlier"]
     edge = (f" It is the {joint['edge']} {knob[0]} tried with its other settings: the best may lie beyond the grid "
             f"(not bracketed)." if joint["edge"] else "")
@@ -201,10 +243,11 @@ def joint_sentence(knob: tuple[str, ...], joint: dict, label) -> str:
                  + ".")
     if earlier is None or chosen == earlier:
         return f"Validation chooses {label(chosen)}" + (", the earlier choice." if chosen == earlier else ".") + edge
-    margin = stats.welch(joint["scores"][chosen]["val_seeds"], joint["scores"][earlier]["val_seeds"])
-    word = "resolved" if margin.excludes(0.0) else f"not resolved with {stats.seeds_text(margin.n)}"
+    margin, how = joint_margin(joint)
+    word = "its 95% interval excludes 0" if margin.excludes(0.0) else "its 95% interval does not exclude 0"
     return (f"Validation chooses {label(chosen)} for every variant, not the earlier {label(earlier)}; its margin "
-            f"on validation (mean over cells) is {margin.text(100, 3)} points: {word}.{edge}")
+            f"on validation (mean over cells) is {margin.text(100, 3)} points ({how}; exploratory: "
+            f"{label(chosen)} was picked as the best of {len(joint['scores'])} candidates): {word}.{edge}")
 
 
 def cell_name(record: dict) -> str:
