@@ -480,7 +480,7 @@ def declared_section(sources: Sources, detail: bool) -> list[str]:
         lines += [family_line(name, outcomes, n) for name, outcomes in families]
         if detail:
             text = confirmatory.build(folder).replace("\n### ", "\n#### ")
-            lines += ["", f"#### {code_span(rel)}: its confirmatory table "
+            lines += ["", f"### {code_span(rel)}: its confirmatory table "
                           f"({code_span(f'python analysis/confirmatory.py results/{rel}')})", "", text, ""]
     return lines
 
