@@ -158,7 +158,7 @@ def test_a_declared_study_gets_its_confirmatory_section_when_it_lands(tmp_path):
     assert "  - gap, k = 2: resolved: softmax+ape − favor+ape 10 [" in text  # one line per family
     assert "; not resolved with 3 seeds: softmax+rope − favor+rope." in text
     assert "resolved: attention=softmax pe=ape higher" in text  # the verdict column of its table
-    assert "#### `headline`: its confirmatory table" in text and "Rows set aside: 2 (a seed outside" in text
+    assert "### `headline`: its confirmatory table" in text and "Rows set aside: 2 (a seed outside" in text
 
 
 def test_a_family_is_one_line_grouped_by_verdict_and_an_incomplete_pair_gets_none():

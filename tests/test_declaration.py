@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import time
 
+import numpy as np
 import pytest
 
 from rpevit.analysis import confirmatory
+from rpevit.analysis.common import fmt
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import DeclarationError, parse
 from rpevit.sweep.space import SpaceError, expand_space
@@ -273,3 +275,31 @@ def test_a_family_with_a_secondary_metric_gets_both_verdicts_side_by_side(tmp_pa
     row = next(line for line in text.splitlines() if line.startswith("| (softmax+ape − favor+ape) − (softmax+rope"))
     assert row.endswith("| 0 |")
     assert text.count("the fresh-draw penalty") >= 3  # the header and one sentence per side-by-side table
+
+
+def test_a_contrast_shows_each_signed_gap_and_says_when_gap_2_is_below_0(tmp_path):
+    """A reviewer: 'smaller' is signed, the question is 'narrower'; with the RPE's gap below 0 (the linear backend
+    ahead) a resolved positive contrast is no narrowing. Each gap is shown (Welch, 95%) beside the contrast, the
+    verdict names both signed points, and the headline says 'reverses' there; the side-by-side column is named as
+    a difference of penalties for a contrast, not one penalty."""
+    from rpevit.analysis import headline
+    from rpevit.analysis.stats import welch
+
+    (decl, _, families, _), folder = judged_ladder(tmp_path / "a", ladder_rows(time.time() + 10))
+    (contrast,) = families[0][1]
+    gap_ape = welch(np.array([80, 81, 82.0]), np.array([70, 70.7, 71.4]))
+    assert [g.point for g in contrast.gaps] == pytest.approx([gap_ape.point, 4.0])
+    assert contrast.verdict(3).endswith(f"(signed: gap 1 {fmt(gap_ape.point, 3)}, gap 2 4 points)")
+    assert headline._verdict(contrast, 3, True) == "narrows the gap"
+    row = confirmatory.outcome_row(contrast, 3)
+    assert row[2:4] == [g.text() for g in contrast.gaps]
+    text = confirmatory.build(folder)
+    assert "the difference of the two random-feature cells' fresh-draw penalties" in text
+
+    ahead = [{**r, "test_acc_draw_mean": r["test_acc_draw_mean"] + 0.06, "test_acc": r["test_acc"] + 0.06}
+             if (r["attention"], r["pe"]) == ("favor", "rope") else r for r in ladder_rows(time.time() + 10)]
+    (_, _, families, _), _ = judged_ladder(tmp_path / "b", ahead)
+    (contrast,) = families[0][1]
+    assert contrast.gaps[1].point == pytest.approx(-2.0) and contrast.resolved
+    assert "gap 2 < 0: its second cell ahead" in contrast.verdict(3)
+    assert headline._verdict(contrast, 3, True) == "reverses the gap"

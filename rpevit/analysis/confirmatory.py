@@ -46,11 +46,21 @@ PENALTY_SENTENCE = ("For softmax the two metrics are one number; for a random-fe
                     "averages fresh draws while test_acc reads the draw the model was trained on, so the difference "
                     "between the two verdicts is the cost of judging a random-feature model on draws it was not "
                     "frozen to (the fresh-draw penalty), not a difference between the attention mechanisms.")
+PENALTY_OF_KIND = {  # what the side-by-side table's last column is, per kind of item
+    "comparison": "The last column is, for a softmax − random-feature gap, the random-feature cell's fresh-draw "
+                  "penalty.",
+    "contrast": "The last column is, for a contrast of two softmax − random-feature gaps, the difference of the two "
+                "random-feature cells' fresh-draw penalties (gap 1's minus gap 2's), not one penalty.",
+    "trend": "The last column is, for a trend of a softmax − random-feature gap, the change of the random-feature "
+             "cell's fresh-draw penalty from the shorter budget to the longer, not one penalty.",
+}
 INCOMPLETE_P = 1.0  # an incomplete comparison still counts in its family's k, as if not rejected (conservative)
 KIND_METHOD = {
     "comparison": "a − b of the metric, Welch's interval (independent cells)",
     "contrast": "(a1 − b1) − (a2 − b2), the difference of two gaps: a contrast of four independent cell means with "
-                "the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast)",
+                "the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast). The gaps are signed: a positive "
+                "contrast is a smaller gap 2, which is a narrower one while gap 2 is not negative (each gap is shown "
+                "beside it, with its sign)",
     "trend": "per seed, (a − b) at the longer budget minus (a − b) at the shorter; a one-sample t interval over seeds. "
              "Paired by seed because the rungs of one seed share its initialisation and data order (and, in a study "
              "that branches its rungs, `branch: epochs`, its trunk: the shorter run resumes the longer run's "
@@ -79,11 +89,22 @@ class Outcome:
     kind: str = "comparison"
     metric: str = "judged"
     counts: tuple[int, ...] = ()  # seeds found per cell (per seed-with-every-cell for a trend)
+    gaps: tuple[stats.Interval, ...] = ()  # a contrast: gap 1 and gap 2 each (Welch, 95%), signed a − b
     where: str = ""  # the family's name with its for_each value (and trend), without the metric
 
     @property
     def resolved(self) -> bool:
         return self.complete and self.holm.excludes(0.0)
+
+    @property
+    def gaps_text(self) -> str:
+        """' (signed: gap 1 1.98, gap 2 0.366 points)', and where a gap is negative, that its second cell is
+        ahead there: a positive contrast is a smaller signed gap, which is a narrower one only while gap 2 >= 0."""
+        if len(self.gaps) != 2:
+            return ""
+        g1, g2 = (g.point for g in self.gaps)
+        behind = [f"gap {i} < 0: its second cell ahead" for i, g in ((1, g1), (2, g2)) if g < 0]
+        return f" (signed: gap 1 {fmt(g1, 3)}, gap 2 {fmt(g2, 3)} points" + "".join(f"; {b}" for b in behind) + ")"
 
     @property
     def label(self) -> str:
@@ -110,7 +131,7 @@ class Outcome:
             return f"not resolved with {stats.seeds_text(self.holm.n)}"
         up = self.holm.point > 0
         if self.kind == "contrast":
-            return f"resolved: gap 2 ({self.b}) {'smaller' if up else 'larger'} than gap 1"
+            return f"resolved: gap 2 ({self.b}) {'smaller' if up else 'larger'} than gap 1{self.gaps_text}"
         if self.kind == "trend":
             return f"resolved: the gap {'rises' if up else 'falls'} from the shorter budget to the longer"
         return f"resolved: {self.a} {'higher' if up else 'lower'}"
@@ -202,11 +223,13 @@ def contrast_item(records: list[dict], values: pd.Series, contrast: tuple[Pair, 
     counts = tuple(len(groups[k]) for k in used)
     gap = [tuple(len(cell_values(records, values, s, fixed)) for s in pair) for pair in contrast]
     labels = [" − ".join(short_label(s) for s in pair) for pair in contrast]
+    gaps = tuple(stats.welch(*(np.array(list(cell_values(records, values, s, fixed).values())) * 100 for s in pair))
+                 for pair in contrast)
     return (lambda level: stats.contrast([np.array(groups[k]) * 100 for k in used], [coefficients[k] for k in used],
                                          level),
             all(c == n for c in counts),
             {"a": md_text(labels[0]), "b": md_text(labels[1]), "a_short": labels[0], "b_short": labels[1],
-             "values_a": (), "values_b": (), "counts": tuple(c for pair in gap for c in pair)})
+             "values_a": (), "values_b": (), "counts": tuple(c for pair in gap for c in pair), "gaps": gaps})
 
 
 def trend_item(records: list[dict], values: pd.Series, pair: Pair, fixed: dict[str, Any], trend: Trend,
@@ -322,13 +345,13 @@ def outcome_row(o: Outcome, n: int) -> list[str]:
     elif o.kind == "trend":  # per-seed gaps at each end
         parts = [stats.mean_interval(np.array(o.values_a) * 100).text(),
                  stats.mean_interval(np.array(o.values_b) * 100).text()]
-    else:
-        parts = ["—", "—"]
+    else:  # a contrast: each gap, signed, with its own 95% Welch interval
+        parts = [g.text() for g in o.gaps] if len(o.gaps) == 2 else ["—", "—"]
     return [o.a, o.b, *parts, o.nominal.text(), o.holm.text() if o.complete else "—", o.verdict(n)]
 
 
 HEADERS = {"comparison": ["a", "b", "mean a", "mean b", "a − b, 95%", "a − b at its Holm level", "verdict"],
-           "contrast": ["gap 1 (a1 − b1)", "gap 2 (a2 − b2)", "—", "—", "gap 1 − gap 2, 95%",
+           "contrast": ["gap 1 (a1 − b1)", "gap 2 (a2 − b2)", "gap 1, 95%", "gap 2, 95%", "gap 1 − gap 2, 95%",
                         "gap 1 − gap 2 at its Holm level", "verdict"],
            "trend": ["gap at the longer budget", "gap at the shorter budget", "mean gap (longer)", "mean gap (shorter)",
                      "change per seed, 95%", "change at its Holm level", "verdict"]}
@@ -364,7 +387,7 @@ def build(results_dir: Path) -> str:
         later = families[i + 1][1] if i + 1 < len(families) else []
         if outcomes and later and later[0].where == outcomes[0].where and later[0].metric != outcomes[0].metric:
             lines += [f"### {outcomes[0].where}: both declared metrics side by side", "",
-                      side_by_side(outcomes, later, n), "", PENALTY_SENTENCE, ""]
+                      side_by_side(outcomes, later, n), "", PENALTY_SENTENCE + " " + PENALTY_OF_KIND[kind], ""]
         lines += [f"### {name}", "", markdown_table(HEADERS[kind], [outcome_row(o, n) for o in outcomes]), ""]
     return "\n".join(lines)
 

@@ -210,12 +210,14 @@ def table(h: Headline) -> str:
 
 def _verdict(o: confirmatory.Outcome, n: int, declared: bool) -> str:
     """A declared contrast's verdict; an exploratory one only says where its interval lies (the family was
-    chosen after the data were seen)."""
+    chosen after the data were seen). A positive contrast is a smaller signed gap with the RPE: "narrows" while
+    that gap is not negative, "reverses" where the linear backend is ahead with the RPE (confirmatory.Outcome.gaps)."""
     if not o.complete:
         return o.verdict(n)
     if not o.resolved:
         return f"not resolved with {stats.seeds_text(o.holm.n)}"
-    direction = "narrows the gap" if o.holm.point > 0 else "widens the gap"
+    reversed_ = o.holm.point > 0 and len(o.gaps) == 2 and o.gaps[1].point < 0  # smaller, signed, but below 0
+    direction = ("reverses the gap" if reversed_ else "narrows the gap") if o.holm.point > 0 else "widens the gap"
     return direction if declared else f"excludes 0 (exploratory: {direction.split()[0]})"
 
 
