@@ -1,9 +1,11 @@
-"""Forward FLOPs per image with fvcore, with a handle for every op it would otherwise drop.
+"""Forward multiply-adds per image with fvcore (the rows' `flops`), with a handle for every op it would otherwise drop.
 
-Convention (fvcore's): one FLOP = one multiply-add of a matrix-like op (linear, matmul, einsum,
-conv, SDPA, FFT, solve); normalisations as fvcore counts them; pure elementwise, indexing and
-shape ops count 0 and are listed explicitly below, so `unsupported` only ever names an op nobody
-has decided about. Every variant must come back with `unsupported == {}` (tested).
+Unit (fvcore's, which calls them "flops"): one count = one multiply-add of a matrix-like op (linear,
+matmul, einsum, conv, SDPA, FFT, solve); normalisations as fvcore counts them; pure elementwise,
+indexing and shape ops count 0 and are listed explicitly below, so `unsupported` only ever names an
+op nobody has decided about. Device peaks count a multiply-add as 2 FLOPs, so FLOPs in that sense are
+twice `count_flops` (benchmarks/throughput.py doubles it; the analysis labels the field "multiply-adds
+per image, forward"). Every variant must come back with `unsupported == {}` (tested).
 """
 from __future__ import annotations
 
@@ -120,7 +122,8 @@ ZERO_COST_OPS = (
 
 
 def count_flops(model: nn.Module, example_input: torch.Tensor) -> tuple[int, dict[str, int]]:
-    """(forward FLOPs per example, ops fvcore could not count) for one batch of inputs."""
+    """(forward multiply-adds per example, fvcore's "flops": 2 FLOPs each as device peaks count; ops fvcore
+    could not count) for one batch of inputs."""
     if example_input.ndim == 0 or example_input.shape[0] == 0:  # per-example division below
         raise ValueError(f"count_flops: example_input has shape {tuple(example_input.shape)}; "
                          f"allowed: a batch of at least one example (e.g. the first test images)")

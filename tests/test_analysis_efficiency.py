@@ -223,3 +223,74 @@ def test_accuracy_range_is_never_shorter_than_the_minimum_span():
     assert high - low >= efficiency.MIN_ACC_SPAN and low < 72.08 < high
     low, high = efficiency.accuracy_range(np.array([50.0, 60.0]), np.array([[-30.0, 130.0], [55, 65]]))
     assert (low, high) == pytest.approx((-8.0, 108.0))  # 0-100 padded by 8%: whiskers past them run off the axis
+
+
+# softmax+rope on MNIST as stored: seeds 0-4 in the converged study, seeds 0-2 again in the STRING study
+TWO_SWEEP_ACC = {0: 0.9867, 1: 0.9873, 2: 0.9894, 3: 0.9869, 4: 0.9873}
+
+
+def two_sweep_rows(parent) -> None:
+    def row(seed: int) -> dict:
+        return {**config_row(attention="softmax", pe="rope", seed=seed, dataset="digits"),
+                "test_acc": TWO_SWEEP_ACC[seed], "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2,
+                "flops": 2_325_120, "params": 1000, "aic": 100.0 + seed, "bic": 120.0 + seed, "n_train": 1000}
+    write_sweep(parent / "converged", "converged", [row(s) for s in range(5)])
+    write_sweep(parent / "string", "string", [row(s) for s in range(3)])
+
+
+def test_a_seed_trained_in_two_sweeps_counts_once_in_the_cost_table_and_the_plot(tmp_path, figures):
+    """Reviewer, item 1: MNIST softmax+rope showed 0.9876 (all 8 rows averaged, seeds 0-2 twice) for a
+    5-seed mean of 0.98752; AIC, BIC and the plot's whiskers likewise weighted seeds 0-2 twice."""
+    two_sweep_rows(tmp_path)
+    from rpevit.analysis.stats import mean_interval
+    values = list(TWO_SWEEP_ACC.values())
+    rope = efficiency.variant_costs(common.load_trials(tmp_path, "train")).iloc[0]
+    assert rope["seeds"] == 5
+    assert rope["test_acc"] == pytest.approx(0.98752) and rope[efficiency.JUDGED_ACC] == pytest.approx(0.98752)
+    assert (rope["aic"], rope["bic"]) == pytest.approx((102.0, 122.0))  # one per seed: 100 + mean(0..4)
+    assert (rope[efficiency.JUDGED_LO], rope[efficiency.JUDGED_HI]) == pytest.approx(
+        (mean_interval(values).lo, mean_interval(values).hi))
+    text = efficiency.build(tmp_path)
+    assert "| 98.75 |" in text and "98.76" not in text  # test_acc in %, the 5-seed mean
+    panel = figures[-1].axes[0]  # the plot's point and whisker: the 5-seed mean and interval, in %
+    point = next(c for c in panel.collections if len(c.get_offsets()))
+    assert point.get_offsets()[0][1] == pytest.approx(98.752)
+    bars = next(c for c in panel.containers if type(c).__name__ == "ErrorbarContainer")
+    segment = bars.lines[2][0].get_segments()[0]
+    assert (segment[0][1], segment[1][1]) == pytest.approx((100 * mean_interval(values).lo,
+                                                             100 * mean_interval(values).hi))
+
+
+def test_the_multiply_add_count_is_labelled_as_what_fvcore_counts(tmp_path, figures):
+    """Reviewer, item 2: `flops` (fvcore: one multiply-add of a forward pass per image; elementwise ops 0)
+    was headed `flops` and drawn as 'FLOPs per image', though a multiply-add is 2 FLOPs as device peaks count."""
+    two_sweep_rows(tmp_path / "results")
+    write_sweep(tmp_path / "results" / "cost", "cost", [{**softmax_bench_row("rope"), "flops": 2_325_120}])
+    text = efficiency.build(tmp_path / "results")
+    label = "multiply-adds per image, forward (fvcore; elementwise ops not counted)"
+    headers = [line for line in text.splitlines() if line.startswith("| attention |")]
+    assert len(headers) == 2 and all(f"| {label} |" in h and "| flops |" not in h for h in headers), headers
+    assert "| 2.325e+06 |" in text  # the count as stored, not doubled
+    assert "FLOPs per image" not in text and "2 FLOPs" in text  # says what a FLOP would be
+    texts = [t.get_text() for ax in figures[-1].axes for t in (ax.xaxis.label, ax.title)]
+    assert any("multiply-adds per image" in t and "elementwise ops not counted" in t for t in texts), texts
+    assert not any("FLOPs" in t for t in texts), texts
+    assert_readable_and_inside(figures[-1])
+
+
+def test_cost_table_says_times_are_one_bench_run_accuracy_in_percent_and_what_aic_bic_are(tmp_path):
+    """Reviewer, item 3: the header said 'means over seeds' of bench times and memory that come from one
+    bench trial; test_acc was a fraction where every other table shows %; aic / bic were unexplained."""
+    two_sweep_rows(tmp_path / "results")
+    write_sweep(tmp_path / "results" / "cost", "cost", [softmax_bench_row("rope")])
+    text = efficiency.build(tmp_path / "results")
+    heading = next(line for line in text.splitlines() if line.startswith("### digits: cost per variant ("))
+    assert "not a mean over seeds" in heading and "1 bench trial" in heading, heading
+    header = next(line for line in text.splitlines() if line.startswith("| attention |"))
+    assert "| test_acc % |" in header and "| judged_acc % |" in header and "| test_acc |" not in header
+    assert "| 98.75 |" in text and "| 0.9875 |" not in text
+    assert "`aic` = 2k − 2 LL" in text and "`bic` = k ln n − 2 LL" in text and "test-set" in text
+    # without a bench row the times are the train trials' own: means over seeds, and the heading says so
+    alone = efficiency.build(tmp_path / "results" / "converged")
+    heading = next(line for line in alone.splitlines() if line.startswith("### digits: cost per variant ("))
+    assert "means over seeds" in heading and "bench" not in heading, heading

@@ -26,9 +26,11 @@ def test_effect_of_an_encoding_from_its_holm_verdict():
     resolved = gap_closure.Gap(state="resolved")
     up, down = stats.Interval(0.01), stats.Interval(-0.01)  # the gain at the same level: its sign
     effect = gap_closure.effect
-    assert effect(resolved, judged(0.4, 0.2, 0.6), up) == "partly closes"
-    assert effect(resolved, judged(0.9, 0.5, 1.2), up) == effect(resolved, judged(1.3, 0.3, 9.8), up) == "closes"
-    assert effect(resolved, judged(1.3, 1.1, 1.5), up) == "more than closes"
+    assert effect(resolved, judged(0.4, 0.2, 0.6), up) == "narrows (not fully)"
+    # an interval holding 1 does not show the gap closed: it narrows it, G = 1 not excluded
+    assert effect(resolved, judged(0.9, 0.5, 1.2), up) == effect(resolved, judged(1.3, 0.3, 9.8), up) == \
+        "narrows (G = 1 not excluded)"
+    assert effect(resolved, judged(1.3, 1.1, 1.5), up) == "narrows (overshoots)"
     assert effect(resolved, judged(-0.5, -0.8, -0.1), down) == "widens"
     # Holm does not reject: no effect, whatever the point says; the seed counts are named
     unresolved = judged(0.4, 0.2, 0.6, p_adjusted=0.2, n=(3, 5, 3))
@@ -37,6 +39,102 @@ def test_effect_of_an_encoding_from_its_holm_verdict():
     # a resolved gain without a resolved gap (or with an unbounded G) raises or lowers b+ape: no G claim
     assert effect(gap_closure.Gap(state="not resolved"), judged(0.4, 0.2, 0.6), up) == "raises"
     assert effect(resolved, judged(3.0, -math.inf, math.inf), down) == "lowers"
+
+
+def test_effect_phrases_never_say_closes_and_name_why_a_gain_is_no_G():
+    """A reviewer's reading: 'closes it (G interval at its Holm level above 0, reaching 1)' said of G 0.706,
+    Holm [0.464, 1.12]: not excluding 1 is no evidence of closing. And 'raises favor+ape (no resolved gap for
+    a G)' was said in a family whose gap is resolved (G was only unbounded at its own, stricter Holm level)."""
+    from rpevit.analysis.gap_closure.compute import EFFECT_PHRASE, effect_phrase, fallback_why
+
+    assert not any("closes" in phrase for phrase in EFFECT_PHRASE.values())
+    assert effect_phrase("narrows (G = 1 not excluded)", "favor") == \
+        "narrows it (closing it fully, G = 1, not excluded at its Holm level)"
+    assert effect_phrase("narrows (not fully)", "favor") == "narrows it (not fully: G below 1 at its Holm level)"
+    assert effect_phrase("narrows (overshoots)", "favor") == "narrows it (overshoots: G above 1 at its Holm level)"
+    unbounded = judged(3.0, -math.inf, math.inf)
+    assert fallback_why(gap_closure.Gap(state="resolved"), unbounded) == "G unbounded at its Holm level"
+    assert fallback_why(gap_closure.Gap(state="not resolved"), unbounded) == "no resolved gap for a G"
+    assert effect_phrase("raises", "favor", fallback_why(gap_closure.Gap(state="ahead"), unbounded)) == \
+        "raises favor+ape (no gap to close: favor+ape ahead of softmax+ape)"
+
+
+# one Performer configuration measured from accuracies by hand (no softmax+rope: the family is the gap and rope's G)
+CONFIG = ("d", "favor", "none", "off")
+
+
+def family_of(soft: list[float], base: list[float], pe: list[float]) -> gap_closure.Assessment:
+    acc = {("d", "softmax", "ape", "none", "off"): np.array(soft), ("d", "favor", "ape", "none", "off"): np.array(base),
+           ("d", "favor", "rope", "none", "off"): np.array(pe)}
+    return gap_closure.measure(acc, CONFIG, ["rope"])
+
+
+def test_a_G_interval_reaching_1_narrows_the_gap_and_is_never_worded_as_closing_it():
+    """Gap 10 points, resolved; G 0.8, Holm [0.602, 1.03]: above 0, holds 1. It said 'closes it'."""
+    from rpevit.analysis.gap_closure import text as words
+
+    a = family_of([0.90, 0.91, 0.92], [0.80, 0.81, 0.82], [0.88, 0.89, 0.90])
+    rope = a.closures["rope"]
+    assert a.gap.state == "resolved" and rope.G_holm.interval.lo > 0 and rope.G_holm.interval.hi > 1
+    verdict = words.effect_list(a, "favor")
+    assert "narrows it (closing it fully, G = 1, not excluded at its Holm level): rope (G 0.8 [0.602, 1.03]" in verdict
+    assert "closes" not in verdict
+    table = words.gap_table({CONFIG: a})
+    assert "| narrows it, closing it fully, G = 1, not excluded at its Holm level (k=2) |" in table
+    assert "closes" not in table
+
+
+def test_a_resolved_gap_with_G_unbounded_at_its_holm_level_says_so_not_no_resolved_gap():
+    """Gap 5 [0.845, 9.16] resolved at its Holm level (95%); rope's gain is the stronger test, so G is judged
+    at 97.5%, where the gap's interval holds 0 and Fieller's G is unbounded."""
+    from rpevit.analysis.gap_closure import text as words
+
+    a = family_of([0.84, 0.86, 0.88], [0.80, 0.81, 0.82], [0.95, 0.951, 0.952])
+    rope = a.closures["rope"]
+    assert a.gap.state == "resolved" and rope.G_holm.interval.unbounded and rope.effect == "raises"
+    verdict = words.effect_list(a, "favor")
+    assert "raises favor+ape (G unbounded at its Holm level): rope" in verdict
+    assert "no resolved gap" not in verdict
+    assert "| raises b+ape, G unbounded at its Holm level (k=2) |" in words.gap_table({CONFIG: a})
+    unresolved = family_of([0.90, 0.97, 0.83], [0.880, 0.882, 0.884], [0.970, 0.971, 0.972])
+    assert unresolved.gap.state == "not resolved" and unresolved.closures["rope"].effect == "raises"
+    assert "raises favor+ape (no resolved gap for a G): rope" in words.effect_list(unresolved, "favor")
+
+
+def test_a_G_at_95_without_a_gap_resolved_at_its_holm_level_is_labelled_exploratory(tmp_path, figures):
+    """Gap 5 points, 95% [0.845, 9.16] but not resolved at its Holm level (97.5%): G 0.6 [-0.207, 3.57] at 95%
+    stood beside 'G undefined: gap not resolved' and 'so G is not defined'. It is labelled, in the table,
+    the verdict and the figure (a dashed outline, not a filled bar), and a resolved gap's G is not."""
+    from rpevit.analysis.gap_closure import text as words
+
+    label = "G at 95% only (exploratory; the gap is not resolved at its Holm level)"
+    a = family_of([0.84, 0.86, 0.88], [0.80, 0.81, 0.82], [0.82, 0.84, 0.86])
+    rope = a.closures["rope"]
+    assert a.gap.state == "not resolved" and rope.G.bounded and a.gap.nominal.excludes(0)
+    assert words.G_cell(rope, a.gap) == f"{rope.G.text()}; {label}"
+    table = words.gap_table({CONFIG: a})
+    assert f"| 0.6 [-0.207, 3.57] (n=3,3,3); {label} |" in table and "G undefined" not in table
+    assert "| not resolved with 3 seeds; no resolved gap for a G (k=2) |" in table
+    verdict = words.effect_list(a, "favor")
+    assert "not defined" not in verdict
+    assert ": not resolved with 3 seeds, so no G at its Holm level (the G at 95% in the table and figure is " \
+           "exploratory only)." in verdict
+    resolved = family_of([0.90, 0.91, 0.92], [0.80, 0.81, 0.82], [0.88, 0.89, 0.90])
+    assert words.G_cell(resolved.closures["rope"], resolved.gap) == resolved.closures["rope"].G.text()
+    assert "exploratory" not in words.effect_list(resolved, "favor")
+    gap_closure.plot_gap_closure({gap_closure.DRAW_MEAN: {CONFIG: a}, gap_closure.TRAIN_DRAW: {CONFIG: resolved}},
+                                 tmp_path / "g.png")
+    fig = figures[-1]
+    ax = fig.axes[0]
+    bars = [p for c in ax.containers if hasattr(c, "patches") for p in c.patches]
+    outline = [b for b in bars if b.get_facecolor()[3] == 0]
+    assert len(bars) == 2 and len(outline) == 1 and outline[0].get_linestyle() == "--"
+    assert outline[0].get_height() == pytest.approx(rope.G.point)
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert any("exploratory" in t and "not resolved at its Holm level" in t for t in legend), legend
+    tick = ax.get_xticklabels()[0].get_text().replace("\n", " ")
+    assert "draw mean: G exploratory: gap not resolved at its Holm level" in tick, tick
+    assert_readable_and_inside(fig)
 
 
 # ---------------------------------------------------------------- scripts end to end
@@ -59,14 +157,14 @@ def test_gap_closure_by_hand(tmp_path):
     assert favor.G.lo < favor.G.point < favor.G.hi
     # family: the gap (p ~ 2e-4) and rope's G (Welch p of the gain ~ 4e-3), no softmax+rope: k = 2, both resolved
     assert result[gap_closure.TRAIN_DRAW][("digits", "favor", "none", "off")].k == 2
-    assert favor.effect == "partly closes" and favor.G_holm.interval.level == pytest.approx(0.95)
+    assert favor.effect == "narrows (not fully)" and favor.G_holm.interval.level == pytest.approx(0.95)
     relu = result[gap_closure.TRAIN_DRAW][("digits", "relu", "none", "off")]
     assert math.isnan(relu.closures["rope"].G.point) and relu.gap.state == "not resolved"
     assert relu.gap.point == 0.0  # the same three accuracies: exactly no gap, not rounding noise
     text = gap_closure.build(out)
     assert "| 0.455 [0.27, 0.635] (n=3,3,3) |" in text  # G to 3 significant figures, its interval and n
     assert "| digits | relu | none | off | rope | softmax+ape (qk_norm none) | 0 [" in text
-    assert "— (gap not resolved)" in text and "raises b+ape (k=2)" in text
+    assert "— (gap not resolved)" in text and "raises b+ape, no resolved gap for a G (k=2)" in text
     assert "91 [88.52, 93.48] (n=3)" in text  # softmax+ape accuracy 91%: mean +- t(2) x 0.01 / sqrt(3)
     assert png_ok(out / "gap_closure.png")
 
@@ -179,8 +277,8 @@ def test_draw_aware_gap_closure_by_hand(tmp_path):
     result = assessed(out)
     train = closure(result, gap_closure.TRAIN_DRAW, "favor", "rope", redraw=REDRAW)
     draw = closure(result, gap_closure.DRAW_MEAN, "favor", "rope", redraw=REDRAW)
-    assert train.G.point == pytest.approx(0.05 / 0.11) and train.effect == "partly closes"
-    assert draw.G.point == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "partly closes"
+    assert train.G.point == pytest.approx(0.05 / 0.11) and train.effect == "narrows (not fully)"
+    assert draw.G.point == pytest.approx((0.81 - 0.71) / (0.91 - 0.71)) and draw.effect == "narrows (not fully)"
     luo = closure(result, gap_closure.TRAIN_DRAW, "favor", "luo_rpe", redraw=REDRAW)
     assert luo.G.point == pytest.approx(-0.10 / 0.11) and luo.effect == "widens"
     l2 = result[gap_closure.DRAW_MEAN][("digits", "favor", "l2", REDRAW)]
@@ -191,8 +289,9 @@ def test_draw_aware_gap_closure_by_hand(tmp_path):
     text = gap_closure.build(out)
     assert "| favor | rope | none | every 100 until 0.8 | 3 | 85 [82.52, 87.48] (n=3) |" in text  # training draw
     assert "| 81 [78.52, 83.48] (n=3) |" in text and "| 1 [1, 1] (n=3) |" in text  # draw mean 81%, draw std 1
-    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] (n=3) | 0.2, 0.4 |" in text  # fidelity
-    assert "| softmax | ape | none | off | 3 | 0 [0, 0] (n=3) | 0, 0 |" in text
+    # fidelity: per-layer TV averaged over the 3 seeds that have it
+    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] (n=3) | 0.2, 0.4 (n=3) |" in text
+    assert "| softmax | ape | none | off | 3 | 0 [0, 0] (n=3) | 0, 0 (n=3) |" in text
     draw_table = text[text.index("#### On the draw mean"):text.index("#### On the training draw")]
     train_table = text[text.index("#### On the training draw"):]
     assert "| 0.5 [" in draw_table and "| 0.455 [" in train_table  # G on each accuracy
@@ -207,14 +306,14 @@ def test_verdict_says_no_gap_and_names_closing_encodings(tmp_path):
     draw, train = favor.split("\n  - ")[1:3]
     assert draw.startswith("draw mean, judged (`test_acc_draw_mean`), Holm over k = 3: gap softmax+ape − favor+ape "
                            "(points) = 20 [")
-    assert "closes part of it (G interval at its Holm level between 0 and 1): rope (G 0.5 [" in draw
+    assert "narrows it (not fully: G below 1 at its Holm level): rope (G 0.5 [" in draw
     assert "gap softmax+ape − favor+ape (points) = 11 [" in train and "(n=3,3; 98.3%): a gap." in train
-    assert "closes part of it (G interval at its Holm level between 0 and 1): rope (G 0.455 [" in train
+    assert "narrows it (not fully: G below 1 at its Holm level): rope (G 0.455 [" in train
     assert "widens it (G interval at its Holm level below 0): luo_rpe (G -0.909 [" in train
     assert "draw mean and training draw agree" in favor
     relu = next(line for line in verdict.split("\n- ") if line.startswith("**relu-identity"))
     assert "gap softmax+ape − relu-identity+ape (points) = 0 [" in relu
-    assert "not resolved with 3 seeds, so G is not defined" in relu and "(G " not in relu  # no G without a gap
+    assert "not resolved with 3 seeds, so no G at its Holm level" in relu and "(G " not in relu  # no G without a gap
     assert "raises relu-identity+ape (no resolved gap for a G): rope (gain in points 3 [" in relu
     l2 = next(line for line in verdict.split("\n- ") if line.startswith("**favor, qk_norm l2"))
     assert "qk_norm none" not in l2 and "no softmax+ape" in l2
@@ -250,9 +349,25 @@ def test_per_layer_fidelity_read_from_rows_written_as_text(tmp_path):
     frame["attn_tv_per_layer"] = ["[0. 0.]" if a == "softmax" else "[0.2, 0.4]" for a in frame["attention"]]
     frame.to_parquet(out / TRIALS_FILE)
     text = gap_closure.build(out)
-    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] (n=3) | 0.2, 0.4 |" in text
-    assert "| softmax | ape | none | off | 3 | 0 [0, 0] (n=3) | 0, 0 |" in text
+    assert "| favor | ape | none | every 100 until 0.8 | 3 | 0.3 [0.3, 0.3] (n=3) | 0.2, 0.4 (n=3) |" in text
+    assert "| softmax | ape | none | off | 3 | 0 [0, 0] (n=3) | 0, 0 (n=3) |" in text
     assert gap_closure.float_list("[0.1, x]") is None and gap_closure.float_list("[]") is None
+
+
+def test_per_layer_fidelity_says_how_many_seeds_it_averages():
+    """MNIST's 5-seed cells had per-layer TV only in seeds 3-4: 'TV per layer (mean)' averaged those 2 without
+    saying so. It is the mean over the seeds whose rows have it (each seed's rows averaged first), with n."""
+    from rpevit.analysis.gap_closure import text as words
+
+    rows = [draw_row("favor", "ape", seed, 0.7, "none", {"redraw_interval": 100}) for seed in range(5)]
+    rows.append(draw_row("favor", "ape", 4, 0.7, "none", {"redraw_interval": 100}))  # seed 4 run twice
+    for row, layers in zip(rows, [None, None, None, [0.2, 0.4], [0.4, 0.8], [0.4, 0.8]]):
+        row["attn_tv_per_layer"] = layers
+    frame = pd.DataFrame(rows)
+    seeds = gap_closure.per_seed(frame)
+    table = words.fidelity_table(frame, seeds)
+    assert "| favor | ape | none | every 100 until 0.8 | 5 | 0.1 [0.1, 0.1] (n=5) | 0.3, 0.6 (n=2) |" in table, table
+    assert "n seeds that have it" in table.split("\n")[0]
 
 
 def test_gap_closure_figure_names_its_interval_and_n_and_keeps_everything_inside(tmp_path, figures):

@@ -198,3 +198,34 @@ def test_a_metric_stored_as_text_is_one_line_not_a_traceback(tmp_path, capsys):
     assert "column 'test_acc' holds text (such as '0.9'" in done.stderr and str(folder / TRIALS_FILE) in done.stderr
     text = report.build_report(parent)  # under a parent: that folder is skipped, the rest reported
     assert "| main | ? |" in text and "| other | train | 15 |" in text
+
+
+def test_a_declared_study_beside_the_report_is_named_as_the_answer_at_validated_settings(tmp_path):
+    """A reviewer: the report's studies ran settings chosen before validation (some on test), and the declared
+    reruns were only in the 'not read' list. A declared folder the report does not read is now named, by its
+    folder name, as answering the same questions at settings chosen on validation; none: no sentence."""
+    from rpevit.sweep import declaration
+    from rpevit.sweep.declaration import parse
+
+    parent = tmp_path / "results"
+    write_sweep(parent / "study", "study", train_rows())
+    (parent / common.STUDIES_FILE).write_text("study\n")
+    assert report.superseding_note(parent) == ""
+    rerun = parent / "rerun_cpu"
+    rerun.mkdir(parents=True)
+    declaration.record(rerun, parse({"metric": "judged", "seeds": [0, 1], "families": [
+        {"name": "gap", "comparisons": [[{"attention": "softmax", "pe": "ape"}, {"attention": "favor", "pe": "ape"}]]}]},
+        "x"), rows_exist=False, redeclare=False)
+    write_sweep(rerun, "rerun_cpu", train_rows())
+    note = report.superseding_note(parent)
+    assert "The declared studies `rerun_cpu` ask the same questions at settings chosen on" in note
+    assert note in report.build_report(parent)
+
+
+def test_one_value_is_not_printed_as_a_range():
+    import pandas as pd
+
+    from rpevit.analysis import kernel_mse
+
+    assert kernel_mse.span_text(pd.Series([4000, 4000])) == "4000"  # was '4000–4000'
+    assert kernel_mse.span_text(pd.Series([1000, 4000])) == "1000–4000"

@@ -144,3 +144,28 @@ def test_the_crossover_file_is_never_written_through_a_link(tmp_path):
     with pytest.raises(SystemExit, match=r"^error: .*luo_crossover.json is a symbolic link .*allowed: a regular file"):
         token_scaling.write_crossover(parent, link)
     assert victim.read_text() == "precious" and link.is_symlink()
+
+
+def test_the_tables_say_how_few_sizes_a_fit_has_where_a_ratio_starts_and_what_the_luo_figures_pool(tmp_path):
+    """A reviewer: relu+luo_rpe (fft), measured at two sizes, read as a 'top decade' fit with its ratio 'at the
+    smallest N' (2304, while other rows start at 64), the dense / FFT table pooled favor and relu unnamed, and
+    N printed as 1.04e+03. Each is now said: sizes in the fit, the smallest N, the backends per path and N."""
+    rows = scaling_rows() + [{**r, "attention": "relu"} for r in scaling_rows()
+                             if r["pe"] == "luo_rpe" and r["luo_path"] == "fft" and r["tokens"] >= 1024]
+    out = write_sweep(tmp_path / "scaling", "scaling", rows)
+    table = token_scaling.per_image(token_scaling.scaling_rows(common.load_trials(out, task="bench")))
+    exps = token_scaling.exponents(table).set_index("variant")
+    assert exps.loc["relu+luo_rpe (fft)", "sizes in the fit"] == 2 and exps.loc["favor+rope", "sizes in the fit"] == 2
+    cross = token_scaling.crossovers(table, token_scaling.exponents(table)).set_index("variant")
+    assert cross.loc["relu+luo_rpe (fft)", "smallest N"] == 1024 and cross.loc["favor+rope", "smallest N"] == 64
+    device = table["device"].iloc[0]
+    assert token_scaling.luo_path_backends(table, device) == "dense: favor; fft: favor at N = 64, 256; favor, relu at N = 1024, 4096"
+    shown = "\n".join(token_scaling.describe_crossovers(token_scaling.crossovers(table, token_scaling.exponents(table))))
+    assert "e+0" not in shown
+    assert "sizes in the fit" in token_scaling.build(out)
+    import pandas as pd
+
+    assert token_scaling.timing_text(pd.DataFrame({"timing_repeats": [5, 5], "timing_interleaved": [True, True]})) \
+        == "Medians of 5 interleaved timed runs"  # from the rows, not a typed 3
+    assert token_scaling.timing_text(pd.DataFrame({"timing_repeats": [3], "timing_interleaved": [False]})) \
+        == "Medians of 3 timed runs"

@@ -118,7 +118,7 @@ def test_G_is_quoted_where_the_gap_is_resolved():
     a = measured([0.950, 0.951, 0.952], [0.800, 0.801, 0.802], [0.870, 0.871, 0.872], [0.960, 0.961, 0.962])
     assert a.gap.state == "resolved"
     sentence = answers.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
-    assert "closes part of the gap" in sentence and "G 0.467" in sentence and "at its Holm level" in sentence
+    assert "narrows the gap (not fully: G below 1 at its Holm level)" in sentence and "G 0.467" in sentence and "at its Holm level" in sentence
 
 
 def test_an_unresolved_effect_is_never_worded_as_one():

@@ -246,9 +246,10 @@ def config_name(config: Config) -> str:
 
 
 # ---------------------------------------------------------------- sentences of the gap-closure answers
-EFFECT_WORDS = {"more than closes": "more than closes the gap (G interval at its Holm level above 1)",
-                "closes": "closes the gap (G interval at its Holm level above 0, holding 1)",
-                "partly closes": "closes part of the gap (G interval at its Holm level between 0 and 1)",
+EFFECT_WORDS = {"narrows (overshoots)": "narrows the gap (overshoots: G above 1 at its Holm level)",
+                "narrows (G = 1 not excluded)":
+                    "narrows the gap (closing it fully, G = 1, not excluded at its Holm level)",
+                "narrows (not fully)": "narrows the gap (not fully: G below 1 at its Holm level)",
                 "widens": "widens the gap (G interval at its Holm level below 0)", "raises": "raises {b}+ape",
                 "lowers": "lowers {b}+ape"}
 
@@ -1241,7 +1242,7 @@ def gpu_bench_block(sources: Sources) -> str:
              fmt(r["peak_mem_mb"], 4), fmt(r["flops"], 3)]
             for _, r in table.iterrows() for key in [tuple(r[c] for c in gap_closure.VARIANT)]]
     return markdown_table(["variant", "train step ms, median (min–max of the repeats)", "x softmax+ape", "x rope",
-                           "inference ms/image", "peak MiB", "FLOPs/image"], rows)
+                           "inference ms/image", "peak MiB", "multiply-adds/image (fvcore, forward)"], rows)
 
 
 def gpu_packing_block(sources: Sources) -> str:

@@ -210,6 +210,12 @@ def plot_versus_m(g: pd.DataFrame, title: str, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+def span_text(values: pd.Series) -> str:
+    """'4000' where every value is one, else '1000–4000' (never '4000–4000')."""
+    low, high = values.min(), values.max()
+    return fmt(low) if low == high else f"{fmt(low)}–{fmt(high)}"
+
+
 def build(results_dir: Path) -> str | None:
     """Markdown section (and PNGs) for the kernel_mse trials under results_dir; None if there are none."""
     trials = read_trials(results_dir, ["kernel_mse"])
@@ -217,8 +223,8 @@ def build(results_dir: Path) -> str | None:
         return None
     frame = with_derived(trials.frame)
     parts = ["## Kernel MSE of random-feature estimators", "", trials.note(), "",
-             f"{len(frame)} trials; Monte Carlo over {fmt(frame['kmse_draws'].min())}–"
-             f"{fmt(frame['kmse_draws'].max())} draws per trial. Closed forms: Gaussian = Performer Lemma 2; "
+             f"{len(frame)} trials; Monte Carlo over {span_text(frame['kmse_draws'])} draws per trial. Closed forms: "
+             "Gaussian = Performer Lemma 2; "
              "orthogonal = exact series for Haar directions with chi_d norms (the Performer Theorem 2 bound "
              "beside it); Rademacher / orthogonal Rademacher = derived bias² + variance (coordinates of the "
              "drawn x, y). Derivations: rpevit/tasks/kernel_mse.py.", "",

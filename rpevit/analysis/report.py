@@ -27,7 +27,8 @@ from rpevit.analysis.confirmatory import exploratory_note
 from rpevit.analysis.common import (SPACE_FILE, cli, code_span, column, current_rows, environment_table, fmt,
                                     markdown_table, md_text, one_read_per_folder, read_epoch_times, read_sweep,
                                     read_text_file, read_trials, space_keys, studies_note, trial_files,
-                                    write_markdown)
+                                    unlisted_folders, write_markdown)
+from rpevit.sweep.declaration import DECLARATION_FILE
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 
@@ -138,13 +139,32 @@ def build_report(results_dir: Path) -> str:
         return _report(results_dir)
 
 
+def superseding_note(results_dir: Path) -> str:
+    """One Markdown line where a declared study (a folder with a declaration.json) sits beside this report
+    without being read by it: the studies read here ran settings chosen before the validation studies, some
+    of them on test accuracy, and the declared reruns answer the same questions at settings chosen on
+    validation ('' where there is none). Names come from the folders, never typed."""
+    skipped, _ = unlisted_folders(results_dir)
+    declared = [name for name in skipped
+                if (results_dir / name / DECLARATION_FILE).is_file() and (results_dir / name / TRIALS_FILE).is_file()]
+    if not declared:
+        return ""
+    names = ", ".join(code_span(name) for name in declared)
+    return (f"_The studies read here ran settings chosen before the validation studies existed, some of them (the "
+            f"redraw schedule, luo_rpe's luo_scale) on test accuracy: their verdicts are exploratory at those "
+            f"settings. The declared studies {names} ask the same questions at settings chosen on each dataset's "
+            f"validation split, with their comparisons declared before they ran: their `confirmatory.md` and "
+            f"`results/ANSWERS.md` give those answers; this report does not read them._")
+
+
 def _report(results_dir: Path) -> str:
     sections = [gap_closure.build(results_dir), string_study.build(results_dir), efficiency.build(results_dir),
                 token_scaling.build(results_dir), kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     read_from = studies_note(results_dir)
     head = ["# rpevit results report", "", f"Results: {code_span(results_dir)}", "",
-            exploratory_note([path.parent for path in trial_files(results_dir)]), "", "## Trials", "",
+            exploratory_note([path.parent for path in trial_files(results_dir)]), "",
+            *([superseding_note(results_dir), ""] if superseding_note(results_dir) else []), "## Trials", "",
             status_table(results_dir),
             "", THREAD_HOURS_NOTE, "", *([read_from, ""] if read_from else []),
             "## Environment the successful rows were produced on", "", trials.note(), "",

@@ -122,8 +122,11 @@ def exponents(table: pd.DataFrame) -> pd.DataFrame:
         n = g["tokens"].to_numpy(float)
         ran = g[~g["out_of_memory"]]
         top = n[n >= n.max() / TOP_DECADE] if len(n) else n
+        fitted = np.unique(ran["tokens"].to_numpy(float))
+        fitted = fitted[fitted >= n.max() / TOP_DECADE] if len(n) else fitted
         row = {"device": device, "variant": variant, "N": f"{int(n.min())}..{int(n.max())}",
                "top decade": f"{int(top.min())}..{int(top.max())}" if len(top) else "—",
+               "sizes in the fit": len(fitted),
                "out of memory at N": ", ".join(str(int(t)) for t in g.loc[g["out_of_memory"], "tokens"]) or "—"}
         for cost, label in COSTS:
             row[f"{label} exponent"] = top_decade_exponent(ran["tokens"].to_numpy(float), ran[cost].to_numpy(float))
@@ -180,7 +183,8 @@ def crossovers(table: pd.DataFrame, exps: pd.DataFrame) -> pd.DataFrame:
         gap = slope.get((device, ref_name), math.nan) - slope.get((device, variant), math.nan)
         extrapolated = extrapolated_crossing(float(common_n[-1]), last, gap) if how == "not reached" else math.nan
         rows.append({"device": device, "variant": variant, "against": ref_name,
-                     "ratio at smallest N": ratio[0], "ratio at largest N": last, "largest N": int(common_n[-1]),
+                     "smallest N": int(common_n[0]), "ratio at smallest N": ratio[0], "ratio at largest N": last,
+                     "largest N": int(common_n[-1]),
                      "overtakes from N": at, "how": how, "extrapolated N": extrapolated})
     return pd.DataFrame(rows)
 
@@ -206,6 +210,30 @@ def luo_path_table(table: pd.DataFrame) -> dict[str, dict]:
             "dense_ms_per_image": [round(float(t), 3) for t in per_n["dense"]],
             "fft_ms_per_image": [round(float(t), 3) for t in per_n["fft"]], "device_name": device}
     return out
+
+
+def luo_path_backends(table: pd.DataFrame, device: str) -> str:
+    """Which kernelized backends each luo_rpe path's figure is the median over, at which N: 'dense: favor,
+    relu; fft: favor at N = 256, 1024, favor, relu at N = 2304, 4096' (the table pools them)."""
+    luo = table[(table["pe"] == "luo_rpe") & (table["attention"] != "softmax") & (table["device"] == device)]
+    parts = []
+    for path in ("dense", "fft"):
+        rows = luo[luo["variant"].str.contains(rf"\({path}\)")]
+        by_n = rows.groupby("tokens")["attention"].agg(lambda a: ", ".join(sorted(set(map(str, a)))))
+        groups: dict[str, list[int]] = {}
+        for n, names in by_n.items():
+            groups.setdefault(names, []).append(int(n))
+        text = (next(iter(groups)) if len(groups) == 1 else
+                "; ".join(f"{names} at N = {', '.join(map(str, ns))}" for names, ns in groups.items()))
+        parts.append(f"{path}: {text}")
+    return "; ".join(parts)
+
+
+def timing_text(frame: pd.DataFrame) -> str:
+    """'Medians of 3 interleaved timed runs': the repeats and interleaving the rows record."""
+    repeats = sorted({int(v) for v in pd.to_numeric(column(frame, "timing_repeats"), errors="coerce").dropna()})
+    interleaved = bool(column(frame, "timing_interleaved", False).fillna(False).astype(bool).all())
+    return (f"Medians of {'/'.join(map(str, repeats)) or '?'} {'interleaved ' if interleaved else ''}timed runs")
 
 
 def plot(table: pd.DataFrame, path: Path) -> Path:
@@ -247,9 +275,11 @@ def line_style(variant: str, place: int) -> str:
 
 def describe_crossovers(cross: pd.DataFrame) -> list[str]:
     """The crossover table as Markdown."""
-    shown = cross.assign(**{"overtakes from N": [fmt(v, 3) if h != "not reached" else "not within the measured N"
-                                                 for v, h in zip(cross["overtakes from N"], cross["how"])]})
-    cols = ["device", "variant", "against", "ratio at smallest N", "ratio at largest N", "largest N",
+    tokens = lambda v: f"{v:.0f}" if math.isfinite(v) else "—"  # noqa: E731 - a token count, never 1.04e+03
+    shown = cross.assign(**{"overtakes from N": [tokens(v) if h != "not reached" else "not within the measured N"
+                                                 for v, h in zip(cross["overtakes from N"], cross["how"])],
+                            "extrapolated N": [tokens(v) for v in cross["extrapolated N"]]})
+    cols = ["device", "variant", "against", "smallest N", "ratio at smallest N", "ratio at largest N", "largest N",
             "overtakes from N", "how", "extrapolated N"]
     return [markdown_table(cols, shown[cols].itertuples(index=False))]
 
@@ -265,10 +295,12 @@ def build(results_dir: Path) -> str | None:
     cross = crossovers(table, exps)
     plot(table, results_dir / "token_scaling.png")
     parts = ["## Token scaling: where the efficient variants pay", "", trials.note(), "",
-             "Medians of 3 interleaved timed runs per variant and N, each bench trial alone on the machine; per "
+             f"{timing_text(rows)} per variant and N, each bench trial alone on the machine; per "
              "image (the batch shrinks as N grows). Step memory: one training step's peak above what the process "
              "held when it started (`step_mem_kind`).", "",
              f"### Fitted exponents over each variant's top decade (N >= N_max / {fmt(TOP_DECADE)})", "",
+             "`sizes in the fit`: the measured N in that decade; a fit through 2 sizes is a line through two "
+             "points, no more (a variant measured only at large N, as the FFT path).", "",
              markdown_table(list(exps.columns), exps.itertuples(index=False)), "",
              "### Where each linear variant overtakes its softmax counterpart (training step per image)", "",
              *describe_crossovers(cross), "",
@@ -285,6 +317,8 @@ def build(results_dir: Path) -> str | None:
             lines += [f"- {kind} ({entry['device_name']}): FFT path faster from N = {entry['fft_from_tokens']}"
                       if entry["fft_from_tokens"] is not None else
                       f"- {kind} ({entry['device_name']}): dense path faster up to the largest N measured ({n[-1]})",
+                      f"  Each figure: the median over the kernelized backends measured at that N "
+                      f"({luo_path_backends(table, entry['device_name'])}).", "",
                       "  " + markdown_table(["N", "dense ms/image", "fft ms/image"],
                                             zip(n, entry["dense_ms_per_image"], entry["fft_ms_per_image"]))
                       .replace("\n", "\n  ")]

@@ -3,7 +3,9 @@
     python analysis/efficiency.py RESULTS_DIR
 
 From `train` trials, per dataset and (attention, pe): train s/epoch, inference ms/sample, peak
-memory, FLOPs per image, parameters, AIC, BIC and test accuracy (means over seeds), and an
+memory, forward multiply-adds per image (the rows' `flops`: fvcore's count, elementwise ops 0; 2 FLOPs
+each as device peaks count), parameters, AIC, BIC and test accuracy in % (means over seeds, a seed
+trained in two sweeps counted once; times and memory from bench rows are those rows', not seed means), and an
 accuracy-vs-cost plot with the Pareto front marked (no other variant is at least as accurate AND
 at most as costly; a random-feature model's accuracy there is its mean over fresh draws). Times and
 memory come from `bench` rows of the same model where there are any (a bench trial has its node to
@@ -23,8 +25,8 @@ import pandas as pd
 
 from rpevit.analysis.common import read_trials, script_main
 from rpevit.analysis.efficiency.compute import (BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED, COST_COLUMNS,
-                                                JUDGED_ACC, JUDGED_HI, JUDGED_LO, ONE_AT_A_TIME, REFERENCES,
-                                                SHAPE_FIELDS, TIME_COLUMNS, UNKNOWN_TIMES, bench_cost_table,
+                                                JUDGED_ACC, JUDGED_HI, JUDGED_LO, MULTIPLY_ADDS, ONE_AT_A_TIME,
+                                                REFERENCES, SHAPE_FIELDS, TIME_COLUMNS, UNKNOWN_TIMES, bench_cost_table,
                                                 bench_costs, cost_bench_rows, cost_ratios, field_matches,
                                                 matching_bench, model_field_names, model_fields, overlapped, overlaps,
                                                 pareto_front, variant_costs, with_resolved_shape)
@@ -56,8 +58,8 @@ def main() -> None:
 
 
 __all__ = ["BENCH_COST_COLUMNS", "BENCH_TIMING", "CONTENDED", "COST_COLUMNS", "DODGE_PT", "JUDGED_ACC", "JUDGED_HI",
-           "JUDGED_LO", "MIN_ACC_SPAN", "ONE_AT_A_TIME", "PARETO_Y_SPAN", "REFERENCES", "SHAPE_FIELDS", "TIME_COLUMNS",
-           "UNKNOWN_TIMES", "accuracy_range", "bench_cost_table", "bench_costs", "build", "cost_bench_rows",
-           "cost_ratios", "dodge", "field_matches", "main", "matching_bench", "model_field_names", "model_fields",
-           "overlapped", "overlaps", "pareto_front", "plot_pareto", "timing_note", "variant_costs",
-           "with_resolved_shape"]
+           "JUDGED_LO", "MIN_ACC_SPAN", "MULTIPLY_ADDS", "ONE_AT_A_TIME", "PARETO_Y_SPAN", "REFERENCES",
+           "SHAPE_FIELDS", "TIME_COLUMNS", "UNKNOWN_TIMES", "accuracy_range", "bench_cost_table", "bench_costs",
+           "build", "cost_bench_rows", "cost_ratios", "dodge", "field_matches", "main", "matching_bench",
+           "model_field_names", "model_fields", "overlapped", "overlaps", "pareto_front", "plot_pareto",
+           "timing_note", "variant_costs", "with_resolved_shape"]

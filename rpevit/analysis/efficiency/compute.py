@@ -1,7 +1,12 @@
 """What each variant costs, computed (efficiency's tables; the prose is text.py's, the figure figure.py's).
 
-Mean cost per variant over seeds, times from bench rows of the same model where there are any, ratios to
-softmax+ape and softmax+rope, the bench cost tables, whether train trials overlapped, and the Pareto front.
+Mean cost per variant over seeds (one value per seed: a seed trained in two sweeps counts once), times from
+bench rows of the same model where there are any, ratios to softmax+ape and softmax+rope, the bench cost
+tables, whether train trials overlapped, and the Pareto front.
+
+`flops` in the rows is rpevit/flops.py's count: fvcore's multiply-adds of one forward pass per image
+(elementwise ops count 0), not FLOPs as device peaks count them (2 per multiply-add); every table and axis
+here names it MULTIPLY_ADDS and keeps the count as stored.
 """
 from __future__ import annotations
 
@@ -24,6 +29,9 @@ TIME_COLUMNS = ("train_s_per_epoch", "infer_ms_per_sample", "peak_mem_mb")  # me
 JUDGED_ACC = "judged_acc"  # common.judged_accuracy: the draw mean for random-feature models, else test_acc
 JUDGED_LO, JUDGED_HI = "judged_acc_lo", "judged_acc_hi"  # its 95% t interval over seeds (NaN with one seed)
 COST_COLUMNS = (*TIME_COLUMNS, "flops", "params", "aic", "bic", "test_acc", "test_acc_draw_mean", JUDGED_ACC)
+ACCURACY_COLUMNS = ("test_acc", "test_acc_draw_mean", JUDGED_ACC)  # fractions here; the tables show them in %
+# what the rows' `flops` field counts (rpevit/flops.py): the name every table header and axis of efficiency gives it
+MULTIPLY_ADDS = "multiply-adds per image, forward (fvcore; elementwise ops not counted)"
 # config fields that change what one image costs: a bench row stands for a train variant when all the
 # ones that apply to it agree (shape fields always; an option only if the variant's classes take it)
 SHAPE_FIELDS = ("image_size", "patch_size", "dim", "depth", "heads", "mlp_ratio", "amp")
@@ -47,20 +55,27 @@ def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
 
 
 def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Mean cost per variant (dataset, attention, pe, qk_norm, redraw): qk_norm and redraw schedules are
-    separate variants, so their costs and accuracies are not averaged together. TIME_COLUMNS come from
-    `bench` rows of the variant's model where there are any; `timing` says where they came from."""
+    """Mean cost per variant (dataset, attention, pe, qk_norm, redraw) over its seeds: qk_norm and redraw
+    schedules are separate variants, so their costs and accuracies are not averaged together. One value per
+    (variant, seed) first, as gap_closure.per_seed and string_study.one_row_per_seed take it: a seed trained
+    in two sweeps (MNIST softmax+rope: the converged study and the STRING study) counts once, its rows
+    averaged, in the means, AIC, BIC and the interval (two rows of one seed are not two samples).
+    TIME_COLUMNS come from `bench` rows of the variant's model where there are any (their medians, not a
+    mean over seeds; `bench_trials`: how many); `timing` says where they came from."""
     frame = with_resolved_shape(with_variant(frame))
     frame["overlapped"] = overlapped(frame)
     frame[JUDGED_ACC] = judged_accuracy(frame)
     cols = [c for c in COST_COLUMNS if c in frame.columns]
     groups = frame.groupby(list(VARIANT))
-    table = groups[cols].mean()
-    table["seeds"] = groups["seed"].nunique()  # a seed trained in two sweeps (MNIST rope) counts once
-    judged = groups[JUDGED_ACC].agg(lambda v: mean_interval(v.to_numpy(float)))  # the plot's whiskers
+    seeds = frame.groupby([*VARIANT, "seed"], dropna=False)[[*cols, *(["n_train"] * ("n_train" in frame))]].mean()
+    by_seed = seeds.reset_index().groupby(list(VARIANT))
+    table = by_seed[cols].mean()
+    table["seeds"] = groups["seed"].nunique()
+    judged = by_seed[JUDGED_ACC].agg(lambda v: mean_interval(v.to_numpy(float)))  # the plot's whiskers
     table[JUDGED_LO], table[JUDGED_HI] = judged.map(lambda iv: iv.lo), judged.map(lambda iv: iv.hi)
     if "n_train" in frame.columns:  # images per epoch: turns a bench step time into seconds per epoch
-        table["n_train"] = groups["n_train"].mean()
+        table["n_train"] = by_seed["n_train"].mean()
+    table["bench_trials"] = 0
     table["timing"] = groups["overlapped"].agg(lambda o: UNKNOWN_TIMES if o.isna().any() else
                                                CONTENDED if o.astype(bool).any() else ONE_AT_A_TIME)
     table = table.reset_index()
@@ -73,6 +88,7 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
             if found is not None:
                 table.loc[i, "train_s_per_epoch"] = found["train_ms_per_image"] * row.get("n_train", np.nan) / 1e3
                 table.loc[i, ["infer_ms_per_sample", "peak_mem_mb"]] = found[["infer_ms_per_sample", "peak_mem_mb"]]
+                table.loc[i, "bench_trials"] = found["bench_trials"]
                 table.loc[i, "timing"] = BENCH_TIMING
     return table
 
@@ -108,7 +124,8 @@ def cost_bench_rows(bench: pd.DataFrame) -> pd.DataFrame:
 
 def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     """Per cost-bench sweep (one model size: bench_mnist_cpu.yaml, ...) and variant: median training-step
-    time, its time per image, inference ms per sample, FLOPs, params, peak memory, and the step and
+    time, its time per image, inference ms per sample, `flops` (MULTIPLY_ADDS: fvcore's forward multiply-adds
+    per image, as stored, not doubled), params, peak memory, and the step and
     inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none)."""
     cost = cost_bench_rows(bench)
     if cost.empty:
@@ -170,12 +187,14 @@ def overlaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:
-    """Median training ms per image, inference ms per sample and peak memory per bench model."""
+    """Median training ms per image, inference ms per sample and peak memory per bench model, and
+    `bench_trials`: how many bench rows each median is of."""
     b = with_resolved_shape(with_variant(bench))
     b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
     keys = [*VARIANT, *(c for c in model_field_names() if c in b.columns)]
     values = [c for c in ("train_ms_per_image", "infer_ms_per_sample", "peak_mem_mb") if c in b.columns]
-    return b.groupby(keys, dropna=False)[values].median().reset_index()
+    grouped = b.groupby(keys, dropna=False)
+    return grouped[values].median().assign(bench_trials=grouped.size()).reset_index()
 
 
 def model_field_names() -> tuple[str, ...]:

@@ -15,13 +15,16 @@ import pandas as pd
 from rpevit.analysis import variants
 from rpevit.analysis.common import column, fmt, pyplot, save_figure
 from rpevit.analysis.efficiency.compute import (BENCH_TIMING, CONTENDED, JUDGED_ACC, JUDGED_HI, JUDGED_LO,
-                                                ONE_AT_A_TIME, TIME_COLUMNS, UNKNOWN_TIMES, pareto_front)
+                                                MULTIPLY_ADDS, ONE_AT_A_TIME, TIME_COLUMNS, UNKNOWN_TIMES,
+                                                pareto_front)
 
 MIN_ACC_SPAN = 1.0  # accuracy points: the shortest accuracy axis, so one point (or a tight cluster) is not magnified
 PARETO_Y_SPAN = 5.0  # accuracy points shown below the best; variants further down sit at the edge as ▼
 LOG_AXIS_MIN_RATIO = 10.0  # a cost spanning less than this factor is drawn on a linear axis (readable ticks)
-PARETO_COSTS = (("flops", "FLOPs per image"), ("train_s_per_epoch", "train s / epoch"),
+PARETO_COSTS = (("flops", MULTIPLY_ADDS), ("train_s_per_epoch", "train s / epoch"),
                 ("infer_ms_per_sample", "inference ms / sample"))
+# a panel's title names its cost briefly (the title also carries the front's names); the axis label says it all
+PARETO_TITLES = {"flops": "multiply-adds"}
 PE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<", ">", "p", "d", "H", "8")  # by the figure's encodings
 MARKER_SIZE = 55  # points^2: about 7.5 pt across
 DODGE_PT = 8.0  # markers closer than this (points) on the page are set side by side, DODGE_PT apart
@@ -143,10 +146,10 @@ def dataset_panels(fig, grid, d: int, dataset: str, g: pd.DataFrame, metrics: li
         strip = fig.add_subplot(grid[2 * d + 1, m], sharex=ax)
         cost = g[col].to_numpy(float)
         shown = np.isfinite(cost) & (cost > 0) & np.isfinite(acc)
-        ax.set_title(f"{dataset}: accuracy against {label}", fontsize=FONT["title"])
+        ax.set_title(f"{dataset}: accuracy against {PARETO_TITLES.get(col, label)}", fontsize=FONT["title"])
         if not shown.any():  # nothing to place: say so inside the panel
-            ax.text(0.5, 0.5, f"no {label} with an accuracy", ha="center", va="center", transform=ax.transAxes,
-                    fontsize=FONT["note"])
+            ax.text(0.5, 0.5, textwrap.fill(f"no {label} with an accuracy", 40), ha="center", va="center",
+                    transform=ax.transAxes, fontsize=FONT["note"])
             strip.set_visible(False)
             continue
         log = set_cost_axis(ax, cost[shown])

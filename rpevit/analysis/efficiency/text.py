@@ -4,8 +4,9 @@ from __future__ import annotations
 import pandas as pd
 
 from rpevit.analysis.common import VARIANT, column, fmt, markdown_table
-from rpevit.analysis.efficiency.compute import (BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED, COST_COLUMNS,
-                                                ONE_AT_A_TIME, RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES)
+from rpevit.analysis.efficiency.compute import (ACCURACY_COLUMNS, BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED,
+                                                COST_COLUMNS, MULTIPLY_ADDS, ONE_AT_A_TIME, RATIO_TIMES, REFERENCES,
+                                                TIME_COLUMNS, UNKNOWN_TIMES)
 from rpevit.analysis.efficiency.figure import CONTENDED_MARK, PARETO_Y_SPAN
 
 NOTEBOOK_REFERENCE = ("For comparison, the reference notebook this project started from (plain PyTorch on a laptop "
@@ -30,6 +31,49 @@ def timing_note(labels: set[str]) -> str:
 
 
 
+MULTIPLY_ADDS_NOTE = (f"`{MULTIPLY_ADDS}`: the rows' `flops` field (rpevit/flops.py), fvcore's count for one "
+                      "forward pass of one image: one per multiply-add of the matrix-like ops (linear, matmul, "
+                      "einsum, attention, FFT, solves), normalisations as fvcore counts them, and 0 for "
+                      "elementwise, indexing and shape ops. Device peaks count a multiply-add as 2 FLOPs: in "
+                      "FLOPs, twice these numbers.")
+INFORMATION_CRITERIA_NOTE = ("`aic` = 2k − 2 LL and `bic` = k ln n − 2 LL (rpevit/metrics.py), with LL the "
+                             "test-set log-likelihood of the true labels under the model's own training draw, "
+                             "k its trainable parameters (`params`) and n the test images; lower is better, "
+                             "and since LL is read on the test set they describe the fit, they choose nothing.")
+
+
+def header(name: str) -> str:
+    """A cost table's column header: accuracies say they are in %, `flops` says what it counts."""
+    return f"{name} %" if name in ACCURACY_COLUMNS else MULTIPLY_ADDS if name == "flops" else name
+
+
+def shown(g: pd.DataFrame, show: list[str]) -> pd.DataFrame:
+    """g's `show` columns as a table prints them: accuracies (fractions in the rows) in %."""
+    out = g[show].copy()
+    for name in ACCURACY_COLUMNS:
+        if name in out.columns:
+            out[name] = 100 * pd.to_numeric(out[name], errors="coerce")
+    return out
+
+
+def cost_heading(dataset: str, g: pd.DataFrame) -> str:
+    """A dataset's cost-table heading: accuracies, AIC and BIC are means over seeds; times and memory are
+    the bench trials' of the same model (not a mean over seeds) where `timing` says so, else seed means."""
+    bench = g["timing"] == BENCH_TIMING
+    if not bench.any():
+        times = "times and memory: the train trials' own, means over seeds"
+        return f"### {dataset}: cost per variant (means over seeds, one value per seed; {times})"
+    counts = sorted({int(n) for n in column(g, "bench_trials", 0)[bench]})
+    trials = (f"{counts[0]} bench trial{'s' * (counts[0] != 1)}" if len(counts) == 1
+              else f"{counts[0]}–{counts[-1]} bench trials")
+    if bench.all():
+        times = f"times and memory: {trials} of the same model each, not a mean over seeds"
+    else:
+        times = (f"times and memory: {trials} of the same model each where `timing` is {BENCH_TIMING}, "
+                 "not a mean over seeds; else the train trials' own, means over seeds")
+    return f"### {dataset}: cost per variant (accuracy, aic, bic: means over seeds, one value per seed; {times})"
+
+
 def cost_section(costs: pd.DataFrame) -> list[str]:
     """Per dataset, the cost of each variant (variant_costs with cost_ratios), and what its columns mean."""
     ratios = [f"{kind} x {label}" for label, _, _ in REFERENCES for kind, _ in RATIO_TIMES]
@@ -37,9 +81,11 @@ def cost_section(costs: pd.DataFrame) -> list[str]:
     show = [*VARIANT[1:], *(c for c in ("seeds", *COST_COLUMNS, *ratios, "timing") if c in costs.columns)]
     parts = []
     for dataset, g in costs.groupby("dataset"):
-        parts += [f"### {dataset}: cost per variant (means over seeds)", "",
-                  markdown_table(show, g[show].itertuples(index=False)), ""]
+        parts += [cost_heading(dataset, g), "",
+                  markdown_table([header(c) for c in show], shown(g, show).itertuples(index=False)), ""]
     parts += [timing_note(set(costs["timing"])), ""]
+    parts += [MULTIPLY_ADDS_NOTE, ""] * ("flops" in show)
+    parts += [INFORMATION_CRITERIA_NOTE, ""] * ("aic" in show or "bic" in show)
     if ratios:
         parts += [f"`train x` / `infer x` columns: this variant's train s/epoch / inference ms per sample divided "
                   f"by those of the dataset's softmax+ape or softmax+rope (bench times only). {NOTEBOOK_REFERENCE}",
@@ -49,7 +95,9 @@ def cost_section(costs: pd.DataFrame) -> list[str]:
 
 def pareto_caption() -> list[str]:
     """What the accuracy-vs-cost figure shows, and the figure."""
-    return ["Accuracy (the mean over fresh draws for random-feature models) against cost. Colour: "
+    return ["Accuracy (the mean over fresh draws for random-feature models) against cost: "
+            f"{MULTIPLY_ADDS} (2 FLOPs each as device peaks count), train s / epoch and inference ms / "
+            "sample. Colour: "
             "attention; marker: encoding; light: qk_norm l2; black rim: random features never redrawn. "
             "Ringed, numbered and named above each panel: the Pareto front (no variant is both at least "
             f"as accurate and at most as costly). Variants more than {fmt(PARETO_Y_SPAN)} points below "
@@ -68,11 +116,12 @@ def bench_section(alone: pd.DataFrame, bench: pd.DataFrame) -> list[str]:
         show = ["attention", "pe", "qk_norm", "redraw", "N", "batch", *BENCH_COST_COLUMNS,
                 *(c for c in g.columns if " x " in c and g[c].notna().any())]
         parts += [f"### {dataset}: cost per variant, bench trials alone ({sweep})", "",
-                  markdown_table(show, g[show].itertuples(index=False)), ""]
+                  markdown_table([header(c) for c in show], g[show].itertuples(index=False)), ""]
     parts += ["Medians of interleaved timed runs of each variant, each bench trial with the machine to itself, "
               "at the study's model and batch, with the threads its trials train with (`torch_threads` in the "
               "rows). `x softmax+ape` / `x rope`: training-step and inference time divided by those of the "
               f"same sweep's softmax+ape and softmax+rope. {NOTEBOOK_REFERENCE}", ""]
+    parts += [MULTIPLY_ADDS_NOTE, ""] * ("flops" in alone.columns)
     if (column(bench, "peak_mem_kind", "") == "process_max_rss").any():
         parts += ["`peak_mem_mb` on CPU is the worker process's maximum resident memory (`peak_mem_kind` "
                   "process_max_rss), reset before each run but floored by what the process already holds: "

@@ -30,10 +30,15 @@ differences, Fieller for G; the groups are independent seeds (no pairing is assu
 Verdicts: one Holm family per configuration and accuracy: the gap, and per encoding its G (tested
 as G = 0, i.e. Welch's test of the gain) and its same-encoding gap, k = 1 + 2 x encodings. Each is
 judged on its interval at its Holm level (stats.judge_family); an effect is claimed only where that
-interval excludes 0, else "not resolved with n seeds". G is defined only where the gap itself is
-resolved and positive; there, G's Holm interval is read against 1 as well (its bound against 1 is
-Welch's test of b + pe against softmax + ape at the same level). With one seed nothing is claimed;
-G is then shown without an interval when the gap is at least MIN_GAP.
+interval excludes 0, else "not resolved with n seeds". G is judged only where the gap itself is
+resolved and positive at its Holm level; there a G interval above 0 "narrows" the gap, and is read
+against 1 as well (its bound against 1 is Welch's test of b + pe against softmax + ape at the same
+level): below 1 "not fully", above 1 "overshoots", else "G = 1 not excluded", which is no evidence of
+closing the gap (no test of closing is defined). A resolved gain without such a G raises or lowers
+b + ape, saying why: no resolved gap, or G unbounded at its (stricter) Holm level. Where the gap has an
+interval but is not resolved at its Holm level, G at 95% is still shown, labelled exploratory (table:
+compute.EXPLORATORY_G; figure: a dashed outline). With one seed nothing is claimed; G is then shown
+without an interval when the gap is at least MIN_GAP.
 
 Rows written before a column existed read as NaN (shown as —). Writes gap_closure.md and
 gap_closure.png into RESULTS_DIR. The numbers are computed in compute.py, written in words and tables

@@ -26,16 +26,26 @@ FIDELITY, PER_LAYER = "attn_tv_to_softmax", "attn_tv_per_layer"
 GAP_OUTCOME = {"resolved": "a gap", "not resolved": "gap not resolved", "ahead": "{backend}+ape ahead of softmax+ape",
                "one seed": "one seed", "missing": "not measured"}
 NO_INTERVAL = "no interval (one seed)"
-# Effect of an encoding, in the order the verdict lists them, with the phrase it uses ({b}: the backend).
-EFFECT_PHRASE = {"more than closes": "more than closes it (G interval at its Holm level above 1)",
-                 "closes": "closes it (G interval at its Holm level above 0, reaching 1)",
-                 "partly closes": "closes part of it (G interval at its Holm level between 0 and 1)",
+# Effect of an encoding, in the order the verdict lists them, with the phrase it uses ({b}: the backend; {why}:
+# why a resolved gain is read as raising or lowering b+ape, not as a G, fallback_why). A G interval above 0 at
+# its Holm level narrows the gap; against 1 it says only whether G = 1 is excluded there: no test of "closes
+# it" is defined, so not excluding 1 is never worded as closing the gap.
+EFFECT_PHRASE = {"narrows (overshoots)": "narrows it (overshoots: G above 1 at its Holm level)",
+                 "narrows (G = 1 not excluded)": "narrows it (closing it fully, G = 1, not excluded at its Holm level)",
+                 "narrows (not fully)": "narrows it (not fully: G below 1 at its Holm level)",
                  "widens": "widens it (G interval at its Holm level below 0)",
-                 "raises": "raises {b}+ape (no resolved gap for a G)",
-                 "lowers": "lowers {b}+ape (no resolved gap for a G)",
+                 "raises": "raises {b}+ape ({why})",
+                 "lowers": "lowers {b}+ape ({why})",
                  "not resolved": "{effect} (Holm interval includes 0)",
                  NO_INTERVAL: NO_INTERVAL,
                  "not measured": "not measured"}
+# Why a resolved gain is no G claim: the gap itself is not resolved (or b+ape is ahead), or it is resolved at
+# its own Holm level but G's Fieller interval at G's (stricter) Holm level is unbounded.
+NO_RESOLVED_GAP = "no resolved gap for a G"
+G_UNBOUNDED = "G unbounded at its Holm level"
+NO_GAP_AHEAD = "no gap to close: {b}+ape ahead of softmax+ape"
+# A G at 95% where the gap is not resolved at its Holm level: shown, but only as this (table and figure alike).
+EXPLORATORY_G = "G at 95% only (exploratory; the gap is not resolved at its Holm level)"
 EFFECT_ORDER = tuple(EFFECT_PHRASE)
 GAP = "gap"  # the key of the gap in a Holm family (encodings: ("G", pe) and ("same", pe))
 
@@ -104,6 +114,7 @@ class Closure:
     gain_holm: Interval = NONE  # the gain at G's Holm level
     same_holm: Judged | None = None
     effect: str = "not measured"
+    why: str = ""  # raises / lowers: why it is no G claim (fallback_why); '' otherwise
 
 
 def softmax_reference(acc: Accuracies, dataset: str, pe: str, qk_norm: str) -> tuple[Variant | None, str]:
@@ -133,7 +144,9 @@ def gap_state(judged: Judged) -> tuple[str, str]:
 def effect(gap: Gap, G: Judged, gain: Interval) -> str:
     """An encoding's effect from its Holm verdict: only a resolved G = 0 test (G interval, equivalently
     the gain's, excludes 0) is an effect. With a resolved gap and a bounded G interval it is read as
-    a closure (against 0 and 1); otherwise as raising or lowering b+ape."""
+    narrowing (or widening) the gap, and against 1: below it (not fully), above it (overshoots), or 1 not
+    excluded, which is no evidence that the gap is closed; otherwise as raising or lowering b+ape
+    (fallback_why says why)."""
     if not math.isfinite(G.nominal.p):
         return NO_INTERVAL
     if not G.resolved:
@@ -142,14 +155,32 @@ def effect(gap: Gap, G: Judged, gain: Interval) -> str:
     if gap.state == "resolved" and G.interval.bounded:
         if not up:
             return "widens"
-        return "more than closes" if G.interval.lo > 1 else "partly closes" if G.interval.hi < 1 else "closes"
+        return ("narrows (overshoots)" if G.interval.lo > 1 else "narrows (not fully)" if G.interval.hi < 1
+                else "narrows (G = 1 not excluded)")
     return "raises" if up else "lowers"
 
 
-def effect_phrase(effect_word: str, backend: str) -> str:
-    """The verdict's phrase for an effect word (its EFFECT_PHRASE entry, with the backend and seed counts)."""
+def fallback_why(gap: Gap, G: Judged) -> str:
+    """Why a resolved gain is read as raising or lowering b+ape and not as a G: the gap is not resolved at
+    its Holm level (NO_RESOLVED_GAP), b+ape is ahead (NO_GAP_AHEAD), or the gap is resolved at its Holm
+    level but G's Fieller interval at G's own Holm level is unbounded (G_UNBOUNDED)."""
+    if gap.state == "resolved":
+        return G_UNBOUNDED if G.interval.unbounded else ""
+    return NO_GAP_AHEAD if gap.state == "ahead" else NO_RESOLVED_GAP
+
+
+def G_exploratory(gap: Gap, G: Interval) -> bool:
+    """True for a G shown at 95% where the gap has an interval but is not resolved at its Holm level: it is
+    no verdict, only exploratory (EXPLORATORY_G)."""
+    return gap.state == "not resolved" and math.isfinite(G.point)
+
+
+def effect_phrase(effect_word: str, backend: str, why: str = "") -> str:
+    """The verdict's phrase for an effect word (its EFFECT_PHRASE entry, with the backend, the seed counts
+    and, for raises / lowers, why it is no G claim)."""
     category = next(e for e in EFFECT_ORDER if effect_word.startswith(e))
-    return EFFECT_PHRASE[category].format(b=backend, effect=effect_word)
+    phrase = EFFECT_PHRASE[category].format(b=backend, effect=effect_word, why=why.format(b=backend))
+    return phrase.replace(" ()", "")
 
 
 @dataclass
@@ -202,8 +233,10 @@ def measure(acc: Accuracies, config: Config, pes: list[str]) -> Assessment:
         values = acc[(dataset, backend, pe, qk_norm, redraw)]
         gain_holm = welch(values, base, G.interval.level)
         same = judged.get(("same", pe))
+        word = effect(gap, G, gain_holm)
         closures[pe] = Closure(G.nominal if with_G else NONE, welch(values, base), same.nominal if same else NONE,
-                               refs[pe], G, gain_holm, same, effect(gap, G, gain_holm))
+                               refs[pe], G, gain_holm, same, word,
+                               fallback_why(gap, G) if word in ("raises", "lowers") else "")
     return Assessment(gap, closures, judged[GAP].k)
 
 

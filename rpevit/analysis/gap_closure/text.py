@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis.common import VARIANT, column, fmt, markdown_table, with_variant
-from rpevit.analysis.gap_closure.compute import (ACCURACY_COLUMNS, DRAW_MEAN, EFFECT_ORDER, FIDELITY, GAP_OUTCOME,
-                                                 PER_LAYER, SOURCES, TRAIN_DRAW, Assessment, Closure, Config, Gap,
-                                                 effect_phrase, float_list)
+from rpevit.analysis.gap_closure.compute import (ACCURACY_COLUMNS, DRAW_MEAN, EFFECT_ORDER, EXPLORATORY_G, FIDELITY,
+                                                 GAP_OUTCOME, PER_LAYER, SOURCES, TRAIN_DRAW, Assessment, Closure,
+                                                 Config, Gap, G_exploratory, effect_phrase, fallback_why, float_list)
 from rpevit.analysis.stats import Judged, mean_interval
 
 SOURCE_NOTE = ("Draw mean: mean accuracy over fresh draws (softmax and relu-identity: their exact test_acc); "
@@ -51,14 +51,16 @@ def effect_list(assessment: Assessment, backend: str) -> str:
         return f"not measured ({gap.why})."
     head = {"resolved": f"{gap.text(backend)}: a gap",
             "ahead": f"no gap to close: {backend}+ape is ahead of softmax+ape, {gap.text(backend)}",
-            "not resolved": f"{gap.text(backend)}: {gap.why.split(':')[0]}, so G is not defined",
+            "not resolved": f"{gap.text(backend)}: {gap.why.split(':')[0]}, so no G at its Holm level"
+                            + (" (the G at 95% in the table and figure is exploratory only)" if any(
+                                G_exploratory(gap, c.G) for c in assessment.closures.values()) else ""),
             "one seed": f"{gap.text(backend)}: one seed, no interval"}[gap.state]
     head = (f"Holm over k = {assessment.k}: {head}" if assessment.k else
             f"no comparison has an interval (one seed), so nothing is Holm-corrected: {head}")
     groups: dict[str, list[str]] = {}
     for pe, c in sorted(assessment.closures.items(), key=lambda kv: EFFECT_ORDER.index(
             next(e for e in EFFECT_ORDER if kv[1].effect.startswith(e)))):
-        groups.setdefault(effect_phrase(c.effect, backend), []).append(closure_item(pe, c, gap))
+        groups.setdefault(effect_phrase(c.effect, backend, c.why), []).append(closure_item(pe, c, gap))
     said = [f"{phrase}: {', '.join(items)}" for phrase, items in groups.items()]
     same = same_encoding_text(assessment, backend)
     body = "; ".join(said) if said else "no encoding other than ape measured"
@@ -129,31 +131,39 @@ def accuracy_table(seeds: pd.DataFrame) -> str:
     return markdown_table([*VARIANT[1:], "seeds", *(f"{label} %" for label in ACCURACY_COLUMNS.values())], rows)
 
 
-def per_layer_text(values: pd.Series) -> str:
-    """Per-layer TV averaged over the variant's rows, e.g. '0.12, 0.3'; — when no row has it."""
-    arrays = [a for a in map(float_list, values) if a is not None]
-    if not arrays:
+def per_layer_text(rows: pd.DataFrame) -> str:
+    """Per-layer TV of one variant: each seed's rows averaged, then the mean over the n seeds whose rows have
+    it, e.g. '0.12, 0.3 (n=2)' (n may be fewer than the variant's seeds); — when no row has it."""
+    per_seed = []
+    for _, g in rows.groupby("seed", dropna=False):
+        arrays = [a for a in map(float_list, g[PER_LAYER]) if a is not None]
+        if len({len(a) for a in arrays}) > 1:
+            return "layer counts differ"
+        if arrays:
+            per_seed.append(np.nanmean(np.vstack(arrays), axis=0))
+    if not per_seed:
         return "—"
-    if len({len(a) for a in arrays}) > 1:
+    if len({len(a) for a in per_seed}) > 1:
         return "layer counts differ"
-    return ", ".join(fmt(x, 2) for x in np.nanmean(np.vstack(arrays), axis=0))
+    return ", ".join(fmt(x, 2) for x in np.nanmean(np.vstack(per_seed), axis=0)) + f" (n={len(per_seed)})"
 
 
 def fidelity_table(frame: pd.DataFrame, seeds: pd.DataFrame) -> str:
     """Per variant: mean TV distance of the attention rows to exact softmax rows (0 = softmax itself)."""
     if not seeds[FIDELITY].notna().any():
         return f"_no {FIDELITY} in these rows (written before attention fidelity was measured)_"
-    layers = with_variant(frame).assign(**{PER_LAYER: column(frame, PER_LAYER)}).groupby(list(VARIANT))[PER_LAYER]
+    layers = with_variant(frame).assign(**{PER_LAYER: column(frame, PER_LAYER)}).groupby(list(VARIANT))
     rows = [[*key[1:], int(g[FIDELITY].notna().sum()), mean_interval(g[FIDELITY].to_numpy(float)).text(),
              per_layer_text(layers.get_group(key)) if key in layers.groups else "—"]
             for key, g in seeds.groupby(list(VARIANT))]
-    return markdown_table([*VARIANT[1:], "seeds", "TV to softmax [95%] (n)", "TV per layer (mean)"], rows)
+    return markdown_table([*VARIANT[1:], "seeds", "TV to softmax [95%] (n)",
+                           "TV per layer, mean over the n seeds that have it (n)"], rows)
 
 
 def G_cell(closure: Closure, gap: Gap) -> str:
-    """G [95%] (n), or why it is not defined."""
+    """G [95%] (n), labelled EXPLORATORY_G where the gap is not resolved at its Holm level, or why there is none."""
     if math.isfinite(closure.G.point):
-        return closure.G.text()
+        return f"{closure.G.text()}; {EXPLORATORY_G}" if G_exploratory(gap, closure.G) else closure.G.text()
     if gap.state == "missing" or closure.G_holm is None:
         return "—"
     return f"— ({GAP_OUTCOME[gap.state].format(backend='b')})"
@@ -163,15 +173,25 @@ def holm_cell(judged: Judged | None, word: str) -> str:
     return "—" if judged is None else f"{word} (k={judged.k})"
 
 
+def holm_G_word(closure: Closure, gap: Gap) -> str:
+    """The Holm column's word for G: 'narrows it, not fully: G below 1 at its Holm level', 'raises b+ape, G
+    unbounded at its Holm level', 'widens it', 'not resolved with 3 seeds; no resolved gap for a G'."""
+    phrase = effect_phrase(closure.effect, "b", closure.why)
+    if closure.effect.startswith(("narrows", "raises", "lowers")):  # its parenthesis is part of the verdict
+        return phrase.replace(" (", ", ", 1).removesuffix(")")
+    word = phrase.split(" (")[0]
+    if closure.effect.startswith("not resolved") and gap.state != "resolved" and closure.G_holm is not None:
+        word += "; " + fallback_why(gap, closure.G_holm).format(b="b")
+    return word
+
+
 def gap_table(assessed: dict[Config, Assessment]) -> str:
     """One row per (configuration, pe) on one accuracy: gap, G, gain, same-encoding gap, Holm verdicts."""
     rows = []
     for config, a in assessed.items():
         for pe, c in a.closures.items():
             same_word = c.same_holm.word("softmax ahead", "b ahead") if c.same_holm else ""
-            G_word = effect_phrase(c.effect, "b").split(" (")[0]
-            if c.effect.startswith("not resolved") and a.gap.state != "resolved":
-                G_word += "; G undefined: " + GAP_OUTCOME[a.gap.state].format(backend="b")
+            G_word = holm_G_word(c, a.gap)
             rows.append([*config, pe, a.gap.baseline, a.gap.nominal.text(scale=100), G_cell(c, a.gap),
                          c.gain.text(scale=100), c.same_ref, c.same.text(scale=100),
                          holm_cell(c.G_holm, G_word), holm_cell(c.same_holm, same_word)])
