@@ -50,7 +50,7 @@ SPARSE = "sparse_cayley_string"
 NOTEBOOK_X_ROPE: dict[tuple[str | None, str, float | None], str] = {
     ("mnist", "cayley_string", None): "5.5",
     ("cifar10", "cayley_string", None): "18.7",
-    (None, SPARSE, 1.0): "up to 221",
+    (None, SPARSE, 1.0): "up to 221 (dataset not given)",
 }
 
 
