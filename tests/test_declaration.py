@@ -303,3 +303,11 @@ def test_a_contrast_shows_each_signed_gap_and_says_when_gap_2_is_below_0(tmp_pat
     assert contrast.gaps[1].point == pytest.approx(-2.0) and contrast.resolved
     assert "gap 2 < 0: its second cell ahead" in contrast.verdict(3)
     assert headline._verdict(contrast, 3, True) == "reverses the gap"
+
+
+def test_a_trend_states_its_premise_as_checked_on_the_rows(tmp_path):
+    """A reviewer: the trend's method says a seed's rungs share a trunk, while some trunks were trained again from
+    epoch 0; the shared-epochs check (budget_ladder.shared_epochs) now stands in the method, from the rows."""
+    (_, _, _, _), folder = judged_ladder(tmp_path, ladder_rows(time.time() + 10))
+    line = [ln for ln in confirmatory.build(folder).splitlines() if ln.startswith("- The trend's premise")]
+    assert len(line) == 1 and "Not checked: no two rungs of one configuration" in line[0]  # these rows: no epoch rows

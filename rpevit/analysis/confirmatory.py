@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis import stats
+from rpevit.analysis import budget_ladder, stats
 from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, md_text, read_trials
 from rpevit.sweep.declaration import (AFTER_TRIALS, DECLARATION_FILE, Declaration, DeclarationError, Family, Pair,
                                       Trend, cell_of, read_record, redeclarations, utc_text)
@@ -357,8 +357,20 @@ HEADERS = {"comparison": ["a", "b", "mean a", "mean b", "a − b, 95%", "a − b
                      "change per seed, 95%", "change at its Holm level", "verdict"]}
 
 
+def trend_premise(results_dir: Path, rows: pd.DataFrame) -> str:
+    """Whether each seed's rungs are one run up to the shorter one's cool-down, as the trend's pairing by seed
+    assumes of a branched study (budget_ladder.shared_epochs over the rows judged here): a trunk trained again
+    from epoch 0 on other hardware is compared with the rungs that branched from its first run."""
+    return budget_ladder.shared_epochs_text(budget_ladder.shared_epochs(rows, budget_ladder.trial_epoch_curves(
+        results_dir)))
+
+
 def build(results_dir: Path) -> str:
     decl, entry, families, set_aside = judge(results_dir)
+    record_, entry_ = in_force(results_dir)
+    frame = read_trials(results_dir, ["train"]).frame
+    rows = usable_rows(frame, entry_["parsed"], entry_["recorded_at"], bool(redeclarations(record_)))[0] \
+        if not frame.empty else frame
     n = len(decl.seeds)
     kinds = list(dict.fromkeys(f.kind for f in decl.families))
     record = read_record(results_dir)
@@ -378,6 +390,8 @@ def build(results_dir: Path) -> str:
                  f"{'; '.join(METRIC_TEXT[m] for m in metrics if m != decl.metric)}. {PENALTY_SENTENCE}"),
               f"- Seeds: {', '.join(map(str, decl.seeds))} (n = {n} per cell, fixed in advance).",
               *(f"- {kind.capitalize()}: {KIND_METHOD[kind]}." for kind in kinds),
+              *([f"- The trend's premise, checked on these rows: {trend_premise(results_dir, rows)}"]
+                if "trend" in kinds else []),
               f"- Correction: Holm within each family at alpha {fmt(decl.alpha)}; k is the declared family size. "
               f"An item is resolved only where its interval at its Holm level excludes 0.",
               "- Rows set aside: " + (", ".join(f"{v} ({k})" for k, v in set_aside.items() if v) or "none") + ".",
