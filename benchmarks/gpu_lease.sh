@@ -53,7 +53,8 @@
 # The calls (each timeout_s 600, the next within 30 s of the last; cifar-plan prints the exact carry lists):
 #   call 1, carry=[.lease, .lease_cifar/part1]:  export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh receive
 #   call 2, carry=[.lease_cifar/part2]:          export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh receive
-#   call 3, carry=[.lease_cifar/part3]:          export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh rung 3
+#   ... (one receive call per further part: 3 or 4 parts in all, as the working tree's size leaves room)
+#   last call, carry=[.lease_cifar/partN]:       export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh rung 3
 #     receive  each carried part checked (size, SHA-256) and moved out of the checkout into $LEASE_DIR; one line
 #              says how many parts are in and which are missing; once all are in, cifar10.npz is rebuilt into
 #              $LEASE_DIR/data and its SHA-256 checked; .lease (when carried) checked and unpacked, image.txt
