@@ -90,6 +90,7 @@ class Outcome:
     metric: str = "judged"
     counts: tuple[int, ...] = ()  # seeds found per cell (per seed-with-every-cell for a trend)
     gaps: tuple[stats.Interval, ...] = ()  # a contrast: gap 1 and gap 2 each (Welch, 95%), signed a − b
+    pending: int = 0  # items of its family still incomplete: counted at p = 1, so a "not resolved" may change
     where: str = ""  # the family's name with its for_each value (and trend), without the metric
 
     @property
@@ -128,7 +129,9 @@ class Outcome:
         if not self.complete:
             return f"incomplete: {self.counts_text(n_declared)} (no verdict before n is reached)"
         if not self.resolved:
-            return f"not resolved with {stats.seeds_text(self.holm.n)}"
+            later = (f" (for now: {self.pending} item{'s' if self.pending != 1 else ''} of its family incomplete, "
+                     f"counted as not rejected)" if self.pending else "")
+            return f"not resolved with {stats.seeds_text(self.holm.n)}{later}"
         up = self.holm.point > 0
         if self.kind == "contrast":
             return f"resolved: gap 2 ({self.b}) {'smaller' if up else 'larger'} than gap 1{self.gaps_text}"
@@ -263,10 +266,11 @@ def judge_family(rows: pd.DataFrame, values: pd.Series, fam: Family, fixed: dict
     p = [iv.p if ok and math.isfinite(iv.p) else INCOMPLETE_P for iv, (_, ok, _) in zip(nominal, items)]
     divisors = stats.holm_divisors(p, decl.alpha)
     out = []
+    pending = sum(not ok for _, ok, _ in items)
     for (at, ok, labels), iv, m in zip(items, nominal, divisors):
         holm = at(1 - decl.alpha / m) if m else iv
         out.append(Outcome(fam.name, nominal=iv, holm=holm, k=len(items), complete=ok, kind=fam.kind,
-                           metric=metric or decl.metric, **labels))
+                           metric=metric or decl.metric, pending=pending, **labels))
     return out
 
 
