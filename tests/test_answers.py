@@ -344,3 +344,14 @@ def test_the_published_answers_never_skip_a_heading_level():
         levels = [len(m.group(1)) for m in re.finditer(r"^(#{1,6}) ", text, re.M)]
         jumps = [(a, b) for a, b in zip(levels, levels[1:]) if b > a + 1]
         assert not jumps, f"results/{name}: heading levels jump {jumps[:3]}"
+
+
+def test_a_setting_read_from_a_row_reaches_markdown_inert():
+    """protocol_differences and bench_protocol print values from Parquet rows (a torch version, a device name):
+    a hand-edited row must not open a link, image or HTML tag in ANSWERS.md."""
+    import pandas as pd
+
+    base = {"attention": "favor", "pe": "ape", "qk_norm": "none", "torch_version": "2.14.1"}
+    planted = pd.DataFrame([{**base, "torch_version": "[x](javascript:alert(1)) <b>"}])
+    text = answers.protocol_differences(pd.DataFrame([base]), planted)
+    assert "](" not in text.replace("\\](", "") and "<b>" not in text and "torch_version 2.14.1 → " in text

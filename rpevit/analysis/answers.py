@@ -56,7 +56,7 @@ from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure
 from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
-                                    redraw_labels, with_variant)
+                                    md_text, redraw_labels, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -880,10 +880,11 @@ def cell_rows(frame: pd.DataFrame, variants: Iterable[str], qk_norm: str = "none
 
 
 def setting_text(value: object) -> str:
-    """A setting as a reader writes it: 54000 whether a row stored it as an int or a float, 0.002, cosine."""
+    """A setting as a reader writes it: 54000 whether a row stored it as an int or a float, 0.002, cosine
+    (text from a row made inert Markdown: md_text)."""
     if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):
         return str(int(value)) if float(value).is_integer() else fmt(float(value))
-    return str(value)
+    return md_text(value)
 
 
 def protocol_differences(before: pd.DataFrame, after: pd.DataFrame, redraw: str | None = None) -> str:
