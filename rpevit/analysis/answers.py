@@ -47,7 +47,7 @@ import sys
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -623,12 +623,8 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
         lines.append(text)
     joint = validation_choice.joint_choice(knob, records) if knob in validation_choice.JOINT else None
     if joint is not None:  # one setting for every variant alike: the dataset's default unless superseded
-        # whether a published study (results/STUDIES, the declared ones: as ran_with reads them; no validation
-        # study) ran the joint choice on the dataset, so that "the setting used" is said only where one did
+        # "the setting used" only where a published study (exploratory or declared; no validation study) ran it
         results_dir, datasets = folder.parent, {str(r["cell"][0]) for r in records}
-        studies = [read_trials(results_dir, ["train"]).without_rotation_study().frame,
-                   *(read_trials(f, ["train"]).frame for f in confirmatory_studies(results_dir))]
-        skip = {folder.name, *(f.name for f in validation_folders(results_dir))}
 
         def same(v, c) -> bool:  # a knob value as stored against the chosen one (numbers: to rounding)
             try:
@@ -636,15 +632,10 @@ def validation_lines(folder: Path, short: bool = False) -> list[str]:
             except (TypeError, ValueError):
                 return str(v) == str(c)
 
-        ran = False
-        for frame in studies:
-            if frame.empty or "dataset" not in frame.columns:
-                continue
-            frame = frame[frame["dataset"].astype(str).isin(datasets)
-                          & ~column(frame, "sweep", "").astype(str).isin(skip)]
-            rows, _ = with_defaults_for_unrecorded(knob_rows(frame, knob), knob)
-            ran = ran or any(all(same(v, c) for v, c in zip(value, joint["chosen"]))
-                             for value in rows[list(knob)].drop_duplicates().itertuples(index=False, name=None))
+        ran = any(all(same(v, c) for v, c in zip(value, joint["chosen"]))
+                  for rows in published_knob_rows(results_dir, knob, datasets).values()
+                  for value in with_defaults_for_unrecorded(rows, knob)[0][list(knob)].drop_duplicates()
+                  .itertuples(index=False, name=None))
         later = superseded_by(results_dir, folder)
         dataset = possessive("/".join(sorted(datasets)))
         used = ("the setting used" if ran and not later else "a setting published studies ran, since superseded"
@@ -672,19 +663,36 @@ def ran_with(sources: Sources, knob: tuple[str, ...], dataset: str) -> str:
     Only among the rows the knob applies to (luo_scale: luo_rpe rows; the redraw schedule: rows that draw
     random features)."""
     parts = []
-    declared = confirmatory_studies(sources.results_dir)
-    for kind, frame in (("exploratory", sources.train.frame),
-                        ("declared", pd.concat([read_trials(f, ["train"]).frame for f in declared], ignore_index=True)
-                         if declared else pd.DataFrame())):
-        if frame.empty or "dataset" not in frame.columns:
-            continue
-        rows = knob_rows(frame[frame["dataset"] == dataset], knob)
-        if rows.empty:
-            continue
+    for kind, rows in published_knob_rows(sources.results_dir, knob, {dataset}, sources.train.frame).items():
         studies = ", ".join(code_span(str(name)) for name in sorted(rows["sweep"].astype(str).unique())) \
             if "sweep" in rows.columns else ""
         parts.append(f"the {kind} studies{f' ({studies})' if studies else ''} ran {values_text(rows, knob)}")
     return "; ".join(parts) if parts else f"no published study ran {dataset} with it"
+
+
+def published_knob_rows(results_dir: Path, knob: tuple[str, ...], datasets: Collection[str],
+                        exploratory: pd.DataFrame | None = None) -> dict[str, pd.DataFrame]:
+    """The published studies' rows on `datasets` that `knob` applies to (knob_rows), by kind, each kind only
+    where it has such rows: "exploratory" (results/STUDIES less the rotation study: Sources.train, passed as
+    `exploratory` when already read) and "declared" (confirmatory_studies), apart since the declared ones ran
+    the validated settings. No validation study's own rows: they are the candidates, not a setting a study ran.
+    The one reader of what published studies ran with a knob: ran_with says it, validation_lines checks "the
+    setting used" against it, so the two cannot disagree."""
+    if exploratory is None:
+        exploratory = read_trials(results_dir, ["train"]).without_rotation_study().frame
+    declared = confirmatory_studies(results_dir)
+    skip = {p.parent.name for p in Path(results_dir).glob(f"*_val_*/{TRIALS_FILE}")}  # published or not
+    found = {}
+    for kind, frame in (("exploratory", exploratory),
+                        ("declared", pd.concat([read_trials(f, ["train"]).frame for f in declared], ignore_index=True)
+                         if declared else pd.DataFrame())):
+        if frame.empty or "dataset" not in frame.columns:
+            continue
+        rows = knob_rows(frame[frame["dataset"].astype(str).isin(set(datasets))
+                               & ~column(frame, "sweep", "").astype(str).isin(skip)], knob)
+        if not rows.empty:
+            found[kind] = rows
+    return found
 
 
 def knob_rows(frame: pd.DataFrame, knob: tuple[str, ...]) -> pd.DataFrame:
