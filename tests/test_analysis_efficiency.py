@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
+from scipy import stats as sps
 
-from rpevit.analysis import common, efficiency
+from rpevit.analysis import common, efficiency, stats
 from tests.analysis_rows import assert_readable_and_inside, bench_rows, config_row, png_ok, train_rows, write_sweep
 
 
@@ -294,3 +296,105 @@ def test_cost_table_says_times_are_one_bench_run_accuracy_in_percent_and_what_ai
     alone = efficiency.build(tmp_path / "results" / "converged")
     heading = next(line for line in alone.splitlines() if line.startswith("### digits: cost per variant ("))
     assert "means over seeds" in heading and "bench" not in heading, heading
+
+
+# ---------------------------------------------------------------- intervals of the bench time ratios
+def test_ratio_interval_is_welch_on_log_times_exponentiated_by_hand_and_by_scipy():
+    """Reviewer: identical computations in one bench differ by up to ~7%, so a ratio needs its spread. The
+    interval is that of the ratio of geometric means: Welch's t interval of mean log t - mean log t_ref."""
+    variant, reference = [2.0, 2.2, 2.1], [1.0, 1.1, 1.05]
+    got = efficiency.ratio_interval(variant, reference)
+    # log variant = log 2 + log reference: equal spreads and n, so Welch's df is 2 (n - 1) = 4
+    logs = np.log(reference)
+    se = math.sqrt(2 * logs.var(ddof=1) / 3)
+    q = sps.t.ppf(0.975, 4)
+    assert got.point == pytest.approx(2.0) and got.n == (3, 3) and got.df == pytest.approx(4.0)
+    assert (got.lo, got.hi) == pytest.approx((2 * math.exp(-q * se), 2 * math.exp(q * se)))
+    assert got.excludes(1.0)
+    # unequal n and spreads: scipy's Welch interval on the logs, exponentiated
+    variant, reference = [2.0, 2.2, 2.1, 2.6], [1.0, 1.1, 1.05]
+    got = efficiency.ratio_interval(variant, reference)
+    ci = sps.ttest_ind(np.log(variant), np.log(reference), equal_var=False).confidence_interval(0.95)
+    assert (got.lo, got.hi) == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    assert got.point == pytest.approx(math.exp(np.log(variant).mean() - np.log(reference).mean()))
+
+
+def test_ratio_interval_with_one_trial_on_either_side_has_none():
+    """One bench trial carries no spread: no interval, not one made up from the trial's own repeats."""
+    for variant, reference, n in (([2.0], [1.0, 1.1, 1.05], (1, 3)), ([2.0, 2.2], [1.0], (2, 1))):
+        got = efficiency.ratio_interval(variant, reference)
+        assert got.n == n and not got.bounded and math.isfinite(got.point)
+    assert efficiency.ratio_interval([2.0], [1.0]).point == pytest.approx(2.0)
+
+
+def repeated_bench_rows() -> list[dict]:
+    """Bench trials of digits' model at 10 images per batch: softmax+ape 3 trials at 10, 11, 10.5 ms per step,
+    rope 3 at 15, 16, 15.5, cayley_string 3 at 20, 22, 21 and circulant_string one at 25 (inference: /1000)."""
+    times = {"ape": (1.0, 1.1, 1.05), "rope": (1.5, 1.6, 1.55), "cayley_string": (2.0, 2.2, 2.1),
+             "circulant_string": (2.5,)}
+    return [{**config_row(task="bench", attention="softmax", pe=pe, dataset="digits", image_size=8, patch_size=2,
+                          bench_batch=10, seed=seed), "tokens": 16, "train_step_ms": 10 * t,
+             "infer_ms_per_sample": t / 100, "peak_mem_mb": 300.0}
+            for pe, ts in times.items() for seed, t in enumerate(ts)]
+
+
+def table_row(section: str, attention: str, pe: str) -> dict[str, str]:
+    """Header -> cell of the row of `section`'s (one) Markdown table that starts with attention | pe | none."""
+    lines = section.splitlines()
+    cells = lambda line: [cell.strip() for cell in line.strip().strip("|").split(" | ")]  # noqa: E731
+    header = next(line for line in lines if line.startswith("| attention |"))
+    row = next(line for line in lines if line.startswith(f"| {attention} | {pe} | none |"))
+    return dict(zip(cells(header), cells(row)))
+
+
+def test_cost_tables_show_each_ratio_with_its_interval_and_bench_trial_counts(tmp_path):
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", [{**config_row(attention="softmax", pe=pe, seed=0, dataset="digits"),
+                                           "test_acc": 0.9, "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2,
+                                           "n_train": 1000}
+                                          for pe in ("ape", "rope", "cayley_string", "circulant_string")])
+    write_sweep(parent / "cost", "cost", repeated_bench_rows())
+    expected = efficiency.ratio_interval([20.0, 22.0, 21.0], [10.0, 11.0, 10.5])
+    # the bench table: the point stays the ratio of medians (21 / 10.5), the interval is of the geometric means
+    alone = efficiency.bench_cost_table(common.load_trials(parent, "bench")).set_index("pe")
+    assert alone.loc["cayley_string", "train x softmax+ape"] == pytest.approx(2.0)
+    got = alone.loc["cayley_string", "train x softmax+ape" + efficiency.RATIO_INTERVAL]
+    assert (got.lo, got.hi) == pytest.approx((expected.lo, expected.hi)) and got.n == (3, 3)
+    assert alone.loc["circulant_string", "train x rope" + efficiency.RATIO_INTERVAL].n == (1, 3)
+    assert alone.loc["ape", "train x softmax+ape" + efficiency.RATIO_INTERVAL] is None  # its own reference
+    # the train-variant table: s/epoch from the trials' ms per image x 1000 images; the scale cancels in the ratio
+    costs = efficiency.cost_ratios(efficiency.variant_costs(common.load_trials(parent, "train"),
+                                                            common.load_trials(parent, "bench"))).set_index("pe")
+    got = costs.loc["cayley_string", "infer x softmax+ape" + efficiency.RATIO_INTERVAL]
+    assert costs.loc["cayley_string", "infer x softmax+ape"] == pytest.approx(2.0)
+    assert (got.lo, got.hi) == pytest.approx((expected.lo, expected.hi)) and got.n == (3, 3)
+    # the Markdown cells: median ratio, interval and n; no interval with one trial; the reference plain
+    text = efficiency.build(parent)
+    cost, bench = text.split("bench trials alone", 1)
+    cell = f"2 [{common.fmt(expected.lo)}, {common.fmt(expected.hi)}] (n=3,3)"
+    for section in (cost, bench):
+        cells = table_row(section, "softmax", "cayley_string")
+        assert cells["train x softmax+ape"] == cells["infer x softmax+ape"] == cell, cells
+        circulant = table_row(section, "softmax", "circulant_string")
+        assert circulant["train x softmax+ape"] == common.fmt(25 / 10.5), circulant  # one trial: plain, said once
+        reference = table_row(section, "softmax", "ape")
+        assert reference["train x softmax+ape"] == reference["infer x softmax+ape"] == "1", reference
+        rope = reference["train x rope"]  # softmax+ape against rope: an interval like any other variant's
+        assert rope.startswith(f"{common.fmt(10.5 / 15.5)} [") and rope.endswith("(n=3,3)"), rope
+    # the method text says what the bracket is
+    for sentence in ("ratio of geometric means over bench trials", "Welch", "log times", "n: bench trials"):
+        assert sentence in cost and sentence in bench
+    # ... and counts the ratios printed plain, each resting on one bench trial on a side
+    plain = "of the {} ratios rest on one bench trial on a side and are printed plain"
+    assert plain.format(2 * 2 * 3) in bench, bench  # train and infer x two references x the three other variants
+    assert "rest on one bench trial on a side" in cost
+
+
+def test_ratios_that_all_rest_on_one_bench_trial_say_so_once_not_in_every_cell():
+    """Every variant with one bench trial (the published bench sweeps): cells stay plain ratios and one line
+    under the table says that none has an interval, so that a ratio near 1 is not read as resolved."""
+    table = pd.DataFrame({"train x rope": [1.04, 1.0], "train x rope" + efficiency.RATIO_INTERVAL:
+                          [stats.Interval(1.04, n=(1, 1)), None]})
+    assert efficiency.text.shown(table, ["train x rope"])["train x rope"].tolist() == [1.04, 1.0]
+    note = efficiency.text.ratio_note(table)
+    assert note.startswith("No ratio here has an interval: each rests on one bench trial") and "[" not in note

@@ -412,3 +412,22 @@ def test_a_gap_closure_figure_without_any_bar_says_why_and_has_no_legend(tmp_pat
     fig = figures[-1]
     assert not fig.legends and "no G bar" in fig._suptitle.get_text()
     assert fig.axes[0].get_ylim()[1] < 2  # 0 and 1 shown, not +-5
+
+
+def test_an_interval_past_the_range_of_accuracy_is_said_under_the_table():
+    """Seeds of one variant at 99%, 98% and 40% (a collapse): the t(2) interval of the mean passes 100%,
+    and the draw std's passes below 0; the table prints them as computed and one line under it says so,
+    with the count and the widest, where a table without such an interval gets no line."""
+    acc = [0.99, 0.98, 0.40]
+    rows = pd.DataFrame({"dataset": "mnist", "attention": "favor", "pe": "rope", "qk_norm": "none",
+                         "redraw": "off", "seed": [0, 1, 2], **{c: acc for c in gap_closure.compute.ACCURACY_COLUMNS}})
+    rows["test_acc_draw_std"] = [0.001, 0.002, 0.30]
+    hi = np.mean(acc) + sps.t.ppf(0.975, 2) * np.std(acc, ddof=1) / math.sqrt(3)
+    assert hi > 1  # the premise: the plain t bound is past 100%
+    table = gap_closure.text.accuracy_table(rows)
+    assert f"{common.fmt(100 * hi, 4)}]" in table  # printed as computed, not cut
+    note = gap_closure.text.past_range_note(rows)
+    # five accuracy columns pass 100%, the std column passes 0: six; the widest is the accuracy one
+    assert note.startswith("_6 intervals above pass the 0-100%") and f"{common.fmt(100 * hi, 4)}] (n=3)" in note
+    tight = rows.assign(**{c: [0.99, 0.98, 0.985] for c in gap_closure.compute.ACCURACY_COLUMNS})
+    assert gap_closure.text.past_range_note(tight) == ""

@@ -137,3 +137,23 @@ def test_the_solver_check_pairs_by_seed_and_says_identical_runs_in_words():
     # no seed shared: the two are independent samples, Welch
     text = solver_sentence(solver_rows(same, moved, sparse_seeds=[3, 4, 5]))
     assert f"Welch (the two solvers share no seed): {welch(moved, same).text(scale=100)}: one check, 95%" in text
+
+
+def test_two_names_for_the_same_runs_count_once_in_the_holm_family():
+    """Sparse-S Cayley at f = 1 computes dense Cayley-STRING's P: where its seeds' accuracies equal another
+    variant's seed for seed (cifar10_cpu: 60.13 [59.15, 61.11] both), the family counts distinct models, the
+    copy shares the verdict of the one it repeats and the text says it was judged once."""
+    rows = solver_rows([0.93, 0.94, 0.95], [0.93, 0.94, 0.95])  # the sparse solve repeats the dense one exactly
+    table = string_study.variant_table(rows)
+    dense, sparse = (table.set_index("variant").loc[f"{string_study.SPARSE} {s}"] for s in ("auto", "sparse"))
+    assert dense["holm"].k == 1 and sparse["holm"] is dense["holm"]  # one distinct model against rope, not two
+    assert sparse["same_as"] == f"{string_study.SPARSE} auto" and pd.isna(dense["same_as"])
+    # alone in its family its 95% interval decides; with k = 2 (counted twice) its Holm level would be 97.5%
+    assert dense["holm"].interval.level == pytest.approx(0.95)
+    text = string_study.verdict("CIFAR-10", table, string_study.f_table(rows))
+    assert f"Judged once, as the same runs seed for seed (the same accuracy in every seed): " \
+           f"{string_study.SPARSE} sparse repeats {string_study.SPARSE} auto." in text
+    assert "Holm over the k = 1:" in text
+    # one seed differs in its last digit: two models, two comparisons
+    apart = string_study.variant_table(solver_rows([0.93, 0.94, 0.95], [0.93, 0.94, 0.9501]))
+    assert apart["same_as"].isna().all() and {h.k for h in apart["holm"].dropna()} == {2}

@@ -1,9 +1,16 @@
 """The validation-choice report on constructed rows with known answers: the candidate with the best
 mean validation accuracy is chosen (draw mean for random-feature rows), its test figure is read, and
-a change of choice is claimed only when the Holm-corrected Welch interval excludes 0."""
+a change of choice is claimed only when the Holm-corrected interval excludes 0, paired by seed (the
+candidates of a cell ran the same seeds), Welch only where they share fewer than 2 seeds."""
 from __future__ import annotations
 
+import math
+
+import numpy as np
+from scipy import stats as scipy_stats
+
 from rpevit.analysis import stats, validation_choice
+from rpevit.analysis.common import load_trials
 from tests.analysis_rows import config_row, write_sweep
 
 # (attention, luo_scale) -> per-seed validation accuracy; favor is judged on its validation draw mean
@@ -12,10 +19,11 @@ VAL = {("softmax", 3.0): [0.950, 0.952, 0.951], ("softmax", 10.0): [0.940, 0.941
 TEST = {("softmax", 3.0): 0.96, ("softmax", 10.0): 0.95, ("favor", 3.0): 0.94, ("favor", 10.0): 0.93}
 
 
-def rows() -> list[dict]:
+def rows(val_by_cell: dict = VAL) -> list[dict]:
+    """One row per (attention, luo_scale) and seed; values a list (seeds 0, 1, ...) or seed -> value."""
     out = []
-    for (attention, scale), values in VAL.items():
-        for seed, val in enumerate(values):
+    for (attention, scale), values in val_by_cell.items():
+        for seed, val in (values.items() if isinstance(values, dict) else enumerate(values)):
             row = {**config_row(attention=attention, pe="luo_rpe", luo_scale=scale, seed=seed, dataset="digits",
                                 redraw_interval=100 if attention == "favor" else 0),
                    "test_acc": 0.5, "test_acc_draw_mean": float("nan"), "final_val_acc": 0.5,
@@ -294,3 +302,63 @@ def test_the_joint_choice_is_called_the_setting_used_only_where_a_published_stud
     write_sweep(tmp_path / "study", "study", [{**study, "lr": 2e-3, "init": "torch_default", "grad_clip": 1.0}])
     assert answers.validation_lines(folder, short=True)[-1].startswith("every variant alike (the setting used): 0.002, "
                                                                         "torch_default, 1")
+
+
+# seed -> validation accuracy: a large seed effect (0.78 to 0.92) shared by both candidates and a small, steady
+# gain of 3 over 10 on each seed. softmax's 3 failed in seed 3 (only seeds 0-2 pair); favor's 3 ran other seeds.
+SEEDED_VAL = {("softmax", 10.0): {0: 0.80, 1: 0.86, 2: 0.92, 3: 0.78}, ("softmax", 3.0): {0: 0.81, 1: 0.872, 2: 0.931},
+              ("favor", 10.0): {0: 0.80, 1: 0.86, 2: 0.92}, ("favor", 3.0): {10: 0.81, 11: 0.872, 12: 0.931}}
+
+
+def seeded_study(tmp_path):
+    diverged = [(config_row(attention="softmax", pe="luo_rpe", luo_scale=3.0, seed=3, dataset="digits"),
+                 "rpevit.tasks.train.DivergedError: training loss is nan at epoch 2")]
+    return write_sweep(tmp_path / "luo", "luo", rows(SEEDED_VAL), failed=diverged)
+
+
+def t_interval_by_hand(diffs: list[float], level: float) -> tuple[float, float, float]:
+    """(mean, lo, hi): the mean difference +- the t quantile with n - 1 df times sd / sqrt(n)."""
+    n, mean = len(diffs), sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    half = scipy_stats.t.ppf(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def test_a_cells_margin_is_paired_by_seed_over_the_seeds_both_candidates_have(tmp_path):
+    """The candidates of a cell ran the same seeds: softmax's margin is the one-sample t interval of the per-seed
+    differences over the 3 seeds both have (seed 3, where 3 failed, left out; n = 3 pairs), which excludes 0,
+    where Welch (whose seed spread hides the steady gain, and which compares 3 seeds with 4) does not. Holm over
+    the 2 cells: the paired one has the smaller p, so it is shown at 97.5%. favor's two candidates share no seed:
+    Welch, and its line says so."""
+    folder = seeded_study(tmp_path)
+    frame = load_trials(folder, task="train")
+    _, records = validation_choice.choices(frame[frame["status"] == "ok"], validation_choice.failed_trials(folder))
+    judged = validation_choice.margins(records)
+    softmax, favor = judged["digits / softmax / luo_rpe"], judged["digits / favor / luo_rpe"]
+    chosen, earlier = SEEDED_VAL[("softmax", 3.0)], SEEDED_VAL[("softmax", 10.0)]
+    diffs = [chosen[seed] - earlier[seed] for seed in (0, 1, 2)]
+    for interval, level in ((softmax.nominal, 0.95), (softmax.interval, 1 - 0.05 / 2)):
+        assert np.allclose((interval.point, interval.lo, interval.hi), t_interval_by_hand(diffs, level), rtol=1e-9)
+        assert interval.n == (3,) and interval.df == 2
+    assert softmax.nominal.excludes(0.0) and softmax.resolved and softmax.k == 2
+    assert not stats.welch(list(chosen.values()), list(earlier.values())).excludes(0.0)
+    assert not stats.welch(list(chosen.values()), [earlier[seed] for seed in (0, 1, 2)]).excludes(0.0)
+    welch = stats.welch(list(SEEDED_VAL[("favor", 3.0)].values()), list(SEEDED_VAL[("favor", 10.0)].values()))
+    assert favor.nominal == welch and not favor.resolved
+
+    text = validation_choice.build(folder)
+    line = next(line for line in text.splitlines() if line.startswith("- digits / softmax"))
+    assert (f"its margin on validation is {softmax.nominal.text(100, 3)} points (paired by seed over the seeds both "
+            f"have: seed 3 left out, where one of the two has no value), Holm over 2 cell(s): better on validation "
+            f"than the earlier choice.") in line and "(n=3)" in line
+    line = next(line for line in text.splitlines() if line.startswith("- digits / favor"))
+    assert (f"its margin on validation is {welch.text(100, 3)} points (Welch, unpaired: the two ran different seeds: "
+            f"10, 11, 12 and 0, 1, 2), Holm over 2 cell(s): not resolved with 3 seeds.") in line
+
+
+def test_a_margin_over_all_seeds_alike_says_paired_by_seed(tmp_path):
+    """The usual case: both candidates have a value on every seed; the line says "paired by seed", n = seeds."""
+    text = validation_choice.build(write_sweep(tmp_path / "luo", "luo", rows()))
+    softmax = next(line for line in text.splitlines() if line.startswith("- digits / softmax"))
+    diffs = [a - b for a, b in zip(VAL[("softmax", 3.0)], VAL[("softmax", 10.0)])]
+    assert f"its margin on validation is {stats.mean_interval(diffs).text(100, 3)} points (paired by seed)," in softmax

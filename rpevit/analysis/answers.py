@@ -525,7 +525,8 @@ def string_section(sources: Sources, dataset: str) -> list[str]:
     """The STRING variants against RoPE under softmax, with bench costs (string_study's tables and verdict)."""
     table, fs = sources.strings[dataset]
     rows = [[r["variant"], r["acc_text"], r["diff"].text(scale=100),
-             string_study.holm_word(r["holm"]) + (f" (k = {r['holm'].k})" if r["holm"] is not None else ""),
+             string_study.holm_word(r["holm"]) + (f" (k = {r['holm'].k})" if r["holm"] is not None else "")
+             + string_study.twin_text(r),
              fmt(r["train x rope"], 3)] for _, r in table.iterrows()]
     sweeps = sorted(set(sources.train.frame.loc[(sources.train.frame["dataset"] == dataset) &
                                                 (sources.train.frame["attention"] == "softmax"), "sweep"]))
@@ -590,7 +591,8 @@ def current_validation_folders(results_dir: Path) -> list[Path]:
 
 def validation_lines(folder: Path, short: bool = False) -> list[str]:
     """Per cell of a validation study: what validation chooses, and its margin over the earlier choice
-    (Welch, Holm over the cells: validation_choice.margins); `short`, the README's compact form."""
+    (paired by seed, Welch only where the two share no seeds; Holm over the cells:
+    validation_choice.margins); `short`, the README's compact form."""
     frame = read_trials(folder, ["train"]).frame
     knob, records = validation_choice.choices(frame, validation_choice.failed_trials(folder), folder.name)
     judged = validation_choice.margins(records)
@@ -998,7 +1000,7 @@ def summary_lines(sources: Sources) -> list[str]:
         lines.append(f"  - ReLU: {short_gap(relu.gap, 'relu')}; on relu+ape: {grouped_effects(relu, 'relu')}.")
     for dataset in sorted(sources.strings, key=lambda d: (d != "mnist", d)):
         table, _ = sources.strings[dataset]
-        judged = [r["holm"] for _, r in table.iterrows() if r["holm"] is not None]
+        judged = [r["holm"] for r in string_study.distinct(table)]
         best = table.iloc[0]
         resolved = sum(j.resolved for j in judged)
         lines.append(f"- STRING on {DATASET_NAMES.get(dataset, dataset)} (softmax): {resolved} of {len(judged)} "
@@ -1032,7 +1034,10 @@ def answers_file(sources: Sources) -> str:
     """results/ANSWERS.md."""
     lines = ["# Answers so far", "",
              "How to read the figures: mean or difference [95 % interval] (n seeds of each group). Intervals are "
-             "t-based (Welch for differences, Fieller for the gap closure G; `rpevit/analysis/stats.py`). A verdict "
+             "t-based (Welch for differences, Fieller for the gap closure G; `rpevit/analysis/stats.py`). A t or "
+             "Welch interval is symmetric about its estimate and is not cut at the range an accuracy (0-100) or a "
+             "difference of two (±100) can take: where seeds disagree widely a bound passes it, printed as computed. "
+             "A verdict "
              "family is corrected by Holm; each comparison is also shown at its Holm level (with k, the family's "
              "size), and an effect is claimed only where that interval excludes 0; otherwise the text says \"not "
              "resolved with n seeds\". G = (b+pe − b+ape) / (softmax+ape − b+ape) is given only where that gap "

@@ -10,7 +10,8 @@ sparse_cayley_string at each f and solver, rotinv: the encodings whose registrat
 
 - accuracy per variant, mean [95% t interval] (n seeds), and the difference to rope with its 95%
   Welch interval (the seeds of the two variants are independent samples), judged by Holm over the
-  family of every variant's difference to rope (rpevit.analysis.stats): a variant is called above
+  family of every distinct variant's difference to rope (rpevit.analysis.stats; a variant whose runs
+  repeat another's seed for seed, same_runs, is judged once, with it): a variant is called above
   or below rope only where its Holm-level interval excludes 0, else "not resolved with n seeds";
 - cost relative to rope: training-step and inference time divided by rope's, from `bench` trials
   of the same model (each with the machine to itself; efficiency.bench_cost_table), where present;
@@ -126,23 +127,56 @@ def with_costs(rows: pd.DataFrame, ratios: pd.DataFrame) -> pd.DataFrame:
 
 def variant_table(rows: pd.DataFrame) -> pd.DataFrame:
     """Per variant: seeds, accuracy mean and interval, difference to rope (95% Welch), its Holm verdict
-    (`holm`: stats.Judged within the family of every variant's difference to rope) and cost ratios."""
+    (`holm`: stats.Judged within the family of every distinct variant's difference to rope), `same_as` (the
+    variant whose runs it repeats seed for seed, same_runs; it shares that one's verdict) and cost ratios."""
     ref = rows.loc[rows["pe"] == REFERENCE, "test_acc"].to_numpy(float)
     groups = {variant: g for variant, g in rows.groupby("variant", sort=False)}
+    twins = same_runs({v: g for v, g in groups.items() if g["pe"].iloc[0] != REFERENCE})
     family = judge_family({v: partial(welch, g["test_acc"].to_numpy(float), ref)
-                           for v, g in groups.items() if g["pe"].iloc[0] != REFERENCE}) if len(ref) else {}
+                           for v, g in groups.items() if g["pe"].iloc[0] != REFERENCE and v not in twins}) \
+        if len(ref) else {}
     out = []
     for variant, g in groups.items():
         acc = g["test_acc"].to_numpy(float)
         first = g.iloc[0]
         f = first["string_sparsity"] if first["pe"] == SPARSE else None
-        holm = family.get(variant)
+        holm = family.get(twins.get(variant, variant))
         out.append({"variant": variant, "pe": first["pe"], "seeds": len(acc), "acc": acc.mean(),
                     "acc_text": mean_interval(acc).text(scale=100, digits=4),
                     "diff": holm.nominal if holm else Interval(math.nan), "holm": holm,
+                    "same_as": twins.get(variant),
                     "train x rope": g["train x rope"].median(), "infer x rope": g["infer x rope"].median(),
                     "notebook x rope": notebook_ratio(first["dataset"], first["pe"], f)})
     return pd.DataFrame(out).sort_values("acc", ascending=False).reset_index(drop=True)
+
+
+def same_runs(groups: dict[str, pd.DataFrame]) -> dict[str, str]:
+    """Variant -> the first variant before it (in `groups`' order) with the same seeds and, seed for seed, the
+    same test accuracy to the last bit: the same runs under two names (sparse-S Cayley at f = 1 computes dense
+    Cayley-STRING's P; the sparse and dense solves at one f can agree exactly). Counting such a pair twice in
+    the Holm family would make it larger than the number of distinct models and every level stricter for
+    nothing, so each is judged once and the copy shares the verdict (twin_text says so)."""
+    seen: dict[tuple, str] = {}
+    twins = {}
+    for variant, g in groups.items():
+        runs = tuple(sorted(zip(g["seed"].tolist(), g["test_acc"].astype(float).tolist()))) \
+            if "seed" in g.columns else (variant,)
+        if runs in seen:
+            twins[variant] = seen[runs]
+        else:
+            seen[runs] = variant
+    return twins
+
+
+def twin_text(row: pd.Series) -> str:
+    """' (the same runs as cayley_string, seed for seed: judged once)' for a variant same_runs paired, else ''."""
+    same = row.get("same_as")
+    return f" (the same runs as {same}, seed for seed: judged once)" if isinstance(same, str) else ""
+
+
+def distinct(table: pd.DataFrame) -> list[pd.Series]:
+    """The rows with a Holm verdict that count in the family: one per distinct model (not a same_runs copy)."""
+    return [r for _, r in table.iterrows() if r["holm"] is not None and not twin_text(r)]
 
 
 def holm_word(holm: Judged | None) -> str:
@@ -188,7 +222,7 @@ def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
     cost of the highest mean, the f means, the solver check. No effect is claimed that Holm does not resolve."""
     lines = [f"**{dataset}.**"]
     best = table.iloc[0]
-    judged = [r for _, r in table.iterrows() if r["holm"] is not None]
+    judged = distinct(table)
     k = judged[0]["holm"].k if judged else 0
     if best["pe"] == REFERENCE:
         lines.append(f"rope itself has the highest mean ({best['acc_text']}).")
@@ -213,6 +247,10 @@ def verdict(dataset: str, table: pd.DataFrame, fs: pd.DataFrame) -> str:
         else:
             lines.append(f"Differences to rope resolved by Holm over the k = {k}: {'; '.join(resolved)}"
                          + (f"; the other {rest} not resolved with {seeds} seeds." if rest else "."))
+    copies = [f"{r['variant']} repeats {r['same_as']}" for _, r in table.iterrows() if twin_text(r)]
+    if copies:
+        lines.append(f"Judged once, as the same runs seed for seed (the same accuracy in every seed): "
+                     f"{'; '.join(copies)}.")
     dense = fs[fs["solver"] != "sparse"].sort_values("f")
     if len(dense) > 1:
         top = dense.loc[dense["acc"].idxmax()]
@@ -289,7 +327,7 @@ def build(results_dir: Path) -> str | None:
         per_dataset[dataset] = fs
         shown = [[r["variant"], r["seeds"], r["acc_text"], r["diff"].text(scale=100),
                   holm_word(r["holm"]) + (f": {r['holm'].interval.text(scale=100)}, k={r['holm'].k}"
-                                          if r["holm"] is not None else ""),
+                                          if r["holm"] is not None else "") + twin_text(r),
                   r["train x rope"], r["infer x rope"], r["notebook x rope"]] for _, r in table.iterrows()]
         parts += [verdict(dataset, table, fs), "", f"### {dataset}: accuracy and cost relative to rope", "",
                   markdown_table(["variant", "seeds", "test acc % [95%] (n)", "vs rope, points [95% Welch] (n)",
@@ -304,7 +342,8 @@ def build(results_dir: Path) -> str | None:
               "laptop CPU; its sparse f = 1 figure is a maximum over its runs). Intervals: 95% t intervals over "
               "seeds (differences to rope: Welch, the two variants' seeds independent; the sparse solver against the "
               "dense one: paired by seed), each with its seed counts n. "
-              "Holm: each difference to rope judged at its Holm level within the family of all k variants; "
+              "Holm: each difference to rope judged at its Holm level within the family of all k distinct variants "
+              "(a variant whose runs repeat another's seed for seed is judged once, with it); "
               "a variant is called above or below rope only where that interval excludes 0.", ""]
     if plot_f(per_dataset, results_dir / "string_study_f.png") is not None:
         parts += ["![accuracy against f](string_study_f.png)", ""]

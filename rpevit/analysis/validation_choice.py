@@ -9,13 +9,16 @@ or (redraw_interval, redraw_until). Per cell and candidate, the validation accur
 by is `val_acc_draw_mean` (the mean over fresh draws) for random-feature backends and
 `final_val_acc` otherwise; the chosen candidate is the one with the highest mean over seeds. Its
 test accuracy (judged_accuracy: draw mean for random features) is then read once. Whether the
-chosen candidate beats the earlier choice on validation is a Welch comparison, Holm-corrected over
-the cells: claimed only when the corrected interval excludes 0, else "not resolved with n seeds".
+chosen candidate beats the earlier choice on validation is judged per cell, Holm-corrected over the
+cells: claimed only when the corrected interval excludes 0, else "not resolved with n seeds". Every
+candidate of a cell ran the same seeds, so the margin is paired by seed (seed_margin: a one-sample t
+interval of the per-seed differences over the seeds where both have a value, n = those pairs; a seed
+where either failed is left out), Welch, with the reason, only where they share fewer than 2 such
+seeds or the rows carry no seed; each cell's line says which.
 For a knob taken once for every cell (JOINT), the joint choice's margin over the earlier choice is
-paired by seed (per seed, the mean over cells of the chosen minus the earlier candidate; a one-sample
-t interval over the seeds), Welch with the reason where the two ran different seeds; it is exploratory,
-as the chosen candidate is the best of those tried (a selection), so it says whether its 95% interval
-excludes 0 and makes no claim.
+paired by seed the same way (per seed, the mean over cells of the chosen minus the earlier candidate);
+it is exploratory, as the chosen candidate is the best of those tried (a selection), so it says whether
+its 95% interval excludes 0 and makes no claim.
 A choice at an end of the values tried is flagged: the grid does not bracket it. Trials that failed
 (e.g. training diverged) are listed with their error, per candidate, and count as tried.
 """
@@ -197,18 +200,42 @@ def cell_mean_by_seed(per_cell: list[dict]) -> dict | None:
     return {seed: float(np.mean([f[seed] for f in found])) for seed in sorted(shared)}
 
 
-def joint_margin(joint: dict) -> tuple[stats.Interval, str]:
-    """The joint choice minus the earlier one on validation (mean over cells) and how it was computed: paired
-    by seed (a one-sample t interval of the per-seed differences, n = seeds) where the two ran the same seeds,
-    else Welch over the seeds' cell means (each seed's mean over the cells that all ran it), with the reason."""
-    chosen, earlier = (joint["scores"][v] for v in (joint["chosen"], joint["earlier"]))
+MIN_PAIRS = 2  # a paired interval needs two per-seed differences: one carries no spread
+
+
+def seed_margin(chosen: dict, earlier: dict, level: float = stats.LEVEL) -> tuple[stats.Interval, str]:
+    """`chosen` minus `earlier` on validation, and how it was computed. The two ran the same seeds (every
+    candidate tried runs every seed of the grid), so a seed's two values are one paired observation and the
+    seed's own effect cancels: where both have a value in at least MIN_PAIRS seeds, the one-sample t interval
+    of the per-seed differences over those seeds (n = pairs; a seed where either has no value, e.g. it failed,
+    is left out and named); else Welch, with the reason. `chosen`, `earlier`: a candidate's figures,
+    `val_by_seed` (seed -> value; None where the rows carry no seed) and `val_seeds` (its values by row)."""
     a, b = chosen.get("val_by_seed"), earlier.get("val_by_seed")
-    if a and b and set(a) == set(b):
-        return stats.mean_interval([a[seed] - b[seed] for seed in sorted(a)]), "paired by seed"
-    if a is None or b is None:  # no seed ids: the cells' values by row position, as before
-        return stats.welch(chosen["val_seeds"], earlier["val_seeds"]), "Welch, unpaired: the rows carry no seed"
-    why = "the two ran different seeds: " + " and ".join(", ".join(map(str, sorted(s))) or "none" for s in (a, b))
-    return stats.welch(list(a.values()), list(b.values())), f"Welch, unpaired: {why}"
+    if a is None or b is None:  # no seed ids: the values by row, unpaired
+        return (stats.welch(chosen["val_seeds"], earlier["val_seeds"], level),
+                "Welch, unpaired: the rows carry no seed")
+    shared = sorted(set(a) & set(b))
+    if len(shared) >= MIN_PAIRS:
+        return stats.mean_interval([a[seed] - b[seed] for seed in shared], level), paired_text(set(a) ^ set(b))
+    seeds = " and ".join(", ".join(map(str, sorted(s))) or "none" for s in (a, b))
+    why = f"the two share only seed {shared[0]}" if shared else "the two ran different seeds"
+    return stats.welch(list(a.values()), list(b.values()), level), f"Welch, unpaired: {why}: {seeds}"
+
+
+def paired_text(alone: set) -> str:
+    """'paired by seed', naming the seeds left out as only one of the two has a value there."""
+    if not alone:
+        return "paired by seed"
+    left = ", ".join(map(str, sorted(alone)))
+    return (f"paired by seed over the seeds both have: seed{'s' if len(alone) > 1 else ''} {left} left out, "
+            f"where one of the two has no value")
+
+
+def joint_margin(joint: dict) -> tuple[stats.Interval, str]:
+    """The joint choice minus the earlier one on validation (mean over cells) and how it was computed
+    (seed_margin over the seeds' cell means, each seed's mean over the cells that all ran it): paired by seed,
+    Welch with the reason where the two share fewer than 2 seeds."""
+    return seed_margin(*(joint["scores"][v] for v in (joint["chosen"], joint["earlier"])))
 
 
 def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
@@ -229,7 +256,7 @@ def joint_lines(knob: tuple[str, ...], records: list[dict], label) -> list[str]:
 
 def joint_sentence(knob: tuple[str, ...], joint: dict, label) -> str:
     """What validation chooses for every variant alike, its margin over the earlier choice (joint_margin: paired
-    by seed where the seeds match; exploratory, as the chosen one is the best of the K candidates, so no claim:
+    by seed where they share 2 seeds; exploratory, as the chosen one is the best of the K candidates, so no claim:
     whether its 95% interval excludes 0), whether the grid brackets it and what cannot be used."""
     chosen, earlier = joint["chosen"], joint["earlier"]
     edge = (f" It is the {joint['edge']} {knob[0]} tried with its other settings: the best may lie beyond the grid "
@@ -255,15 +282,20 @@ def cell_name(record: dict) -> str:
     return " / ".join(str(c) for c in record["cell"])
 
 
+def cell_margin(record: dict, level: float = stats.LEVEL) -> tuple[stats.Interval, str]:
+    """A cell's chosen candidate minus its earlier one on validation, and how it was computed (seed_margin: the
+    candidates of a cell share seeds, so paired by seed where they share 2 with a value, else Welch)."""
+    return seed_margin(*(record["candidates"][v] for v in (record["chosen"], record["earlier"])), level)
+
+
 def margins(records: list[dict]) -> dict[str, stats.Judged]:
     """Per cell (cell_name) whose validation choice differs from the earlier one: the chosen candidate minus
-    the earlier one on validation (Welch), judged by Holm over those cells."""
+    the earlier one on validation (cell_margin: paired by seed, else Welch), judged by Holm over those cells."""
     family = {}
     for record in records:
         chosen, earlier = record["chosen"], record["earlier"]
         if chosen is not None and earlier is not None and chosen != earlier:
-            a, b = record["candidates"][chosen]["val_seeds"], record["candidates"][earlier]["val_seeds"]
-            family[cell_name(record)] = lambda level, a=a, b=b: stats.welch(a, b, level)
+            family[cell_name(record)] = lambda level, record=record: cell_margin(record, level)[0]
     return stats.judge_family(family) if family else {}
 
 
@@ -337,8 +369,10 @@ def build(results_dir: Path) -> str | None:
         else:
             verdict = judged[cell]
             word = verdict.word("better on validation than the earlier choice", "worse")
+            how = f" ({cell_margin(record)[1]})" if math.isfinite(verdict.nominal.point) else ""
             lines.append(f"- {cell}: validation chooses {label(chosen)}, not the earlier {label(earlier)}; its margin on "
-                         f"validation is {verdict.nominal.text(100, 3)} points, Holm over {verdict.k} cell(s): {word}. "
+                         f"validation is {verdict.nominal.text(100, 3)} points{how}, Holm over {verdict.k} cell(s): "
+                         f"{word}. "
                          f"Test accuracy: {record['candidates'][chosen]['test'].text(100, 4)} against "
                          f"{record['candidates'][earlier]['test'].text(100, 4)}.{edge}")
     if knob in JOINT:

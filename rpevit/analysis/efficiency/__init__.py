@@ -26,10 +26,11 @@ import pandas as pd
 from rpevit.analysis.common import read_trials, script_main
 from rpevit.analysis.efficiency.compute import (BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED, COST_COLUMNS,
                                                 JUDGED_ACC, JUDGED_HI, JUDGED_LO, MULTIPLY_ADDS, ONE_AT_A_TIME,
-                                                REFERENCES, SHAPE_FIELDS, TIME_COLUMNS, UNKNOWN_TIMES, bench_cost_table,
-                                                bench_costs, cost_bench_rows, cost_ratios, field_matches,
-                                                matching_bench, model_field_names, model_fields, overlapped, overlaps,
-                                                pareto_front, variant_costs, with_resolved_shape)
+                                                RATIO_INTERVAL, REFERENCES, SHAPE_FIELDS, TIME_COLUMNS, TRIALS,
+                                                UNKNOWN_TIMES, bench_cost_table, bench_costs, cost_bench_rows,
+                                                cost_ratios, field_matches, matching_bench, model_field_names,
+                                                model_fields, overlapped, overlaps, pareto_front, ratio_interval,
+                                                variant_costs, with_ratios, with_resolved_shape)
 from rpevit.analysis.efficiency.figure import (DODGE_PT, MIN_ACC_SPAN, PARETO_Y_SPAN, accuracy_range, dodge,
                                                plot_pareto)
 from rpevit.analysis.efficiency.text import bench_section, cost_section, pareto_caption, timing_note
@@ -58,8 +59,8 @@ def main() -> None:
 
 
 __all__ = ["BENCH_COST_COLUMNS", "BENCH_TIMING", "CONTENDED", "COST_COLUMNS", "DODGE_PT", "JUDGED_ACC", "JUDGED_HI",
-           "JUDGED_LO", "MIN_ACC_SPAN", "MULTIPLY_ADDS", "ONE_AT_A_TIME", "PARETO_Y_SPAN", "REFERENCES",
-           "SHAPE_FIELDS", "TIME_COLUMNS", "UNKNOWN_TIMES", "accuracy_range", "bench_cost_table", "bench_costs",
-           "build", "cost_bench_rows", "cost_ratios", "dodge", "field_matches", "main", "matching_bench",
-           "model_field_names", "model_fields", "overlapped", "overlaps", "pareto_front", "plot_pareto",
-           "timing_note", "variant_costs", "with_resolved_shape"]
+           "JUDGED_LO", "MIN_ACC_SPAN", "MULTIPLY_ADDS", "ONE_AT_A_TIME", "PARETO_Y_SPAN", "RATIO_INTERVAL",
+           "REFERENCES", "SHAPE_FIELDS", "TIME_COLUMNS", "TRIALS", "UNKNOWN_TIMES", "accuracy_range",
+           "bench_cost_table", "bench_costs", "build", "cost_bench_rows", "cost_ratios", "dodge", "field_matches",
+           "main", "matching_bench", "model_field_names", "model_fields", "overlapped", "overlaps", "pareto_front",
+           "plot_pareto", "ratio_interval", "timing_note", "variant_costs", "with_ratios", "with_resolved_shape"]

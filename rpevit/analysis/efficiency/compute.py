@@ -1,8 +1,9 @@
 """What each variant costs, computed (efficiency's tables; the prose is text.py's, the figure figure.py's).
 
 Mean cost per variant over seeds (one value per seed: a seed trained in two sweeps counts once), times from
-bench rows of the same model where there are any, ratios to softmax+ape and softmax+rope, the bench cost
-tables, whether train trials overlapped, and the Pareto front.
+bench rows of the same model where there are any, ratios to softmax+ape and softmax+rope (each the ratio
+of medians over bench trials, with the 95% interval of the ratio of geometric means: `ratio_interval`), the
+bench cost tables, whether train trials overlapped, and the Pareto front.
 
 `flops` in the rows is rpevit/flops.py's count: fvcore's multiply-adds of one forward pass per image
 (elementwise ops count 0), not FLOPs as device peaks count them (2 per multiply-add); every table and axis
@@ -12,12 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
 from rpevit.analysis.common import VARIANT, column, cost_options, judged_accuracy, with_variant
-from rpevit.analysis.stats import mean_interval
+from rpevit.analysis.stats import LEVEL, Interval, finite, mean_interval, welch
 from rpevit.analysis.token_scaling import scaling_rows
 
 from rpevit import registry
@@ -42,6 +45,11 @@ UNKNOWN_TIMES = "train, possibly contended (no start/end times)"
 # (label, attention, pe) of the rows each variant's times are divided by, per dataset
 REFERENCES = (("softmax+ape", "softmax", "ape"), ("rope", "softmax", "rope"))
 RATIO_TIMES = (("train", "train_s_per_epoch"), ("infer", "infer_ms_per_sample"))
+BENCH_RATIO_TIMES = (("train", "train_step_ms"), ("infer", "infer_ms_per_sample"))  # bench_cost_table's
+# column suffixes: a time column's values per bench trial (a tuple per row: what the ratio intervals are of),
+# and a ratio column's stats.Interval (None where there is none to give: no bench times, or the reference's row)
+TRIALS = " per bench trial"
+RATIO_INTERVAL = " interval"
 
 
 def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
@@ -61,7 +69,8 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     in two sweeps (MNIST softmax+rope: the converged study and the STRING study) counts once, its rows
     averaged, in the means, AIC, BIC and the interval (two rows of one seed are not two samples).
     TIME_COLUMNS come from `bench` rows of the variant's model where there are any (their medians, not a
-    mean over seeds; `bench_trials`: how many); `timing` says where they came from."""
+    mean over seeds; `bench_trials`: how many; the per-trial values, in columns ending TRIALS, are what
+    cost_ratios' intervals are of); `timing` says where they came from."""
     frame = with_resolved_shape(with_variant(frame))
     frame["overlapped"] = overlapped(frame)
     frame[JUDGED_ACC] = judged_accuracy(frame)
@@ -83,34 +92,71 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     if bench is not None and not bench.empty:
         measured = bench_costs(bench)
         shapes = groups[[c for c in model_field_names() if c in frame.columns]].agg(lambda v: tuple(v.unique()))
+        trials: dict[str, dict[int, tuple[float, ...]]] = {"train_s_per_epoch": {}, "infer_ms_per_sample": {}}
         for i, row in table.iterrows():
             found = matching_bench(measured, row, shapes.loc[tuple(row[list(VARIANT)])])
             if found is not None:
-                table.loc[i, "train_s_per_epoch"] = found["train_ms_per_image"] * row.get("n_train", np.nan) / 1e3
+                per_epoch = row.get("n_train", np.nan) / 1e3  # ms per image -> s per epoch
+                table.loc[i, "train_s_per_epoch"] = found["train_ms_per_image"] * per_epoch
                 table.loc[i, ["infer_ms_per_sample", "peak_mem_mb"]] = found[["infer_ms_per_sample", "peak_mem_mb"]]
                 table.loc[i, "bench_trials"] = found["bench_trials"]
                 table.loc[i, "timing"] = BENCH_TIMING
+                trials["train_s_per_epoch"][i] = tuple(np.asarray(found["train_ms_per_image" + TRIALS]) * per_epoch)
+                trials["infer_ms_per_sample"][i] = found["infer_ms_per_sample" + TRIALS]
+        for name, values in trials.items():
+            table[name + TRIALS] = pd.Series([values.get(i) for i in table.index], index=table.index, dtype=object)
     return table
 
 
 def cost_ratios(costs: pd.DataFrame) -> pd.DataFrame:
     """Per row: train s/epoch and inference ms/sample divided by those of the same dataset's
-    softmax+ape and softmax+rope (qk_norm none), as columns "train x softmax+ape", ...; NaN unless
-    both times come from bench trials (contended times are not comparable between variants)."""
-    out = costs.copy()
+    softmax+ape and softmax+rope (qk_norm none), as columns "train x softmax+ape", ... (with_ratios: the
+    ratio of medians, and its interval); NaN unless both times come from bench trials (contended times
+    are not comparable between variants)."""
+    return with_ratios(costs, "dataset", RATIO_TIMES, costs["timing"] == BENCH_TIMING)
+
+
+def with_ratios(table: pd.DataFrame, within: str, times: Sequence[tuple[str, str]],
+                timed: pd.Series | None = None) -> pd.DataFrame:
+    """table with, per REFERENCES (label, attention, pe) and `times` (kind, column), the column
+    "{kind} x {label}": each row's time divided by that of the reference row of its `within` group
+    (attention, pe, qk_norm none; exactly one, else NaN), for the rows `timed` marks (all by default;
+    the reference must be one of them). Beside it, RATIO_INTERVAL: the ratio_interval of the rows'
+    per-trial times (column + TRIALS, where the table has it), None for the reference's own row, whose
+    ratio is 1 by definition. The point stays the ratio of the table's times (medians over trials),
+    the figure every table and answer already quotes; the interval is what says whether it is resolved."""
+    out = table.copy()
+    timed = pd.Series(True, index=out.index) if timed is None else timed
     for label, attention, pe in REFERENCES:
-        for kind, col in RATIO_TIMES:
+        for kind, col in times:
             name = f"{kind} x {label}"
             out[name] = np.nan
-            if col not in out.columns:
-                continue
-            for dataset, g in out.groupby("dataset"):
+            intervals: dict[object, Interval] = {}
+            for _, g in out.groupby(within) if col in out.columns else ():
                 ref = g[(g["attention"] == attention) & (g["pe"] == pe) & (g["qk_norm"] == "none")]
-                if len(ref) != 1 or ref["timing"].iloc[0] != BENCH_TIMING:
+                if len(ref) != 1 or not timed[ref.index[0]]:
                     continue
-                timed = g["timing"] == BENCH_TIMING
-                out.loc[g.index[timed], name] = g.loc[timed, col] / ref[col].iloc[0]
+                rows = g.index[timed[g.index].to_numpy(bool)]
+                out.loc[rows, name] = g.loc[rows, col] / ref[col].iloc[0]
+                if col + TRIALS in out.columns:
+                    reference = out.at[ref.index[0], col + TRIALS]
+                    intervals |= {i: ratio_interval(out.at[i, col + TRIALS], reference)
+                                  for i in rows if i != ref.index[0]}
+            out[name + RATIO_INTERVAL] = pd.Series([intervals.get(i) for i in out.index], index=out.index, dtype=object)
     return out
+
+
+def ratio_interval(times: Sequence[float], reference: Sequence[float], level: float = LEVEL) -> Interval:
+    """The ratio of the geometric means of `times` and `reference` (one value per bench trial), with the
+    exponentiated Welch t interval of mean(log times) - mean(log reference) (Welch-Satterthwaite df; n:
+    the trials of each side; p: Welch's p of "the ratio is 1"). Logs because timing noise scales with the
+    time (a trial ~7% slower, not some ms slower), so the interval of a ratio is the exponentiated one of a
+    difference, and neither side's spread is assumed to equal the other's. No interval (lo, hi NaN) when
+    either side has fewer than 2 trials: one trial carries no spread, and the repeats within it (its min
+    and max) are not independent trials. Non-positive or missing times are not times and are left out."""
+    logs = [np.log(x[x > 0]) for x in (finite(times), finite(reference))]
+    iv = welch(*logs, level=level)
+    return dataclasses.replace(iv, point=math.exp(iv.point), lo=math.exp(iv.lo), hi=math.exp(iv.hi))
 
 
 BENCH_COST_COLUMNS = ("train_step_ms", "train_ms_per_image", "infer_ms_per_sample", "flops", "params", "peak_mem_mb")
@@ -126,7 +172,8 @@ def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     """Per cost-bench sweep (one model size: bench_mnist_cpu.yaml, ...) and variant: median training-step
     time, its time per image, inference ms per sample, `flops` (MULTIPLY_ADDS: fvcore's forward multiply-adds
     per image, as stored, not doubled), params, peak memory, and the step and
-    inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none)."""
+    inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none):
+    with_ratios, the ratio of medians with the interval of the ratio of geometric means over the trials."""
     cost = cost_bench_rows(bench)
     if cost.empty:
         return pd.DataFrame()
@@ -134,17 +181,17 @@ def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
     keys = ["sweep", *VARIANT]
     values = [c for c in BENCH_COST_COLUMNS if c in b.columns]
-    table = b.groupby(keys, dropna=False)[values].median().reset_index()
-    table["batch"] = b.groupby(keys, dropna=False)["bench_batch"].first().to_numpy()
-    table["N"] = b.groupby(keys, dropna=False)["tokens"].first().to_numpy()
-    for label, attention, pe in REFERENCES:
-        for kind, col in (("train", "train_step_ms"), ("infer", "infer_ms_per_sample")):
-            table[f"{kind} x {label}"] = np.nan
-            for _, g in table.groupby("sweep"):
-                ref = g[(g["attention"] == attention) & (g["pe"] == pe) & (g["qk_norm"] == "none")]
-                if len(ref) == 1:
-                    table.loc[g.index, f"{kind} x {label}"] = g[col] / ref[col].iloc[0]
-    return table
+    grouped = b.groupby(keys, dropna=False)
+    table = grouped[values].median().join(per_trial(grouped, [c for _, c in BENCH_RATIO_TIMES])).reset_index()
+    table["batch"] = grouped["bench_batch"].first().to_numpy()
+    table["N"] = grouped["tokens"].first().to_numpy()
+    return with_ratios(table, "sweep", BENCH_RATIO_TIMES)
+
+
+def per_trial(grouped: pd.api.typing.DataFrameGroupBy, values: Sequence[str]) -> pd.DataFrame:
+    """Each group's values of `values` as tuples, one value per bench trial, in columns named value +
+    TRIALS: beside the medians, the samples that with_ratios' intervals are of."""
+    return grouped[[v for v in values if v in grouped.obj.columns]].agg(tuple).add_suffix(TRIALS)
 
 
 
@@ -187,14 +234,15 @@ def overlaps(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:
-    """Median training ms per image, inference ms per sample and peak memory per bench model, and
-    `bench_trials`: how many bench rows each median is of."""
+    """Median training ms per image, inference ms per sample and peak memory per bench model,
+    `bench_trials`: how many bench rows each median is of, and the two times per trial (per_trial)."""
     b = with_resolved_shape(with_variant(bench))
     b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
     keys = [*VARIANT, *(c for c in model_field_names() if c in b.columns)]
     values = [c for c in ("train_ms_per_image", "infer_ms_per_sample", "peak_mem_mb") if c in b.columns]
     grouped = b.groupby(keys, dropna=False)
-    return grouped[values].median().assign(bench_trials=grouped.size()).reset_index()
+    trials = per_trial(grouped, ("train_ms_per_image", "infer_ms_per_sample"))
+    return grouped[values].median().assign(bench_trials=grouped.size()).join(trials).reset_index()
 
 
 def model_field_names() -> tuple[str, ...]:

@@ -1,13 +1,17 @@
 """The prose and Markdown tables of efficiency (numbers from compute.py; the figure is figure.py's)."""
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pandas as pd
 
 from rpevit.analysis.common import VARIANT, column, fmt, markdown_table
 from rpevit.analysis.efficiency.compute import (ACCURACY_COLUMNS, BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED,
-                                                COST_COLUMNS, MULTIPLY_ADDS, ONE_AT_A_TIME, RATIO_TIMES, REFERENCES,
-                                                TIME_COLUMNS, UNKNOWN_TIMES)
+                                                COST_COLUMNS, MULTIPLY_ADDS, ONE_AT_A_TIME, RATIO_INTERVAL,
+                                                RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES)
 from rpevit.analysis.efficiency.figure import CONTENDED_MARK, PARETO_Y_SPAN
+from rpevit.analysis.stats import Interval
 
 NOTEBOOK_REFERENCE = ("For comparison, the reference notebook this project started from (plain PyTorch on a laptop "
                       "CPU) "
@@ -36,6 +40,16 @@ MULTIPLY_ADDS_NOTE = (f"`{MULTIPLY_ADDS}`: the rows' `flops` field (rpevit/flops
                       "einsum, attention, FFT, solves), normalisations as fvcore counts them, and 0 for "
                       "elementwise, indexing and shape ops. Device peaks count a multiply-add as 2 FLOPs: in "
                       "FLOPs, twice these numbers.")
+# what the bracket beside a ratio is (compute.ratio_interval), said under every table that shows one
+RATIO_INTERVAL_NOTE = ("Beside a ratio: the 95% interval of the ratio of geometric means over bench trials "
+                       "(Welch's t interval of mean log time of the variant − mean log time of the reference, "
+                       "Welch–Satterthwaite df, exponentiated; log times because timing noise scales with the "
+                       "time), and n: bench trials of the variant, of the reference. The point is the ratio of "
+                       "medians, so with skewed trials it can lie outside that interval.")
+ONE_TRIAL_NOTE = ("the repeats within one trial (`train_step_ms_min` / `_max`) are not independent trials, so they "
+                  "give no interval")
+
+
 INFORMATION_CRITERIA_NOTE = ("`aic` = 2k − 2 LL and `bic` = k ln n − 2 LL (rpevit/metrics.py), with LL the "
                              "test-set log-likelihood of the true labels under the model's own training draw, "
                              "k its trainable parameters (`params`) and n the test images; lower is better, "
@@ -48,12 +62,48 @@ def header(name: str) -> str:
 
 
 def shown(g: pd.DataFrame, show: list[str]) -> pd.DataFrame:
-    """g's `show` columns as a table prints them: accuracies (fractions in the rows) in %."""
+    """g's `show` columns as a table prints them: accuracies (fractions in the rows) in %, ratios with
+    their intervals (ratio_cell)."""
     out = g[show].copy()
     for name in ACCURACY_COLUMNS:
         if name in out.columns:
             out[name] = 100 * pd.to_numeric(out[name], errors="coerce")
+    for name in ratio_columns(out):
+        if name + RATIO_INTERVAL in g.columns:
+            out[name] = [ratio_cell(r, iv) for r, iv in zip(g[name], g[name + RATIO_INTERVAL])]
     return out
+
+
+def ratio_columns(table: pd.DataFrame) -> list[str]:
+    """The "train x softmax+ape", ... columns of table that hold any ratio, in REFERENCES' order."""
+    names = [f"{kind} x {label}" for label, _, _ in REFERENCES for kind, _ in RATIO_TIMES]
+    return [name for name in names if name in table.columns and table[name].notna().any()]
+
+
+def ratio_cell(ratio: float, interval: Interval | None) -> float | str:
+    """A ratio's cell: the ratio of medians with its interval and n (Interval.text, as the report prints
+    every interval: '1.04 [0.98, 1.1] (n=3,3)'), or the plain ratio where there is none (a side with one
+    bench trial, said once under the table by ratio_note; the reference's own row: 1 by definition)."""
+    if not isinstance(interval, Interval) or not math.isfinite(ratio) or not interval.bounded:
+        return ratio
+    return dataclasses.replace(interval, point=ratio).text(digits=4)
+
+
+def ratio_note(table: pd.DataFrame) -> str:
+    """What the ratio cells of `table` (with its RATIO_INTERVAL columns) carry, counted from them: the
+    interval's method where some have one, and how many rest on a single bench trial a side and so are plain,
+    once here rather than in every cell."""
+    intervals = [iv for name in ratio_columns(table) if name + RATIO_INTERVAL in table.columns
+                 for iv in table[name + RATIO_INTERVAL] if isinstance(iv, Interval)]
+    plain = sum(not iv.bounded for iv in intervals)
+    if not intervals:
+        return ""
+    if plain == len(intervals):
+        return (f"No ratio here has an interval: each rests on one bench trial of the variant or of the reference "
+                f"({ONE_TRIAL_NOTE}); a ratio near 1 is not resolved from 1.")
+    rest = (f" {plain} of the {len(intervals)} ratios rest on one bench trial on a side and are printed plain "
+            f"({ONE_TRIAL_NOTE})." if plain else "")
+    return f"{RATIO_INTERVAL_NOTE}{rest}"
 
 
 def cost_heading(dataset: str, g: pd.DataFrame) -> str:
@@ -76,8 +126,7 @@ def cost_heading(dataset: str, g: pd.DataFrame) -> str:
 
 def cost_section(costs: pd.DataFrame) -> list[str]:
     """Per dataset, the cost of each variant (variant_costs with cost_ratios), and what its columns mean."""
-    ratios = [f"{kind} x {label}" for label, _, _ in REFERENCES for kind, _ in RATIO_TIMES]
-    ratios = [c for c in ratios if costs[c].notna().any()]
+    ratios = ratio_columns(costs)
     show = [*VARIANT[1:], *(c for c in ("seeds", *COST_COLUMNS, *ratios, "timing") if c in costs.columns)]
     parts = []
     for dataset, g in costs.groupby("dataset"):
@@ -88,8 +137,8 @@ def cost_section(costs: pd.DataFrame) -> list[str]:
     parts += [INFORMATION_CRITERIA_NOTE, ""] * ("aic" in show or "bic" in show)
     if ratios:
         parts += [f"`train x` / `infer x` columns: this variant's train s/epoch / inference ms per sample divided "
-                  f"by those of the dataset's softmax+ape or softmax+rope (bench times only). {NOTEBOOK_REFERENCE}",
-                  ""]
+                  f"by those of the dataset's softmax+ape or softmax+rope (bench times only: medians over the "
+                  f"bench trials). {ratio_note(costs)} {NOTEBOOK_REFERENCE}", ""]
     return parts
 
 
@@ -113,14 +162,13 @@ def bench_section(alone: pd.DataFrame, bench: pd.DataFrame) -> list[str]:
     """Per cost-bench sweep and dataset, the bench_cost_table rows, and what they are."""
     parts = []
     for (sweep, dataset), g in alone.groupby(["sweep", "dataset"]):
-        show = ["attention", "pe", "qk_norm", "redraw", "N", "batch", *BENCH_COST_COLUMNS,
-                *(c for c in g.columns if " x " in c and g[c].notna().any())]
+        show = ["attention", "pe", "qk_norm", "redraw", "N", "batch", *BENCH_COST_COLUMNS, *ratio_columns(g)]
         parts += [f"### {dataset}: cost per variant, bench trials alone ({sweep})", "",
-                  markdown_table([header(c) for c in show], g[show].itertuples(index=False)), ""]
+                  markdown_table([header(c) for c in show], shown(g, show).itertuples(index=False)), ""]
     parts += ["Medians of interleaved timed runs of each variant, each bench trial with the machine to itself, "
               "at the study's model and batch, with the threads its trials train with (`torch_threads` in the "
               "rows). `x softmax+ape` / `x rope`: training-step and inference time divided by those of the "
-              f"same sweep's softmax+ape and softmax+rope. {NOTEBOOK_REFERENCE}", ""]
+              f"same sweep's softmax+ape and softmax+rope. {ratio_note(alone)} {NOTEBOOK_REFERENCE}", ""]
     parts += [MULTIPLY_ADDS_NOTE, ""] * ("flops" in alone.columns)
     if (column(bench, "peak_mem_kind", "") == "process_max_rss").any():
         parts += ["`peak_mem_mb` on CPU is the worker process's maximum resident memory (`peak_mem_kind` "

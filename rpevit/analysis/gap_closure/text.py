@@ -123,12 +123,37 @@ def verdict(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame, assessed: di
 
 
 # ---------------------------------------------------------------- tables
+def accuracy_intervals(seeds: pd.DataFrame) -> list[tuple[tuple, list]]:
+    """Per variant (its VARIANT key less the dataset): the seed count and each accuracy's mean_interval."""
+    return [(key[1:], [int(g[TRAIN_DRAW].notna().sum()),
+                       *(mean_interval(g[c].to_numpy(float)) for c in ACCURACY_COLUMNS)])
+            for key, g in seeds.groupby(list(VARIANT))]
+
+
 def accuracy_table(seeds: pd.DataFrame) -> str:
     """Per variant: every accuracy, mean [95% t interval] (n seeds), in %."""
-    rows = [[*key[1:], int(g[TRAIN_DRAW].notna().sum()),
-             *(mean_interval(g[c].to_numpy(float)).text(scale=100, digits=4) for c in ACCURACY_COLUMNS)]
-            for key, g in seeds.groupby(list(VARIANT))]
+    rows = [[*key, n, *(i.text(scale=100, digits=4) for i in intervals)]
+            for key, (n, *intervals) in accuracy_intervals(seeds)]
     return markdown_table([*VARIANT[1:], "seeds", *(f"{label} %" for label in ACCURACY_COLUMNS.values())], rows)
+
+
+def past_range_note(seeds: pd.DataFrame) -> str:
+    """One line where an interval of the accuracy table passes what its column can be (0-100%: an accuracy,
+    or the standard deviation of accuracies over draws, never below 0). A t interval is symmetric about the
+    mean and knows nothing of that range, so seeds far apart (a model that collapses in some seeds) give a
+    bound past it. Printed as computed, not cut at the range, which would hide how little the seeds agree;
+    this line says so, with the count, so that no reader takes 106% for a measurement."""
+    past = [i for _, (_, *intervals) in accuracy_intervals(seeds) for i in intervals
+            if i.bounded and (i.hi > 1 or i.lo < 0)]
+    if not past:
+        return ""
+    widest = max(past, key=lambda i: i.hi - i.lo)
+    many = len(past) != 1
+    return (f"_{len(past)} interval{'s' if many else ''} above pass{'' if many else 'es'} the 0-100% "
+            f"{'their columns' if many else 'its column'} can take (an accuracy, or a standard deviation of "
+            f"accuracies over draws; the widest: {widest.text(scale=100, digits=4)}): a t interval is symmetric "
+            f"about the mean and is printed as computed, not cut at the range, so such a bound says only that the "
+            f"seeds disagree widely._")
 
 
 def per_layer_text(rows: pd.DataFrame) -> str:
@@ -209,7 +234,7 @@ def dataset_section(dataset: str, frame: pd.DataFrame, seeds: pd.DataFrame,
     ds = seeds[seeds["dataset"] == dataset]
     return [verdict(dataset, frame, seeds, assessed),
             f"### {dataset}: accuracy per variant (%), mean [95% t interval] (n seeds)", "",
-            accuracy_table(ds), "",
+            accuracy_table(ds), "", *([past_range_note(ds), ""] if past_range_note(ds) else []),
             f"### {dataset}: attention fidelity, mean total-variation distance to exact softmax rows", "",
             fidelity_table(frame[frame["dataset"] == dataset], ds), ""]
 
