@@ -355,3 +355,33 @@ def test_a_setting_read_from_a_row_reaches_markdown_inert():
     planted = pd.DataFrame([{**base, "torch_version": "[x](javascript:alert(1)) <b>"}])
     text = answers.protocol_differences(pd.DataFrame([base]), planted)
     assert "](" not in text.replace("\\](", "") and "<b>" not in text and "torch_version 2.14.1 → " in text
+
+
+def test_names_read_from_files_reach_the_generated_blocks_as_text(tmp_path):
+    """A pilot's JSON row, a packing result's file name and a folder name are read from files: markup in them
+    stays text (no HTML, no link, no code span closed early), and a packing time that is not a number is
+    refused with the file named, not printed."""
+    import json
+
+    results = tmp_path / "results"
+    pilots = results / answers.PILOTS
+    pilots.mkdir(parents=True)
+    (pilots / "cifar10_cpu_5ep_seed0_x.json").write_text(json.dumps(
+        {"epochs": 5, "attention": "<script>alert(1)</script>", "pe": "[x](javascript:alert(1))", "test_acc": 0.5}))
+    write_sweep(pilots / "cifar10_cpu_10ep_start", "cifar10_cpu_10ep_start",
+                [{**config_row(dataset="cifar10", seed=0), "test_acc": 0.3}])
+    text = answers.pilots_block(answers.Sources(results))
+    assert "<script>" not in text and "[x](" not in text and "&lt;/script&gt;+\\[x\\](javascript" in text
+    packing = results / answers.GPU_FOLDER / answers.GPU_PACKING
+    packing.mkdir(parents=True)
+    phase = {"train_s_per_epoch": [1.5, 1.25], "train_images_per_s": 100.0, "peak_mem_mb": [10.0]}
+    good = {"single": phase, "packed": phase, "ratio_train_phase": 1.1, "ratio_end_to_end": 1.05}
+    (packing / "run<img src=x onerror=alert(1)>.json").write_text(json.dumps(good))
+    text = answers.gpu_packing_block(answers.Sources(results))
+    assert "<img" not in text and "run&lt;img" in text and "| 1.5, 1.25 |" in text
+    bad = {**good, "packed": {**phase, "train_s_per_epoch": ["<img src=x onerror=alert(2)>"]}}
+    (packing / "other.json").write_text(json.dumps(bad))
+    with pytest.raises(answers.AnswersError, match=r"other\.json is not a benchmarks/gpu_packing\.py result"):
+        answers.gpu_packing_block(answers.Sources(results))
+    # a backtick in a folder name cannot close its code span early
+    assert answers.exploratory(["a`<b>"], results) == "_Exploratory: ``a`<b>`` declared no comparisons before it ran._"

@@ -56,7 +56,7 @@ from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure
 from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
-                                    md_text, redraw_labels, with_variant)
+                                    md_text, read_text_file, redraw_labels, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -76,6 +76,8 @@ ROTATION_STUDY, ROTATION_BENCH = "rotation_mnist_cpu", "bench_rotation_mnist_cpu
 TOKEN_SCALING = "token_scaling_cpu"
 GPU_FOLDER, GPU_SWEEP, GPU_BENCH, GPU_PACKING = "gpu_h100", "all12_cifar10_gpu_4ep", "bench_cifar10_gpu", "packing"
 PILOTS = "pilots"
+PILOT_ALLOWED = "the JSON summary row the CLI prints (python -m rpevit.cli), a regular file"
+PACKING_ALLOWED = "the JSON benchmarks/gpu_packing.py writes, a regular file"
 DATASET_NAMES = {"mnist": "MNIST", "cifar10": "CIFAR-10", "digits": "digits"}
 
 
@@ -132,15 +134,15 @@ def exploratory(folders: Iterable[str], results_dir: Path) -> str:
     redeclared = [f for f in declared if status_of(results_dir / f)]
     parts = []
     if undeclared:
-        parts.append(f"{', '.join(f'`{f}`' for f in undeclared)} declared no comparisons before "
+        parts.append(f"{', '.join(code_span(f) for f in undeclared)} declared no comparisons before "
                      f"{'it' if len(undeclared) == 1 else 'they'} ran")
     if declared:
-        parts.append(f"the declared comparisons of {', '.join(f'`{f}`' for f in declared)} are judged in \"Declared "
+        parts.append(f"the declared comparisons of {', '.join(code_span(f) for f in declared)} are judged in \"Declared "
                      f"comparisons\" on their declared seeds; the figures here, over every row, are not")
     if redeclared:
-        parts.append(f"{', '.join(f'`{f}`' for f in redeclared)} {'was' if len(redeclared) == 1 else 'were'} "
+        parts.append(f"{', '.join(code_span(f) for f in redeclared)} {'was' if len(redeclared) == 1 else 'were'} "
                      f"redeclared (`sweep.py --redeclare`; when and what changed: \"Declared comparisons\")")
-    parts += [f"in `{f}`, {note}" for f in folders if (note := study_note(results_dir, f))]
+    parts += [f"in {code_span(f)}, {note}" for f in folders if (note := study_note(results_dir, f))]
     return f"_Exploratory: {'; '.join(parts)}._"
 
 
@@ -437,7 +439,7 @@ def running_lines(results_dir: Path) -> list[str]:
                      f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete. "
                      f"Rows so far: {so_far.ok} ok{planned}, {so_far.complete_cells} of "
                      f"{len(so_far.cells) * len(so_far.rungs)} cell x rung entries complete "
-                     f"(`{name}/{progress.PROGRESS_FILE}`).")
+                     f"({code_span(f'{name}/{progress.PROGRESS_FILE}')}).")
     return lines
 
 
@@ -983,8 +985,9 @@ def summary_lines(sources: Sources) -> list[str]:
         assessed = sources.assessed[DRAW_MEAN]
         config = find_config(assessed, dataset, "favor")
         a = assessed[config]
-        notes = [f"in `{s}`, {note}" for s in sources.sweeps(dataset) if (note := study_note(sources.results_dir, s))]
-        lines.append(f"- **{title}** (`{'`, `'.join(sources.sweeps(dataset))}`; {epochs_of(sources, dataset)}; "
+        notes = [f"in {code_span(s)}, {note}" for s in sources.sweeps(dataset)
+                 if (note := study_note(sources.results_dir, s))]
+        lines.append(f"- **{title}** ({', '.join(map(code_span, sources.sweeps(dataset)))}; {epochs_of(sources, dataset)}; "
                      f"FAVOR+ redrawn {config[3]}" + "".join(f"; {n}" for n in notes) + "):")
         gap = f"  - FAVOR+: {short_gap(a.gap, 'favor')}"
         first = sources.first_look[DRAW_MEAN].get(config)
@@ -1154,11 +1157,11 @@ def pilots_block(sources: Sources) -> str:
     and the stopped 10-epoch start's rows."""
     runs = {}
     for path in sorted(sources.folder(PILOTS).glob("cifar10_cpu_*ep_seed0_*.json")):
-        row = json.loads(path.read_text(encoding="utf-8"))
+        row = json.loads(read_text_file(path, PILOT_ALLOWED) or "null")
         if not isinstance(row, dict) or not isinstance(row.get("epochs"), int):
             raise AnswersError(f"{path} is not a summary row with an integer 'epochs'; allowed: the JSON the CLI "
                                f"prints")
-        runs[(row["epochs"], f"{row.get('attention')}+{row.get('pe')}")] = row
+        runs[(row["epochs"], md_text(f"{row.get('attention')}+{row.get('pe')}"))] = row  # read from a file
 
     def value(row: dict, name: str, scale: float = 100.0) -> float:
         x = row.get(name)
@@ -1227,7 +1230,7 @@ def epochs_of_space(folder: Path, root: Path) -> str:
         datasets = sorted(set(frame["dataset"].astype(str)))
         space = load_space(root / source, only={"dataset": datasets[0]} if len(datasets) == 1 else None)
     except (ConfigError, OSError) as err:
-        return f"{ran} epochs (the space's own budget unknown: {' '.join(str(err).split())[:120]})"
+        return f"{ran} epochs (the space's own budget unknown: {md_text(' '.join(str(err).split())[:120])})"
     planned = "/".join(str(e) for e in sorted({int(t["epochs"]) for t in space.trials}))
     return f"{ran} of the space's {planned} epochs"
 
@@ -1263,12 +1266,12 @@ def gpu_packing_block(sources: Sources) -> str:
     """4-per-GPU against 1-per-GPU (benchmarks/gpu_packing.py JSON files)."""
     rows = []
     for path in sorted(sources.folder(GPU_FOLDER, GPU_PACKING).glob("*.json")):
-        run = json.loads(path.read_text(encoding="utf-8"))
+        run = json.loads(read_text_file(path, PACKING_ALLOWED) or "null")
         try:
             single, packed = run["single"], run["packed"]
-            rows.append([path.stem, ", ".join(fmt(s, 4) for s in single["train_s_per_epoch"]),
+            rows.append([md_text(path.stem), ", ".join(fmt(float(s), 4) for s in single["train_s_per_epoch"]),
                          f"{single['train_images_per_s']:,.0f}", fmt(float(max(single["peak_mem_mb"])), 4),
-                         ", ".join(fmt(s, 4) for s in packed["train_s_per_epoch"]),
+                         ", ".join(fmt(float(s), 4) for s in packed["train_s_per_epoch"]),
                          f"{packed['train_images_per_s']:,.0f}", fmt(float(run["ratio_train_phase"]), 3),
                          fmt(float(run["ratio_end_to_end"]), 3)])
         except (KeyError, TypeError, ValueError) as err:
@@ -1312,7 +1315,7 @@ def recipe_table(sources: Sources) -> str:
         rows.append([name, f"{spec.image_size} / {cfg.resolved_patch_size} ({cfg.grid[0] * cfg.grid[1]})",
                      str(cfg.batch_size), fmt(cfg.lr), fmt(cfg.warmup_epochs), cfg.init, fmt(cfg.grad_clip),
                      f"every {cfg.redraw_interval} until {fmt(cfg.redraw_until)}", fmt(cfg.luo_scale),
-                     ", ".join(f"`{s}`" for s in studies if s) or "none"] +
+                     ", ".join(code_span(s) for s in studies if s) or "none"] +
                     [", ".join("/".join(knob) for knob, s in zip(validation_choice.JOINT, studies) if not s) or "—"])
     return markdown_table(["dataset", "image / patch (tokens)", "batch", "lr", "warm-up epochs", "init", "grad_clip",
                            "redraw", "luo_scale", "chosen on validation by", "not chosen on this dataset's validation"],
