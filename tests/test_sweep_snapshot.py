@@ -148,3 +148,30 @@ def test_refusals_name_the_folder_and_write_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is a symbolic link" in err and err.count("\n") == 1, err
     assert planted.read_text() == "not the sweep's"
+
+
+STUDY = Path(__file__).resolve().parents[1] / "results" / "in_progress" / "cifar10_ladder40_cpu"
+
+
+@pytest.mark.skipif(not (STUDY / TRIALS_FILE).is_file(), reason="the running study is published or not committed")
+def test_the_committed_rows_of_the_running_study_resume_on_a_fresh_machine(tmp_path):
+    """What RESUME.md tells a fresh machine to do: copy the committed folder's four files into an empty results
+    folder and `--resume`. Every committed row is a trial of the space as it stands (none set aside), the
+    trials with a row are done (never trained again) and the rest pending, exactly."""
+    import shutil
+
+    from rpevit.sweep.plan import plan_sweep
+    from rpevit.sweep.space import load_space
+
+    fresh = tmp_path / "studies" / STUDY.name
+    fresh.mkdir(parents=True)
+    for name in (TRIALS_FILE, EPOCHS_FILE, SPACE_FILE, DECLARATION_FILE):
+        shutil.copy2(STUDY / name, fresh / name)
+    space = load_space(Path(__file__).resolve().parents[1] / "search_spaces" / f"{STUDY.name}.yaml")
+    plan = plan_sweep(space, fresh, resume=True, retry_failed=False, data_dir=str(tmp_path / "data"),
+                      resources=space.resources)
+    rows = store.read_table(fresh / TRIALS_FILE).to_pandas()
+    done = set(rows.loc[rows["status"] == "ok", "trial_key"])
+    assert done <= set(space.current_keys)  # no committed row is set aside as stale
+    assert [space.keys[i] for i in plan.pending] == [k for k in space.keys if k not in done]
+    assert len(plan.pending) == len(space.keys) - len(done) > 0
