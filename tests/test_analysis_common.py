@@ -77,3 +77,71 @@ def test_a_studies_line_that_is_not_a_folder_name_stops_in_one_line(tmp_path):
         message = str(stop.value.code)
         assert message.startswith("error: ") and "\n" not in message and "line 2" in message, message
         assert repr(line) in message and str(tmp_path / common.STUDIES_FILE) in message
+
+
+# ---- a file's b"pandas" metadata renames no column (audit: a text column stored as zz_seed became `seed`)
+PLANTED_SEEDS = ["[x](javascript:alert(1))", "<script>alert(1)</script>"]
+
+
+def plant_pandas_rename(path, stored: str = "zz_seed", shown: str = "seed") -> None:
+    """Rewrite a trials.parquet as an attacker would: its `seed` column gone, a text column `stored` holding
+    PLANTED_SEEDS, and b"pandas" metadata (pandas' own JSON for this table, its `stored` entry edited) that
+    names that column `shown` when the table is converted to pandas."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    table = table.drop_columns([shown]).append_column(
+        stored, pa.array([PLANTED_SEEDS[i % 2] for i in range(table.num_rows)], type=pa.string()))
+    meta = json.loads(pa.Table.from_pandas(table.to_pandas(), preserve_index=False).schema.metadata[b"pandas"])
+    entry = next(c for c in meta["columns"] if c["field_name"] == stored)
+    entry["name"] = shown
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"pandas": json.dumps(meta).encode()})
+    pq.write_table(table, path)
+    assert pq.read_table(path).to_pandas()[shown].tolist()[:2] == PLANTED_SEEDS  # pyarrow itself renames it
+
+
+def test_pandas_metadata_in_a_results_file_renames_no_column(tmp_path):
+    """check_schema checks the stored names; to_pandas renamed columns by the file's b"pandas" metadata
+    afterwards, so text stored as zz_seed passed (a name no task declares) and became `seed`, which
+    untrusted_names leaves as it is (declared a number): a link and a script tag reached validation_choice.md
+    raw (failed before: load_trials' `seed` held them). The readers now ignore that metadata: the column
+    keeps its stored name."""
+    from rpevit.sweep import store
+    from rpevit.sweep.results import EPOCHS_FILE
+
+    parent = tmp_path / "results"
+    folder = write_sweep(parent / "main", "main", train_rows())
+    plain = write_sweep(parent / "plain", "plain", train_rows())
+    plant_pandas_rename(folder / TRIALS_FILE)
+    for frame in (common.load_trials(folder), common.read_trials(parent).frame, store.read_frame(folder),
+                  common.read_sweep(folder / TRIALS_FILE, folder)):
+        seeds = [str(v) for v in (frame["seed"] if "seed" in frame.columns else [])]
+        assert not any("<" in s or "](" in s for s in seeds), seeds[:2]  # no unescaped planted text as `seed`
+    rows = store.read_frame(folder)
+    assert "seed" not in rows.columns and set(rows["zz_seed"]) == set(PLANTED_SEEDS)  # its stored name, as stored
+    import pyarrow.parquet as pq
+    assert list(rows.columns) == pq.read_schema(folder / TRIALS_FILE).names
+
+    # ordinary rows read exactly as before: as pyarrow reads a file without pandas metadata
+    for kind in (TRIALS_FILE, EPOCHS_FILE):
+        if (plain / kind).exists():
+            expected = pq.read_table(plain / kind).to_pandas()
+            pd.testing.assert_frame_equal(store.read_frame(plain, kind), expected)
+    ordinary = common.load_trials(plain)
+    assert sorted(ordinary["seed"].tolist()) == sorted(r["seed"] for r in train_rows())
+    assert sorted(ordinary["test_acc"].tolist()) == sorted(r["test_acc"] for r in train_rows())
+    # a file pandas wrote (its own metadata, a RangeIndex, as older tests' files): the same columns and values
+    pandas_written = parent / "pandas_written"
+    pandas_written.mkdir()
+    pd.read_parquet(plain / TRIALS_FILE).to_parquet(pandas_written / TRIALS_FILE)
+    pd.testing.assert_frame_equal(store.read_frame(pandas_written), pd.read_parquet(pandas_written / TRIALS_FILE))
+
+    # the guard after conversion: a frame whose columns are not the stored names is one error naming both
+    from types import SimpleNamespace
+
+    from rpevit.sweep.results import frame_of
+    fake = SimpleNamespace(schema=SimpleNamespace(metadata=None), column_names=["zz_seed"],
+                           to_pandas=lambda **_: pd.DataFrame({"seed": ["x"]}))
+    with pytest.raises(common.DamagedResults, match=r"trials.parquet.*column 'zz_seed' is read as 'seed'"):
+        frame_of(fake, folder / TRIALS_FILE)

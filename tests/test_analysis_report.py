@@ -150,6 +150,98 @@ def test_values_from_files_are_inert_markdown():
     assert common.short("x" * 10, limit=4) == "xxxx… (10 characters)" and common.short("xy", limit=4) == "xy"
 
 
+# ---- audit: a Markdown file the report includes is read through no link, and forms no link
+def test_a_linked_rotinv_file_is_refused_not_read(tmp_path):
+    """rotinv_section searches all of results_dir for rotinv_concentration.md and copies it into report.md:
+    `someone/rotinv_concentration.md -> /etc/secret` published the secret (failed before: its text was in the
+    section). open_regular now opens no link (O_NOFOLLOW): one line naming the file. A linked folder is not
+    searched (Path.rglob does not descend into one)."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("# r\n\nTOP-SECRET-TOKEN\n")
+    parent = tmp_path / "results"
+    (parent / "someone").mkdir(parents=True)
+    (parent / "someone" / report.ROTINV_FILE).symlink_to(secret)
+    with pytest.raises(SystemExit) as caught:
+        report.rotinv_section(parent)
+    said, link = str(caught.value), parent / "someone" / report.ROTINV_FILE
+    assert said.startswith(f"error: {link}: it is a symbolic link") and "\n" not in said
+    assert "allowed: " in said and "TOP-SECRET-TOKEN" not in said
+    (parent / "someone" / report.ROTINV_FILE).unlink()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / report.ROTINV_FILE).write_text("# r\n\nTOP-SECRET-TOKEN\n")
+    (parent / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert report.rotinv_section(parent) is None  # a linked folder: not searched
+    (parent / "real").mkdir()
+    (parent / "real" / report.ROTINV_FILE).write_text("# r\n\nthe real one\n")  # a plain file: read as before
+    assert "the real one" in report.rotinv_section(parent)
+
+
+@pytest.mark.slow
+def test_the_report_never_includes_a_linked_rotinv_file(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOP-SECRET-TOKEN")
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", train_rows())
+    (parent / "someone").mkdir()
+    (parent / "someone" / report.ROTINV_FILE).symlink_to(secret)
+    try:
+        text = report.build_report(parent)
+    except SystemExit as err:  # refused: one line naming the link
+        text = str(err)
+        assert f"{parent / 'someone' / report.ROTINV_FILE}: it is a symbolic link" in text
+    assert "TOP-SECRET-TOKEN" not in text and secret.read_text() == "TOP-SECRET-TOKEN"
+
+
+def test_results_readers_open_no_link(tmp_path):
+    """open_regular, the one opener of every results file (trials/epochs Parquet, space.json, STUDIES, the
+    text files the report includes), refuses a symbolic link by name, whatever it points to."""
+    from rpevit.sweep import results
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    with pytest.raises(results.DamagedResults, match=f"^{link} cannot be read .*it is a symbolic link"):
+        with results.open_regular(link):
+            pass
+    with pytest.raises(results.ConfigError, match=f"^{link}: it is a symbolic link.*; allowed: text"):
+        results.read_regular_bytes(link, 100, "text")
+    folder = write_sweep(tmp_path / "main", "main", train_rows()[:2])
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / TRIALS_FILE).symlink_to(folder / TRIALS_FILE)
+    with pytest.raises(results.DamagedResults, match=f"{tmp_path / 'other' / TRIALS_FILE} .*symbolic link"):
+        results.read_results_table(tmp_path / "other" / TRIALS_FILE)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nothing")
+    with pytest.raises(results.ConfigError, match="dangling: it is a symbolic link"):
+        results.read_regular_bytes(dangling, 100, "text")
+    assert results.read_regular_bytes(victim, 100, "text") == b"precious"  # a regular file: read as before
+    assert results.read_results_table(folder / TRIALS_FILE).num_rows == 2
+
+
+def test_included_markdown_forms_no_reference_link_image_or_definition():
+    """inert_markdown escaped only `](`, so reference-style links and images and link reference definitions
+    survived (failed before). Every [ and ] is escaped now (a bracket already escaped stays as it is, and a
+    backslash before one cannot un-escape it), so no link, image, definition or footnote can form; prose
+    renders the same (a backslash-escaped bracket renders as the bracket)."""
+    text = report.inert_markdown("See [the data][1] and ![p][2].\n\n[1]: https://evil.example/phish\n"
+                                 "   [2]: https://evil.example/p.png \"t\"\n[x] [y](javascript:alert(1)) [^n]\n")
+    assert "\\[the data\\]\\[1\\]" in text and "!\\[p\\]\\[2\\]" in text
+    assert "\\[1\\]: https://evil.example/phish" in text and "   \\[2\\]: https" in text
+    assert not re.search(r"(?<!\\)[\[\]]", text), text  # every bracket escaped
+    for line in text.splitlines():  # no line is a link reference definition
+        assert not re.match(r" {0,3}\[", line), line
+    for sneaky in ("\\[x\\](javascript:alert(1))", "\\\\[x\\\\](javascript:alert(1))", "\\\\\\[1]: https://e"):
+        escaped = report.inert_markdown(sneaky)
+        for m in re.finditer(r"(\\*)[\[\]]", escaped):  # each bracket after an odd run of backslashes: literal
+            assert len(m.group(1)) % 2 == 1, (sneaky, escaped)
+    assert report.inert_markdown("\\[already\\]") == "\\[already\\]"  # escaped already: unchanged
+    prose = "grid 8x8 (coordinates in [-1/2, 1/2]^2, t in [0, 2]), p in [1, 7] | a | b |\n|---|---|"
+    assert report.inert_markdown(prose) == prose.replace("[", "\\[").replace("]", "\\]")
+    assert report.inert_markdown("plain prose: m = 4, 95% bound") == "plain prose: m = 4, 95% bound"
+    assert report.inert_markdown("a < b & c > d") == "a &lt; b &amp; c &gt; d"
+
+
 MALICIOUS = "<script>alert(1)</script>\n| [x](javascript:alert(1)) <img src=x onerror=alert(1)>"
 
 

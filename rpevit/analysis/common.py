@@ -302,17 +302,18 @@ def _epoch_rows(folder: Path, what: str, columns: list[str]) -> pd.DataFrame | N
 def _read_epoch_columns(path: Path, columns: list[str]) -> pd.DataFrame | DamagedResults | None:
     try:
         table = store.read_table(path, columns=columns)
+        return None if table is None else results.frame_of(table, path)  # stored names: no file's metadata renames
     except DamagedResults as err:
         return err
-    return None if table is None else table.to_pandas()
 
 
 def _read_rows(path: Path) -> pd.DataFrame | DamagedResults:
     try:
         table = store.read_table(path)
+        frame = results.frame_of(table, path) if table is not None else None  # stored names, as check_schema saw
     except DamagedResults as err:
         return err
-    return untrusted_names(migrate.resolved_frame(table.to_pandas())) if table is not None else pd.DataFrame()
+    return untrusted_names(migrate.resolved_frame(frame)) if frame is not None else pd.DataFrame()
 
 
 def space_keys(folder: Path) -> set[str] | None:

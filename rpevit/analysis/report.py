@@ -127,10 +127,18 @@ def rotinv_section(results_dir: Path) -> str | None:
     return "\n".join(parts)
 
 
+_BRACKET = re.compile(r"(\\*)([\[\]])")  # a bracket and the run of backslashes right before it
+
+
 def inert_markdown(text: str) -> str:
     """A Markdown file found under RESULTS_DIR, included as Markdown (its tables stay tables) but inert:
-    `& < >` as entities (no HTML) and `](` escaped (no link or image can form)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("](", "\\](")
+    `& < >` as entities (no HTML) and every `[` and `]` backslash-escaped, so no link, image, reference
+    link, link reference definition (`[1]: https://...`) or footnote can form. A bracket after an odd run of
+    backslashes is escaped already and stays as it is; after an even run (none, or escaped backslashes) it
+    gets one more, so a backslash in the file cannot un-escape it. An escaped bracket renders as the bracket:
+    prose reads the same."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _BRACKET.sub(lambda m: m[0] if len(m[1]) % 2 else f"{m[1]}\\{m[2]}", text)
 
 
 def build_report(results_dir: Path) -> str:

@@ -434,12 +434,14 @@ def read_results_table(path: Path, kind: str | None = None, columns: list[str] |
     - the file's declared types fit its kind's schema (`check_schema`, on the footer, whatever
       `columns` asks for): a part whose trial_key was int64 once made a compaction turn 20 trial rows
       into 2 and delete the parts; such a file is damaged, and set aside whole as a truncated one is;
-    - what the rows cost in memory (`check_cost`): a 137 KB part once decoded to 3.4 GB."""
+    - what the rows cost in memory (`check_cost`): a 137 KB part once decoded to 3.4 GB.
+    The table comes back without the file's b"pandas" metadata (`without_pandas_metadata`): names and types
+    are the stored ones check_schema checked, whoever converts it to pandas (`frame_of`)."""
     path = Path(path)
     kind = kind or path.name
     if not os.path.lexists(path):
         return None
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():  # a link, to a folder or not, is refused by open_regular
         raise DamagedResults(path, "it is a folder, not a Parquet file", kind)
     try:  # one open file for the footer and the pages: a path is opened twice by pq.read_table, and a driver
         # replacing the file between the two opens (a compaction) gave a torn read (tests/test_sweep_snapshot.py)
@@ -463,14 +465,43 @@ def read_results_table(path: Path, kind: str | None = None, columns: list[str] |
                     check_schema(schema, kind, path, footer)
             handle.seek(0)
             with pq.ParquetFile(handle, metadata=metadata, read_dictionary=text or None) as file:
-                table = file.read(columns=wanted, use_pandas_metadata=columns is None)
+                table = file.read(columns=wanted, use_pandas_metadata=False)  # no index columns the file names
             if text or any(pa.types.is_dictionary(f.type) for f in table.schema):
                 table = _decoded(table, schema, size, path)
+            table = without_pandas_metadata(table)
     except DamagedResults as err:  # named as what it was read as: a part, or the file itself
         raise DamagedResults(path, err.reason, kind) from None
     except (pa.ArrowException, OSError, ValueError, EOFError) as err:  # ArrowInvalid, thrift errors, ...
         raise DamagedResults(path, one_line(err), kind) from err
     return table
+
+
+PANDAS_METADATA = b"pandas"  # what pandas.DataFrame.to_parquet stores; sweep.py's writer never does (to_table)
+
+
+def without_pandas_metadata(table: pa.Table) -> pa.Table:
+    """`table` without b"pandas" schema metadata (other keys, such as the store's parts_through, kept). Read
+    from a file it is untrusted: Table.to_pandas renames columns by it (field_name -> name) and chooses their
+    dtypes, so a text column stored as `zz_seed` passed check_schema (a name no task declares) and became
+    `seed`, a column the analysis does not escape because it is declared a number."""
+    metadata = table.schema.metadata
+    if not metadata or PANDAS_METADATA not in metadata:
+        return table
+    return table.replace_schema_metadata({k: v for k, v in metadata.items() if k != PANDAS_METADATA} or None)
+
+
+def frame_of(table: pa.Table, path: Path) -> pd.DataFrame:
+    """A results table (of the file or folder `path`) as a pandas frame whose columns are exactly its stored
+    field names, in order: no metadata from a file renames a column or chooses its dtype
+    (without_pandas_metadata, ignore_metadata). DamagedResults naming `path` and the column otherwise."""
+    frame = without_pandas_metadata(table).to_pandas(ignore_metadata=True)
+    stored, read = list(table.column_names), list(frame.columns)
+    if read != stored:
+        i = next((i for i, (a, b) in enumerate(zip(stored, read)) if a != b), min(len(stored), len(read)))
+        field, became = (stored[i] if i < len(stored) else None), (read[i] if i < len(read) else None)
+        raise DamagedResults(path, f"column {field!r} is read as {became!r}; allowed: the file sweep.py writes, "
+                                   f"its columns read by their stored names")
+    return frame
 
 
 # ---- what a results file may be before its rows are read ----
@@ -495,14 +526,31 @@ def not_regular(mode: int) -> str | None:
     return next((name for test, name in _FILE_KINDS if test(mode)), "not a regular file")
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 @contextmanager
 def open_regular(path: Path) -> Iterator[BinaryIO]:
     """`path` opened for reading only if it is a regular file, else DamagedResults saying what it is:
-    open() of a FIFO blocks until a writer comes, and a device never ends. Opened without blocking, then
-    checked on the open file itself (fstat), so nothing can be swapped in between."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    open() of a FIFO blocks until a writer comes, and a device never ends; and never through a symbolic
+    link (`rotinv_concentration.md -> /etc/secret` under a results folder was read into report.md). Opened
+    without blocking and without following a link (O_NOFOLLOW; where there is none, the lstat taken before
+    must name the file opened), then checked on the open file itself (fstat), so nothing can be swapped in
+    between."""
+    before = os.lstat(path) if not _NOFOLLOW else None
+    if before is not None and stat.S_ISLNK(before.st_mode):
+        raise DamagedResults(path, _LINK_REFUSED)
     try:
-        found = not_regular(os.fstat(fd).st_mode)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | _NOFOLLOW)
+    except OSError:
+        if os.path.islink(path):  # O_NOFOLLOW's ELOOP (EMLINK on some systems)
+            raise DamagedResults(path, _LINK_REFUSED) from None
+        raise
+    try:
+        opened = os.fstat(fd)
+        if before is not None and (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
+            raise DamagedResults(path, _LINK_REFUSED)  # replaced by a link between the lstat and the open
+        found = not_regular(opened.st_mode)
         if found is not None:
             raise DamagedResults(path, f"it is {found}, not a regular file; allowed: the Parquet file sweep.py writes")
         os.set_blocking(fd, True)
@@ -514,10 +562,13 @@ def open_regular(path: Path) -> Iterator[BinaryIO]:
         yield handle
 
 
+_LINK_REFUSED = "it is a symbolic link, not a regular file (a link is never read through); allowed: a regular file"
+
+
 def read_regular_bytes(path: Path, limit: int, allowed: str) -> bytes | None:
     """The bytes of `path` (None where nothing is there), if it is a regular file of at most `limit`
     bytes; ConfigError naming the file, what it is and `allowed` otherwise (a FIFO would block the
-    reader, a device never end)."""
+    reader, a device never end, a symbolic link would read whatever it points to: open_regular)."""
     path = Path(path)
     if not os.path.lexists(path):
         return None

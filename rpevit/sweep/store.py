@@ -67,7 +67,7 @@ import pyarrow.parquet as pq
 from rpevit.sweep.protocol import OK
 from rpevit.sweep.results import (EPOCHS_FILE, TIMESTAMP, TRIALS_FILE, TRIALS_LOST,
                                   DamagedResults, arrow_column, check_key_column, declared_types, epochs_schema,
-                                  open_regular, read_results_table, read_space_file, remove_stale_temps,
+                                  frame_of, open_regular, read_results_table, read_space_file, remove_stale_temps,
                                   set_aside, temp_pattern, trials_schema, write_table_atomic)
 
 PARTS_DIR = "parts"
@@ -189,7 +189,7 @@ def read_frame(folder: str | os.PathLike, kind: str = TRIALS_FILE) -> pd.DataFra
     folder = Path(folder)
     path = folder if folder.suffix == ".parquet" else folder / kind
     table = read_table(path)
-    return table.to_pandas() if table is not None else pd.DataFrame()
+    return frame_of(table, path) if table is not None else pd.DataFrame()
 
 
 def read_rows(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -351,7 +351,7 @@ def driver_trials(out_dir: Path) -> pd.DataFrame:
     not one sweep.py makes stops the driver (BadTrialKey) before anything runs. (The analysis reads rows
     with rpevit.analysis.common.load_trials: the current, successful ones.)"""
     table, _ = driver_table(Path(out_dir) / TRIALS_FILE, TRIALS_LOST)
-    return table.to_pandas() if table is not None else pd.DataFrame()
+    return frame_of(table, Path(out_dir) / TRIALS_FILE) if table is not None else pd.DataFrame()
 
 
 class PartLog:
