@@ -70,12 +70,15 @@ def test_the_contrast_at_the_longest_complete_rung_equals_a_hand_computation(tmp
                                                                                              "relu": False}
     rung = h.longest_complete("favor")
     assert rung.epochs == 20 and h.longest_complete("relu") is None
-    for pe, judged, draw in zip(headline.RPES, rung.primary, rung.secondary):
+    assert headline.RPES == ("luo_rpe", "rope", "circulant_string")
+    assert len(rung.primary) == len(rung.secondary) == len(headline.RPES) == 3  # zip below truncates nothing
+    for pe, judged, draw in zip(headline.RPES, rung.primary, rung.secondary, strict=True):
         point, lo, hi = by_hand(pe)
         assert judged.nominal.point == pytest.approx(point) and judged.nominal.lo == pytest.approx(lo)
         assert judged.nominal.hi == pytest.approx(hi)
         d_point, d_lo, d_hi = by_hand(pe, shift=0.01)  # the training draw: favor cells +1 point
         assert draw.nominal.point == pytest.approx(d_point) and draw.nominal.lo == pytest.approx(d_lo)
+        assert draw.nominal.hi == pytest.approx(d_hi)
     text = headline.table(h)
     assert text.count("\n| FAVOR+ |") == 3 and "no complete rung yet" in text  # relu: no rows at all
     assert "exploratory" in "\n".join(headline.readme_lines(h, "x.png"))

@@ -290,13 +290,25 @@ def test_the_committed_crossover_table_is_well_formed():
     from rpevit.pe import relative_bias
 
     table = relative_bias.crossover_table()
+    assert "cpu" in table, table  # committed from results/token_scaling_cpu
     for kind, entry in table.items():
         assert kind in ("cpu", "cuda"), kind
-        n = entry["measured_tokens"]
-        assert n == sorted(n) and len(n) == len(entry["dense_ms_per_image"]) == len(entry["fft_ms_per_image"])
+        n, dense, fft = entry["measured_tokens"], entry["dense_ms_per_image"], entry["fft_ms_per_image"]
+        assert len(n) >= 2 and n == sorted(set(n)) and len(n) == len(dense) == len(fft), entry
+        assert all(t > 0 for t in dense + fft), entry
+        fft_wins = [f < d for d, f in zip(dense, fft)]
         start = entry["fft_from_tokens"]
-        if start is not None:  # the FFT path is faster from `start` on at every measured N
-            assert all(f < d for t, d, f in zip(n, entry["dense_ms_per_image"], entry["fft_ms_per_image"]) if t >= start)
+        # the writer's rule (token_scaling.luo_path_table): `start` is the smallest measured N from which FFT is
+        # faster at every larger measured N; null where dense was at least as fast at the largest N
+        if start is None:
+            assert not fft_wins[-1], (kind, n, fft_wins)
+            expected = ["dense"] * len(n)
+        else:
+            i = n.index(start) if start in n else None
+            assert i is not None and all(fft_wins[i:]) and (i == 0 or not fft_wins[i - 1]), (kind, start, n, fft_wins)
+            expected = ["fft" if t >= start else "dense" for t in n]
+        # and `luo_path: auto` takes dense below `start` and FFT from it on (dense throughout the measured N if null)
+        assert [relative_bias.auto_luo_path(t, kind) for t in n] == expected
 
 
 # -- the redraw schedule without a device sync --------------------------------------------------

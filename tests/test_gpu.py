@@ -261,8 +261,15 @@ FUSED_RUN = {"dataset": "digits", "train_subset": 256, "batch_size": 64, "epochs
                                                         ("softmax", "ape", "on"), ("favor", "rope", "on"),
                                                         ("relu", "cayley_string", "cudagraphs")])
 def test_fused_group_and_compiled_step_train_on_cuda(attention: str, pe: str, compile_mode: str) -> None:
-    """A fused group of 3 on the GPU (bf16, inductor where compiled) finishes every member, and each
-    member's test accuracy is the solo eager run's up to bf16 rounding (same data, masks, draws)."""
+    """A fused group of 3 on the GPU (bf16, inductor where compiled) finishes every member with a finite
+    log-likelihood, and each member's test accuracy is within 0.05 absolute (18 of digits' 360 test images)
+    of its solo eager run's (same data, masks, draws; compile off, so not the fused, compiled bf16 step).
+
+    Why a tolerance and not equality: the fused step (vmap, and inductor where compiled) orders bf16 sums
+    differently from the solo step, and over 2 epochs the rounding differences feed through every update,
+    so the two runs may classify a few test images differently. 0.05 is a loose bound: it catches a member
+    trained or evaluated on another member's data, masks, seed or draws only where that moves its accuracy
+    by more than 18 images; it does not show the runs agree "up to bf16 rounding"."""
     from rpevit.tasks.train_group import train_group
 
     cfgs = [TrialConfig.from_dict({**FUSED_RUN, "attention": attention, "pe": pe, "compile": compile_mode,
@@ -271,6 +278,8 @@ def test_fused_group_and_compiled_step_train_on_cuda(attention: str, pe: str, co
     assert all(isinstance(r, dict) for r in rows), rows
     for cfg, row in zip(cfgs, rows):
         solo = train_and_evaluate(cfg.replace(compile="off"), log=None)
+        # TODO(next GPU lease): a per-member check of log_likelihood against the solo run's, with a tolerance
+        # measured on the GPU; not tightened here because it cannot run without one.
         assert abs(row["test_acc"] - solo["test_acc"]) < 0.05, (cfg.seed, row["test_acc"], solo["test_acc"])
         assert row["fused_members"] == 3 and math.isfinite(row["log_likelihood"])
 

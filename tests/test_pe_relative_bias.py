@@ -4,6 +4,7 @@ import math
 import pytest
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from rpevit.config import TrialConfig
 from rpevit.models import build_model
@@ -124,9 +125,24 @@ def test_explicit_biased_softmax_equals_the_definition_and_runs_float32_under_bf
     bias = torch.randn(2, 16, 16, generator=g, dtype=torch.float64)
     reference = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(8) + bias, dim=-1) @ v
     torch.testing.assert_close(biased_softmax_attention(q, k, v, bias), reference, rtol=1e-12, atol=1e-12)
-    half = biased_softmax_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias.bfloat16())
+    with _SoftmaxInputs() as seen:
+        half = biased_softmax_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias.bfloat16())
     assert half.dtype == torch.bfloat16
+    assert seen.dtypes == [torch.float32], seen.dtypes  # one softmax, on float32 logits (bf16 in, bf16 out)
     torch.testing.assert_close(half.double(), reference, rtol=0.05, atol=0.05)
+
+
+class _SoftmaxInputs(TorchDispatchMode):
+    """The dtype of the input of every softmax an aten call runs (aten._softmax)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dtypes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket is torch.ops.aten._softmax:
+            self.dtypes.append(args[0].dtype)
+        return func(*args, **(kwargs or {}))
 
 
 def test_written_out_softmax_equals_sdpa_and_sdpa_stays_off_cuda():

@@ -238,10 +238,19 @@ def test_auto_basis_is_bernstein_in_exact_mode_and_monomial_in_random_mode():
 
 
 def test_bernstein_log_scale_speeds_up_the_coefficients():
-    """b = exp(scale * raw): Adam's first step of size lr on raw moves log b by scale * lr."""
+    """b = exp(scale * raw): Adam's first step of size lr on raw moves log b by scale * lr.
+
+    b is read back from the coefficients the module builds (a = M b, so b = M^-1 a), not recomputed
+    from raw here, and compared with the literal 10 * 1e-3: a module whose scale is not 10 fails.
+    Every gradient of the summed modulation on raw is positive (p grows with each b_k), so the
+    first Adam step lowers every raw, and log b, by the step.
+    """
+    assert BERNSTEIN_LOG_SCALE == 10.0  # the literal below is this scale times lr
     pe = rotinv(rotinv_basis="bernstein")
     optimizer = torch.optim.Adam(pe.parameters(), lr=1e-3)
     pe.modulation().dense().sum().backward()
+    assert bool((pe.raw_coefficients.grad > 0).all())
     optimizer.step()
-    log_b = BERNSTEIN_LOG_SCALE * pe.raw_coefficients.detach()
-    torch.testing.assert_close(log_b.abs(), torch.full_like(log_b, BERNSTEIN_LOG_SCALE * 1e-3))
+    a = pe.coefficients().detach().double()  # (h, K + 1) monomial coefficients, a = b M^T
+    log_b = torch.linalg.solve(pe.basis.double(), a.T).T.log()
+    torch.testing.assert_close(log_b, torch.full_like(log_b, -0.01), atol=1e-5, rtol=0)

@@ -24,6 +24,7 @@ from rpevit.config import TrialConfig
 from rpevit.sweep.protocol import SUMMARY, Report
 from rpevit.sweep.writer import ParquetResults
 from rpevit.sweep.space import trial_key
+from rpevit.tool_exit import exit_code
 
 ENV = metrics.environment(torch.device("cpu"))
 ROTATIONS = ("0", "90", "180", "270", "random")
@@ -226,9 +227,11 @@ def test_the_script_takes_bench_folders_and_names_an_empty_one(results, tmp_path
     rotation.main()
     assert "(bench, alone)" in (results / "rotation.md").read_text()
     monkeypatch.setattr("sys.argv", ["rotation.py", str(results), "--bench", str(tmp_path / "nothing")])
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stopped:
         rotation.main()
     assert f"--bench {tmp_path / 'nothing'} holds no trials.parquet" in capsys.readouterr().err
+    # argparse's usage error (parser.error): exit code 2, which run_tool passes on as the process's
+    assert stopped.value.code == 2 and exit_code(stopped.value) == 2
 
 
 def test_other_sections_leave_the_rotation_studys_rows_to_it(results, tmp_path):

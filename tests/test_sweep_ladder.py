@@ -218,42 +218,65 @@ def test_rungs_first_is_refused_where_it_cannot_apply(tmp_path, capsys, argv, wo
     assert not (tmp_path / "out").exists()  # refused before anything was made
 
 
-@pytest.mark.parametrize("slots", [1, 2, 3])
-def test_rungs_first_starts_each_rung_only_after_every_trunk_started_with_its_own_has_paused(slots):
-    """Round 1 pauses each trunk as it writes its last branch's checkpoint, so trunks started together pause
-    within seconds of each other in either order. A rung must come after `slots` trunks past its own (on one
-    slot right after it): the slot freed first then starts a trunk, never the rung of a trunk still running
-    its last epoch (which would train it from epoch 0). Fails with the default lag of slots - 1."""
+def rungs_first_round_one(slots: int):
+    """cifar10_ladder40_cpu's round 1 under --rungs-first on `slots` slots: (the Tune trials in order, their
+    keys, the trunks among them)."""
     from pathlib import Path
 
     from rpevit.sweep.launch_plan import Launch, branches_after_their_trunks, pause_trunks
     from rpevit.sweep.space import load_space
-    from rpevit.tasks.budget_ladder import ladder_branch_epoch
 
     space = load_space(Path(__file__).resolve().parents[1] / "search_spaces" / "cifar10_ladder40_cpu.yaml")
     specs = tune_trials(space, space.trials, list(range(len(space.trials))), checkpoint_root="/tmp/x", cpus=1,
                         gpus=0, reserved_cpus=1)
     first, held = pause_trunks(Launch(branches_after_their_trunks(specs, slots), {"CPU": 1.0}, slots), space)
     assert held == [] and sorted(s.name for s in first.specs) == sorted(s.name for s in specs)
-    order = [s.members[0].trial_key for s in first.specs]
-    trunks = [s for s in first.specs if s.branches]
+    return first.specs, [s.members[0].trial_key for s in first.specs], [s for s in first.specs if s.branches]
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3])
+def test_rungs_first_puts_slots_trunks_between_each_trunk_and_its_rungs(slots):
+    """A rung must come after `slots` trunks past its own (on one slot right after it): the slot freed first
+    then starts a trunk, never the rung of a trunk still running its last epoch (which would train it from
+    epoch 0). Fails with the default lag of slots - 1."""
+    _, order, trunks = rungs_first_round_one(slots)
     assert len(trunks) == 60 and all(s.pause_at_branch for s in trunks)
     lag = slots if slots > 1 else 0
+    checked = 0
     for n, trunk in enumerate(trunks):
         if n + lag >= len(trunks):
-            continue
+            continue  # the last `lag` ladders' rungs come after the last trunk
         # every trunk up to `lag` after this one is given to Tune before this trunk's first rung
         before = order.index(trunks[n + lag].members[0].trial_key)
         assert all(order.index(b.trial_key) > before for b in trunk.branches), (slots, n)
-    if slots > 2:
-        return  # on more slots the static order drifts (a simulation finds a rung started early); a rung that
-        # starts before its checkpoint still gives its row, at full cost (docs/budget_ladder.md)
-    # simulated on `slots` slots, each trunk taking 16 epochs and pausing in an order shuffled within each
-    # batch that starts together, each rung its cool-down (2 or 4 epochs): no rung starts before its trunk paused
+        checked += 1
+    assert checked == len(trunks) - lag
+
+
+RUNG_BEFORE_ITS_CHECKPOINT_ON_3_SLOTS = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "known: the order is fixed before Tune starts and cannot follow when slots free. On 3 slots the last "
+    "ladder's two rungs come last, with no trunk left to start between them and their trunk, and slots freed "
+    "by the 2- and 4-epoch cool-downs of the rungs before start them before that trunk paused (this pause "
+    "order: order positions 178 and 179, the rungs of trunk 60 of 60; other pause orders also start one at "
+    "position 4). Such a rung still gives its row, at full cost (docs/budget_ladder.md, "
+    "launch_plan.branches_after_their_trunks)"))
+
+
+@pytest.mark.parametrize("slots", [1, 2, pytest.param(3, marks=RUNG_BEFORE_ITS_CHECKPOINT_ON_3_SLOTS)])
+def test_rungs_first_starts_each_rung_only_after_every_trunk_started_with_its_own_has_paused(slots):
+    """Round 1 pauses each trunk as it writes its last branch's checkpoint, so trunks started together pause
+    within seconds of each other in either order. Simulated on `slots` slots, each trunk taking 16 epochs and
+    pausing in an order shuffled within each batch that starts together, each rung its cool-down (2 or 4
+    epochs): no rung starts before its trunk paused. True on 1 and 2 slots; false on 3 (the xfail's reason)."""
     import random
+
+    from rpevit.tasks.budget_ladder import ladder_branch_epoch
+
+    _, order, trunks = rungs_first_round_one(slots)
     rng = random.Random(slots)
     cooldown = {b.trial_key: b.cfg["epochs"] - ladder_branch_epoch(b.cfg) for t in trunks for b in t.branches}
     trunk_of = {b.trial_key: t.members[0].trial_key for t in trunks for b in t.branches}
+    assert sorted(set(cooldown.values())) == [2, 4] and len(trunk_of) == 120
     free = [(0.0, i) for i in range(slots)]
     paused_at: dict[str, float] = {}
     for key in order:
@@ -265,3 +288,4 @@ def test_rungs_first_starts_each_rung_only_after_every_trunk_started_with_its_ow
         else:
             paused_at[key] = start + 16.0 + rng.uniform(0, 1e-3)  # together-started trunks pause in any order
             free.append((paused_at[key], slot))
+    assert len(paused_at) == len(trunks)  # every trunk started in the simulation

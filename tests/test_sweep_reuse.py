@@ -75,17 +75,39 @@ def test_two_trials_in_one_reused_worker_equal_their_fresh_process_runs(tmp_path
         assert (epochs[0][name] == epochs[1][name]).all(), name
 
 
+class _NoRayContext:
+    """What place_on_devices asks Ray's runtime context outside a Ray worker: no GPU ids, a node id."""
+
+    def get_accelerator_ids(self):
+        return {}
+
+    def get_node_id(self):
+        return "node-0"
+
+
 def test_trial_scope_resets_threads_rngs_and_peak_memory(monkeypatch):
-    monkeypatch.setattr(trainable, "place_on_devices", lambda cpus, gpus: {"torch_threads": int(cpus)})
+    """The real rpevit.sweep.gpus.place_on_devices (only Ray's runtime context is stood in for): a
+    previous trial's 3 threads are put back to the trial's 1 CPU, and the RNGs to its seed."""
+    monkeypatch.setattr(ray, "get_runtime_context", _NoRayContext)
     cfg = TrialConfig.from_dict({"seed": 7})
     spec = TrialSpec("t", cpus_per_trial=1, gpus_per_trial=0, reserved_cpus=2)
-    with trainable.trial_scope(cfg, spec) as placement:
-        first = (random.random(), np.random.rand(), torch.rand(3))
-    random.seed(99), np.random.seed(99), torch.manual_seed(99)  # what a previous trial may leave
-    with trainable.trial_scope(cfg, spec) as placement:
-        again = (random.random(), np.random.rand(), torch.rand(3))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)  # what a previous trial may leave
+        with trainable.trial_scope(cfg, spec) as placement:
+            assert torch.get_num_threads() == 1
+            first = (random.random(), np.random.rand(), torch.rand(3))
+        torch.set_num_threads(3)
+        random.seed(99), np.random.seed(99), torch.manual_seed(99)  # what a previous trial may leave
+        with trainable.trial_scope(cfg, spec) as placement:
+            assert torch.get_num_threads() == 1
+            again = (random.random(), np.random.rand(), torch.rand(3))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     assert first[:2] == again[:2] and torch.equal(first[2], again[2])
-    assert placement == {"torch_threads": 1, "reserved_cpus": 2.0}
+    assert placement["torch_threads"] == 1 and placement["reserved_cpus"] == 2.0
+    assert placement["cuda_device"] == -1 and placement["ray_gpu_ids"] == ""
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("peak RSS reset needs Linux /proc/self/clear_refs")
     trainable.reset_peak_memory()  # the peak is now the current RSS

@@ -1,6 +1,7 @@
 """Search-space expansion and validation (no Ray): counts, sampling, keys, error messages, CLI dry-run."""
 from __future__ import annotations
 
+import errno
 import math
 import os
 import subprocess
@@ -12,6 +13,7 @@ import yaml
 
 from rpevit.config import ConfigError, TrialConfig, field_help, section_fields
 from rpevit.sweep.gpus import claim_least_loaded_gpu
+from rpevit.sweep.results import LinkRefused
 from rpevit.sweep.space import SpaceError, load_space, parse_overrides, trial_key
 import sweep  # the CLI at the repository root (pytest puts the root on sys.path: pyproject.toml)
 
@@ -254,13 +256,14 @@ def test_gpu_claims_live_in_the_private_folder_and_never_follow_links(tmp_path, 
     victim.write_text("keep")
     claims = tmp_path / "claims.json"
     claims.symlink_to(victim)
-    with pytest.raises(Exception, match="symbolic link"):
+    with pytest.raises(LinkRefused, match=f"{claims} is a symbolic link"):  # atomic_file's refusal
         claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
     claims.unlink()
     claims.with_suffix(".lock").unlink()  # the first call made the lock file
     claims.with_suffix(".lock").symlink_to(victim)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as refused:  # os.open with O_NOFOLLOW on a link: ELOOP
         claim_least_loaded_gpu(0.25, 2, pid=os.getpid(), claims_file=claims)
+    assert refused.value.errno == errno.ELOOP, refused.value
     assert victim.read_text() == "keep"
     claims.with_suffix(".lock").unlink()
     claims.write_text('{"12": "bogus", "x": [0, 0.5], "1": [0, 0.25]}')  # malformed entries are dropped

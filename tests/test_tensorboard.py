@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # a hard dependency
 
 from rpevit import registry
 from rpevit.config import TrialConfig
@@ -17,9 +18,6 @@ from rpevit.sweep.protocol import EPOCH, SUMMARY, Member, TrialSpec
 from rpevit.sweep.results import TENSORBOARD_DIR
 from rpevit.sweep.tensorboard_events import EVENTS_PREFIX, EpochBoard, tensorboard_dir
 from rpevit.sweep.space import trial_key
-
-pytest.importorskip("tensorboard")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 100, "batch_size": 50,
         "eval_batch_size": 256, "eval_draws": 0, "drop_path": 0.0}

@@ -71,8 +71,9 @@ def crossover_table() -> dict[str, dict]:
 
 def auto_luo_path(tokens: int, device_type: str) -> str:
     """The path `auto` takes at N tokens on a device kind: "fft" from the measured crossover on, "dense"
-    below it. Where dense won at every measured N (fft_from_tokens null), dense up to the largest
-    measured N and fft beyond it (the dense path's memory grows as N^2, the FFT path's as N); a device
+    below it (fft_from_tokens: the smallest measured N from which FFT was faster at every larger one, so a middle
+    N where FFT won alone does not count). Where dense was at least as fast at the largest measured N
+    (fft_from_tokens null), dense up to the largest measured N and fft beyond it (the dense path's memory grows as N^2, the FFT path's as N); a device
     kind with no entry: fft from LUO_FFT_MIN_TOKENS."""
     entry = crossover_table().get(device_type)
     if entry is None:
