@@ -5,7 +5,8 @@ In float64 on the CPU:
   qk_norm of tests/test_amp_cpu.py), 20 steps of three stacked members (the real StackedStep:
   vmapped forward, summed backward, per-member clipping, one AdamW) leave every parameter and
   every AdamW moment within 1e-9 of three solo runs (the real solo_step), or, for an ill-conditioned
-  cell, within ROUNDING_FACTOR x what one ulp of input rounding moves its solo runs, with stochastic depth,
+  cell, within ROUNDING_FACTOR x what one ulp of input rounding moves its solo runs (and never above
+  ILL_CONDITIONED_CEILING), with stochastic depth,
   redraws every 3 steps (random-feature backends) and each member's own data;
 - the task: train_group's rows equal train_and_evaluate's metric for metric (1e-9) for every
   attention and every encoding (each in at least one pairing), including the sparse CG solve that
@@ -76,6 +77,11 @@ def build_members(cfg: TrialConfig) -> tuple[list[torch.nn.Module], list[torch.G
 # much as they amplify any rounding, while a fusion defect (a member's data, clipping, moments or draws
 # crossed) is orders of magnitude above both.
 ROUNDING_FACTOR = 100.0
+# ...and never above this, however ill-conditioned: a cell whose one-ulp sensitivity is itself large
+# (a diverging or chaotic run) would otherwise let any difference through. A fusion defect moves a member
+# by O(1e-3) or more; on the 2-core Xeon (AVX-512) of 2026-11-29 every cell stays within 1.1e-10 of its
+# solo runs (largest: sparse Cayley-STRING), so the branch above is for other BLAS builds.
+ILL_CONDITIONED_CEILING = 1e-5
 
 
 def solo_runs(cfg: TrialConfig, schedule, data, perturb: float = 0.0) -> list[torch.nn.Module]:
@@ -153,7 +159,8 @@ def test_stacked_steps_equal_solo_steps(case):
     error = trained_difference(solo_models, fused_states)
     if error[0] >= 1e-9:  # an ill-conditioned cell: measure what one ulp of rounding does to it
         rounding = rounding_sensitivity(cfg, schedule, data, solo_models, rng_state)
-        assert error[0] < ROUNDING_FACTOR * rounding, (error, f"one-ulp sensitivity {rounding:.2e}")
+        assert error[0] < min(ROUNDING_FACTOR * rounding, ILL_CONDITIONED_CEILING), \
+            (error, f"one-ulp sensitivity {rounding:.2e}")
     # the members really are different models (not one model three times)
     assert relative_error(solo_models[0].head.weight, solo_models[1].head.weight) > 1e-3
 

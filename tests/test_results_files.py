@@ -429,6 +429,28 @@ def test_the_atomic_writer_never_writes_through_a_link(tmp_path) -> None:
     assert target.read_text() == "{}" and not temp_name(target).exists()
 
 
+def test_the_atomic_writer_never_writes_into_a_linked_folder(tmp_path) -> None:
+    """A planted link at the folder a file is written in (a study folder under RESULTS_DIR pointing
+    elsewhere) is refused before anything is written there; a folder the user names on the command line
+    is resolved (named_folder), so a link the user chose is followed on purpose and writes work."""
+    from rpevit.sweep.results import LinkRefused, write_text_atomic
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "study").symlink_to(elsewhere)
+    with pytest.raises(LinkRefused, match="study is a symbolic link .*allowed: a real folder to write in"):
+        write_text_atomic(results / "study" / "report.md", "x")
+    assert list(elsewhere.iterdir()) == []
+    from rpevit.sweep.results import named_folder
+
+    chosen = tmp_path / "my-results-link"
+    chosen.symlink_to(results)
+    write_text_atomic(named_folder(str(chosen)) / "report.md", "y")
+    assert (results / "report.md").read_text() == "y"
+
+
 def test_the_atomic_writer_makes_its_data_and_its_rename_durable(tmp_path, monkeypatch) -> None:
     """fsync of the data before the rename and of the folder after it: what a crash or power loss needs
     (a SIGKILL keeps the page cache, so only this order shows it). Fails without the fsyncs."""
@@ -444,9 +466,9 @@ def test_the_atomic_writer_makes_its_data_and_its_rename_durable(tmp_path, monke
         calls.append("folder" if stat.S_ISDIR(os.fstat(fd).st_mode) else "data")
         real_fsync(fd)
 
-    def replace(src, dst) -> None:
+    def replace(src, dst, **dir_fds) -> None:  # atomic_file renames relative to its open folder
         calls.append("rename")
-        real_replace(src, dst)
+        real_replace(src, dst, **dir_fds)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rpevit.analysis.common import md_text  # noqa: E402
-from rpevit.sweep.results import atomic_file  # noqa: E402
+from rpevit.sweep.results import atomic_file, named_folder  # noqa: E402
 
 MAX_BYTES = 8 * 2**20
 # Issue 40's goals (stated for an H100): one compiled trial of the GPU protocol model, and the
@@ -251,7 +251,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python benchmarks/lease/summary.py LEASE_FOLDER", file=sys.stderr)
         return 2
-    folder = Path(argv[0])
+    folder = named_folder(argv[0])
     if not folder.is_dir():
         print(f"lease summary: {folder} is not a folder; allowed: a folder holding a lease's files", file=sys.stderr)
         return 2

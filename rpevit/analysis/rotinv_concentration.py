@@ -22,6 +22,7 @@ import torch
 from rpevit.analysis.common import output_file, pyplot, write_text_file
 from rpevit.attention.base import LowRankModulation
 from rpevit.pe.rotation_invariant import centred_coordinates, double_factorial_odd, random_projection_features
+from rpevit.sweep.results import named_folder
 
 
 def distinct_offsets(coords: torch.Tensor) -> torch.Tensor:
@@ -72,7 +73,7 @@ def chebyshev_bound(t: torch.Tensor, a: list[float], draws: int, delta: float) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("out_dir", type=named_folder)
     parser.add_argument("--draws", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
     parser.add_argument("--grid", type=int, default=8, help="side of the square patch grid (8: CIFAR, 4: MNIST)")
     parser.add_argument("--coefficients", type=float, nargs="+", default=[1.0, 1.0, 1.0], help="a_0 .. a_K")

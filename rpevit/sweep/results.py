@@ -296,36 +296,68 @@ def temp_name(path: Path, pid: int | None = None) -> Path:
 def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file object whose content replaces `path` at once when the block ends without error
     (temporary file beside it, then os.replace): a kill never leaves a torn file, a failed write leaves
-    the old one. Never through a symbolic link: `path` being a link is refused (LinkRefused, one line),
-    the temporary file is created with O_EXCL | O_NOFOLLOW (a planted one is not written through), and
-    os.replace swaps the directory entry, not what a link points at. Durable too: the data are fsynced
-    before the rename and the folder after it, so a node that crashes or loses power (a SIGKILL keeps
-    the page cache, a crash does not) never comes back with the new name on an empty or torn file
-    (tests/test_results_store_sigkill.py covers kills; this, what no kill can show)."""
+    the old one. Never through a symbolic link, at the file or at the folder it is written in: the
+    folder is opened once with O_NOFOLLOW (a linked folder is refused, LinkRefused, one line) and every
+    step after that works relative to that open folder (lstat of the name, the temporary file created
+    with O_EXCL | O_NOFOLLOW, os.replace, fsync), so a link swapped in between the check and the write
+    changes nothing. Links above that folder are the caller's: the roots a user names are resolved where
+    they are read (sweep_dir, the analysis scripts' RESULTS_DIR; the snapshot refuses a linked DEST), so
+    a link the user chose still works, and the folders rpevit makes below a root are checked where they
+    are made (links inside a sweep folder, its `trials/` and `parts/`, are refused by sweep_lock).
+    Durable too: the data are fsynced before the rename and the folder after it, so a node that crashes
+    or loses power (a SIGKILL keeps the page cache, a crash does not) never comes back with the new name
+    on an empty or torn file (tests/test_results_store_sigkill.py covers kills; this, what no kill can show)."""
     path = Path(path)
-    if path.is_symlink():
-        raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(path)!r}); allowed: a regular file or nothing "
-                          f"there: rpevit never writes through a link (it would overwrite what it points at); "
-                          f"remove the link")
-    tmp = temp_name(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    folder_fd = open_folder_nofollow(path.parent)
     try:
-        fd = os.open(tmp, flags, 0o644)
-    except FileExistsError:  # our own pid's leftover (a write of this process that died) or a planted entry
-        tmp.unlink()  # removes the entry itself, never what a link there points at
-        fd = os.open(tmp, flags, 0o644)
+        name, tmp = path.name, temp_name(path).name
+        try:
+            st = os.stat(name, dir_fd=folder_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise LinkRefused(f"{path} is a symbolic link (to {os.readlink(name, dir_fd=folder_fd)!r}); allowed: a "
+                              f"regular file or nothing there: rpevit never writes through a link (it would "
+                              f"overwrite what it points at); remove the link")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(tmp, flags, 0o644, dir_fd=folder_fd)
+        except FileExistsError:  # our own pid's leftover (a write of this process that died) or a planted entry
+            os.unlink(tmp, dir_fd=folder_fd)  # removes the entry itself, never what a link there points at
+            fd = os.open(tmp, flags, 0o644, dir_fd=folder_fd)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            fsync_fd(folder_fd)
+        except BaseException:
+            try:  # a torn temp file of a write that failed (disk full): nothing to keep
+                os.unlink(tmp, dir_fd=folder_fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(folder_fd)
+
+
+def named_folder(text: str) -> Path:
+    """A folder a user names on the command line (argparse `type=`), resolved: a link the user chose
+    is followed here, once, on purpose, so atomic_file, which refuses a linked folder, writes into the
+    real folder it points at; a link found below it is still refused."""
+    return Path(text).expanduser().resolve()
+
+
+def open_folder_nofollow(folder: Path) -> int:
+    """A read-only descriptor of `folder`, refused (LinkRefused) where `folder` itself is a symbolic link."""
     try:
-        with os.fdopen(fd, "wb") as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        fsync_folder(path.parent)
-    except BaseException:
-        try:  # a torn temp file of a write that failed (disk full): nothing to keep
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if folder.is_symlink():
+            raise LinkRefused(f"{folder} is a symbolic link (to {os.readlink(folder)!r}); allowed: a real folder to "
+                              f"write in: rpevit never writes through a link (it would write wherever it points); "
+                              f"remove the link, or name the folder it points at") from err
         raise
 
 
@@ -334,12 +366,19 @@ def fsync_folder(folder: Path) -> None:
     some network mounts, ENOTSUP) is left as it is: the rename itself still happened."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno not in (errno.EINVAL, errno.ENOTSUP):  # an I/O error is one: it is raised
-            raise
+        fsync_fd(fd)
     finally:
         os.close(fd)
+
+
+def fsync_fd(fd: int) -> None:
+    """fsync of an open folder; EINVAL / ENOTSUP (some network mounts cannot) is left as it is: the
+    rename itself still happened. An I/O error is raised."""
+    try:
+        os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP):
+            raise
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
