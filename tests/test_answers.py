@@ -209,7 +209,8 @@ def test_a_published_declared_ladder_gets_its_ranking_line_labelled_exploratory(
 
 def test_a_declared_question_and_family_name_reach_markdown_inert(tmp_path):
     """The question and family names come from a file (the space's declare: block, then declaration.json):
-    no link, image, HTML or code span may open in the README, ANSWERS.md or confirmatory.md."""
+    no link (a bare URL's autolink included), image, HTML or code span may open in the README, ANSWERS.md or
+    confirmatory.md."""
     results = tmp_path / "results"
     folder = results / "headline"
     folder.mkdir(parents=True)
@@ -218,8 +219,8 @@ def test_a_declared_question_and_family_name_reach_markdown_inert(tmp_path):
     declaration.record(folder, parse(hostile, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "headline", rows(time.time() + 10))
     text = "\n".join(answers.declared_section(answers.Sources(results), detail=True))
-    assert "&lt;img src=x onerror=alert(1)&gt; \\[click\\](http://e.example) \\`x\\`" in text
-    assert "  - gap !\\[i\\](http://e.example/i.png) &lt;b&gt;, k = 2: resolved" in text
+    assert "&lt;img src=x onerror=alert(1)&gt; \\[click\\](http\\://e.example) \\`x\\`" in text
+    assert "  - gap !\\[i\\](http\\://e.example/i.png) &lt;b&gt;, k = 2: resolved" in text
     assert "<img" not in text and "<b>" not in text and "[click]" not in text and "![i]" not in text
 
 

@@ -220,7 +220,7 @@ def test_a_redeclared_study_says_so_with_what_changed_and_when_in_every_text(tmp
     record = declaration.read_record(folder)
     first, second = (declaration.utc_text(e["recorded_at"]) for e in record["declarations"])
     change = (f"first declared {first}; {second}: seeds 0, 1 → 0, 1, 2 (added 2), family '&lt;b&gt;more&lt;/b&gt; "
-              f"\\[x\\](http://e.example)' added, recorded after trials of the sweep had begun")
+              f"\\[x\\](http\\://e.example)' added, recorded after trials of the sweep had begun")
     said = f"redeclared with `sweep.py --redeclare`: {change}"
     assert confirmatory.redeclared_text(record) == said
     table = confirmatory.build(folder)  # confirmatory.md

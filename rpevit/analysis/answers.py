@@ -56,7 +56,7 @@ from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure
 from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
-                                    md_text, read_text_file, redraw_labels, with_variant)
+                                    md_text, raw_text, read_text_file, redraw_labels, with_variant)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -127,7 +127,9 @@ def percent(values: Sequence[float] | np.ndarray) -> str:
 
 def exploratory(folders: Iterable[str], results_dir: Path) -> str:
     """The label of an exploratory passage: which studies it reads, that none declared its comparisons (or
-    that only their declared comparisons, elsewhere, are confirmatory), and what else is known about them."""
+    that only their declared comparisons, elsewhere, are confirmatory), and what else is known about them.
+    `folders`: folder names as they are (a frame's `sweep` value read back with raw_text), each printed as a
+    code span."""
     folders = sorted(set(folders))
     declared = [f for f in folders if (results_dir / f / DECLARATION_FILE).exists()]
     undeclared = [f for f in folders if f not in declared]
@@ -223,8 +225,10 @@ class Sources:
                                                                               ["bench"]).frame))
 
     def sweeps(self, dataset: str) -> list[str]:
+        """The studies of the rows on `dataset`: their `sweep` values read back (raw_text), as folder names for
+        paths and code spans, where md_text's escapes would be printed as they are."""
         frame = self.train.frame
-        return sorted(set(frame.loc[frame["dataset"] == dataset, "sweep"].astype(str)))
+        return sorted(set(frame.loc[frame["dataset"] == dataset, "sweep"].astype(str).map(raw_text)))
 
 
 def find_config(assessed: dict[Config, Assessment], dataset: str, backend: str, qk_norm: str = "none",
@@ -531,7 +535,8 @@ def string_section(sources: Sources, dataset: str) -> list[str]:
              + string_study.twin_text(r),
              fmt(r["train x rope"], 3)] for _, r in table.iterrows()]
     sweeps = sorted(set(sources.train.frame.loc[(sources.train.frame["dataset"] == dataset) &
-                                                (sources.train.frame["attention"] == "softmax"), "sweep"]))
+                                                (sources.train.frame["attention"] == "softmax"), "sweep"].astype(str)
+                        .map(raw_text)))  # folder names, as exploratory takes them
     return [f"## {DATASET_NAMES.get(dataset, dataset)}: the STRING variants against RoPE, softmax attention "
             "(exploratory)", "", exploratory(sweeps, sources.results_dir), "",
             string_study.verdict(DATASET_NAMES.get(dataset, dataset), table, fs), "",
@@ -668,7 +673,7 @@ def ran_with(sources: Sources, knob: tuple[str, ...], dataset: str) -> str:
     random features)."""
     parts = []
     for kind, rows in published_knob_rows(sources.results_dir, knob, {dataset}, sources.train.frame).items():
-        studies = ", ".join(code_span(str(name)) for name in sorted(rows["sweep"].astype(str).unique())) \
+        studies = ", ".join(code_span(name) for name in sorted(set(rows["sweep"].astype(str).map(raw_text)))) \
             if "sweep" in rows.columns else ""
         parts.append(f"the {kind} studies{f' ({studies})' if studies else ''} ran {values_text(rows, knob)}")
     return "; ".join(parts) if parts else f"no published study ran {dataset} with it"
@@ -693,7 +698,7 @@ def published_knob_rows(results_dir: Path, knob: tuple[str, ...], datasets: Coll
         if frame.empty or "dataset" not in frame.columns:
             continue
         rows = knob_rows(frame[frame["dataset"].astype(str).isin(set(datasets))
-                               & ~column(frame, "sweep", "").astype(str).isin(skip)], knob)
+                               & ~column(frame, "sweep", "").astype(str).map(raw_text).isin(skip)], knob)
         if not rows.empty:
             found[kind] = rows
     return found
@@ -827,7 +832,8 @@ def cost_section(sources: Sources) -> list[str]:
                 if p in ("ape", "luo_rpe", "rope", "circulant_string") and a in ("softmax", "favor", "relu")]
         if len(soft_ape) == 1 and rows:
             lines += [f"Training step relative to softmax+ape at the {DATASET_NAMES.get(dataset, dataset)} study's "
-                      f"model (`results/{sweep}/`, each bench trial alone, N = {fmt(soft_ape['N'].iloc[0])} tokens, "
+                      f"model ({code_span(f'results/{raw_text(sweep)}/')}, each bench trial alone, N = "
+                      f"{fmt(soft_ape['N'].iloc[0])} tokens, "
                       f"batch {fmt(soft_ape['batch'].iloc[0])}):", "",
                       markdown_table(["variant", "redraw", "train step x softmax+ape"], rows), ""]
     return lines

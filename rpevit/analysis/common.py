@@ -16,8 +16,10 @@ that line (on stderr, and in the Markdown) and the rest is reported.
 Everything read from a file is untrusted. Text values of the rows (names: pe, attention, dataset,
 environment, ...) are bounded to LABEL_LIMIT characters and made inert for Markdown as they are
 read (`untrusted_names`, `md_text`), so no table cell, heading, prose line or figure label can carry
-HTML, a link or a line break in, nor a megabyte label into matplotlib; folder names are passed through
-`md_text` (or `code_span`) where they reach the Markdown. Every file a script writes (Markdown,
+HTML, a link (bare URLs and e-mail addresses included), emphasis or a line break in, nor a megabyte label into
+matplotlib; folder names are passed through `md_text` (or `code_span`) where they reach the Markdown. A value of
+such a column that goes into a code span or a path is read back first (`raw_text`): inside a code span no
+escape is undone. Every file a script writes (Markdown,
 PNG, CSV, JSON) goes through `output_file`: atomic, never through a symbolic link (refused in one line).
 """
 from __future__ import annotations
@@ -42,7 +44,7 @@ from rpevit.attention.base import RandomFeatureBackend
 from rpevit.sweep.protocol import OK
 from rpevit.sweep import migrate, results, store
 from rpevit.sweep.results import (SPACE_FILE, STR, TRIALS_FILE, DamagedResults, LinkRefused, atomic_file,
-                                  trials_schema)
+                                  named_folder, trials_schema)
 
 
 ENVIRONMENT_COLUMNS = tuple(name for name, _ in results.ENVIRONMENT_COLUMNS)  # where a row was produced
@@ -75,10 +77,20 @@ ROTATION_METRIC_PREFIX = "test_acc_rot"  # test_acc_rot0 ... test_acc_rot_random
 
 
 LABEL_LIMIT = 200  # characters of a name read from a file that reach a table or a figure (a 1 MB `pe` would not plot)
-_MD_ESCAPES = str.maketrans({"\\": "\\\\", "`": "\\`", "[": "\\[", "]": "\\]", "&": "&amp;", "<": "&lt;",
-                             ">": "&gt;"})
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")  # line breaks and terminal escapes: one space
-_UNSAFE = re.compile(r"[\\`\[\]&<>\x00-\x1f\x7f\u0085\u2028\u2029]")
+# What md_text changes besides control characters, each for GitHub's renderer (cmark-gfm: its core inline parser
+# and its autolink and strikethrough extensions):
+_MARKUP = "|".join([
+    r"[\\`\[\]*~&<>@]",  # escape, code span, link/image, emphasis, strikethrough, entity/HTML, email autolink
+    r"(?<![A-Za-z0-9_])_+|_+(?![A-Za-z0-9_])",  # a run of `_` with a side not an ASCII letter or digit
+    r":(?=//)",  # the `:` of a scheme autolink (http://, https://, ftp://)
+    r"(?<=[wW]{3})\.",  # the `.` of a www autolink (www.example.com)
+])
+_MARKUP_RE = re.compile(_MARKUP)
+_UNSAFE = re.compile(rf"{_MARKUP}|[\x00-\x1f\x7f\u0085\u2028\u2029]")  # md_text(text) != text iff it matches
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "@": "&#8288;@"}  # U+2060 WORD JOINER before an `@`
+_INERT = re.compile(r"\\(.)|&(amp|lt|gt);|&#8288;(?=@)", re.DOTALL)  # what md_text writes, read back (raw_text)
+_RAW = {"amp": "&", "lt": "<", "gt": ">"}
 
 
 def short(text: str, limit: int = LABEL_LIMIT) -> str:
@@ -87,14 +99,43 @@ def short(text: str, limit: int = LABEL_LIMIT) -> str:
 
 
 def md_text(value: Any) -> str:
-    """A value read from a file, as inert Markdown text: line breaks and control characters become a
-    space (a newline would end a table row), `\\ ` [ ]` are backslash-escaped (no link, image or code
-    span can open), `& < >` become entities (no HTML). Text without those characters is unchanged, so
-    ordinary names print as before; `|` is escaped by markdown_table, where it would split a cell."""
+    """A value read from a file, as inert Markdown text, checked against GitHub's renderer (cmark-gfm, its
+    autolink and strikethrough extensions; tests/test_markdown_inert.py renders it where cmarkgfm is installed):
+
+    - line breaks and control characters become a space (a newline would end a table row);
+    - `\\ ` [ ] * ~` are backslash-escaped: no escape of what follows, code span, link, image, emphasis or
+      strikethrough can open;
+    - a run of `_` is backslash-escaped unless an ASCII letter or digit stands on both its sides: such an
+      intraword run is both left- and right-flanking and not next to punctuation, so by GFM's rules it can
+      neither open nor close emphasis (`luo_rpe`, `cifar10_ladder40_cpu` print as they are), while one at
+      either end of the value, or beside a space or punctuation, could pair with generated text;
+    - `& < >` become entities (no HTML);
+    - no autolink forms: the `:` of `://` and the `.` of `www.` are backslash-escaped (the autolink extension
+      matches them in the source, where `\\:` and `\\.` no longer read `://` and `www.`), and each `@` gets
+      a U+2060 WORD JOINER before it, as the entity `&#8288;` (the extension finds e-mail addresses in the
+      parsed text, with adjacent text joined, where a backslash escape is gone; after the joiner an `@` has no
+      local part, and the text still reads the same).
+
+    Text without any of these is unchanged (md_text(text) == text exactly when _UNSAFE finds nothing), so
+    ordinary names print as before; `|` is escaped by markdown_table, where it would split a cell. raw_text reads
+    the value back, for a code span, where no escape is undone."""
     text = str(value)
     if not _UNSAFE.search(text):
         return text
-    return _CONTROL.sub(" ", text).translate(_MD_ESCAPES)
+    return _MARKUP_RE.sub(_inert, _CONTROL.sub(" ", text))
+
+
+def _inert(found: re.Match) -> str:
+    text = found[0]
+    return _ENTITIES.get(text) or "".join(f"\\{c}" for c in text)
+
+
+def raw_text(value: Any) -> str:
+    """md_text's inverse: the value md_text made inert, as it was read (its control characters stay spaces and
+    a value `short` cut stays cut). For a code span (code_span) or a path, where an escape is not undone:
+    `code_span(md_text(name))` would print `name\\[x\\]`; `code_span(raw_text(md_text(name)))` prints
+    `name[x]`. The text columns of frames read here hold md_text's output (untrusted_names)."""
+    return _INERT.sub(lambda m: m[1] if m[1] is not None else _RAW.get(m[2], ""), str(value))
 
 
 def code_span(value: Any) -> str:
@@ -116,7 +157,7 @@ def _text_columns() -> frozenset[str]:
 def untrusted_names(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame with every declared text column's values bounded (short) and made inert (md_text):
     what reaches the Markdown, the figures and the CSVs from these rows is then safe, wherever a
-    study module prints it."""
+    study module prints it. For a code span or a path, raw_text reads a value back."""
     def clean(value: Any) -> Any:
         if not isinstance(value, str) or (len(value) <= LABEL_LIMIT and not _UNSAFE.search(value)):
             return value
@@ -634,7 +675,7 @@ def environment_table(frame: pd.DataFrame) -> str:
 def results_parser(description: str) -> argparse.ArgumentParser:
     """A parser with the RESULTS_DIR argument every script takes; a script adds its own options to it."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("results_dir", type=Path, help="a sweep folder, or a parent of several")
+    parser.add_argument("results_dir", type=named_folder, help="a sweep folder, or a parent of several")
     return parser
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import confirmatory, stats, variants
-from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure
+from rpevit.analysis.common import code_span, fmt, markdown_table, pyplot, read_trials, save_figure
 from rpevit.sweep.declaration import Declaration, Family, parse, read_record, redeclarations
 
 HEADLINE_STUDIES = ("cifar10_ladder40_cpu", "cifar10_ladder_cpu")  # newest first
@@ -228,9 +228,9 @@ def readme_lines(h: Headline | None, figure_link: str) -> list[str]:
     kind = {b: "declared before the run (confirmatory)" if d else "exploratory: not declared by the study"
             for b, d in h.declared.items()}
     kinds = sorted(set(kind.values()))
-    return [f"**Does a relative encoding narrow the softmax / linear-attention gap on CIFAR-10?** From `{h.study}` "
-            f"({h.n} seeds per cell; judged accuracy: the mean over {h.draws} for a random-feature model; the "
-            f"training draw beside it): the contrast gap(ape) − gap(RPE) is positive where the RPE narrows the gap; "
+    return [f"**Does a relative encoding narrow the softmax / linear-attention gap on CIFAR-10?** From "
+            f"{code_span(h.study)} ({h.n} seeds per cell; judged accuracy: the mean over {h.draws} for a random-feature "
+            f"model; the training draw beside it): the contrast gap(ape) − gap(RPE) is positive where the RPE narrows the gap; "
             f"each at its Holm level over its backend's {len(RPES)} contrasts (Welch-Satterthwaite); "
             + "; ".join(kinds) + ".", "",
             f"![the softmax / linear gap per encoding against budget]({figure_link})", "", table(h),

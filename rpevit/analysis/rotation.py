@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import (TrialRows, column, fmt, has_random_features, markdown_table, pe_labels,
+from rpevit.analysis.common import (TrialRows, code_span, column, fmt, has_random_features, markdown_table, pe_labels,
                                     ran_test_rotations, read_trials, redraw_labels, require_trials, results_parser,
                                     write_study, write_text_file)
 from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
@@ -383,7 +383,9 @@ def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
 
 
 def bench_note(bench_dirs: Sequence[Path]) -> str:
-    return f" Bench rows read from: {', '.join(f'`{Path(d).as_posix()}`' for d in bench_dirs)}." if bench_dirs else ""
+    if not bench_dirs:
+        return ""
+    return f" Bench rows read from: {', '.join(code_span(Path(d).as_posix()) for d in bench_dirs)}."
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import variants
-from rpevit.analysis.common import (column, fmt, markdown_table, md_text, pyplot, read_trials, require_trials,
+from rpevit.analysis.common import (column, fmt, markdown_table, pyplot, read_trials, require_trials,
                                     results_parser, save_figure, write_study, write_text_file)
 
 TOP_DECADE = 10.0  # the exponent is fitted over N >= N_max / TOP_DECADE
@@ -219,7 +219,8 @@ def luo_path_backends(table: pd.DataFrame, device: str) -> str:
     parts = []
     for path in ("dense", "fft"):
         rows = luo[luo["variant"].str.contains(rf"\({path}\)")]
-        by_n = rows.groupby("tokens")["attention"].agg(lambda a: ", ".join(sorted({md_text(x) for x in a})))
+        # the rows' names are inert already (untrusted_names): md_text again would print its escapes
+        by_n = rows.groupby("tokens")["attention"].agg(lambda a: ", ".join(sorted(set(map(str, a)))))
         groups: dict[str, list[int]] = {}
         for n, names in by_n.items():
             groups.setdefault(names, []).append(int(n))
