@@ -157,3 +157,125 @@ def test_two_names_for_the_same_runs_count_once_in_the_holm_family():
     # one seed differs in its last digit: two models, two comparisons
     apart = string_study.variant_table(solver_rows([0.93, 0.94, 0.95], [0.93, 0.94, 0.9501]))
     assert apart["same_as"].isna().all() and {h.k for h in apart["holm"].dropna()} == {2}
+
+
+def string_bench_rows(times: dict[str, tuple[float, ...]]) -> list[dict]:
+    """Bench trials of digits' model (10 images per batch), one per seed: pe -> training-step ms of each trial
+    (inference ms per sample: the step / 100)."""
+    return [{**config_row(task="bench", pe=pe, dataset="digits", image_size=8, patch_size=2, bench_batch=10,
+                          seed=seed), "tokens": 16, "train_step_ms": t, "infer_ms_per_sample": t / 100}
+            for pe, ts in times.items() for seed, t in enumerate(ts)]
+
+
+def string_train_rows(pes: dict[str, list[float]]) -> list[dict]:
+    """Train rows of digits: pe -> test accuracy of seeds 0, 1, ..."""
+    return [{**config_row(pe=pe, dataset="digits", seed=seed), "test_acc": acc}
+            for pe, accs in pes.items() for seed, acc in enumerate(accs)]
+
+
+def study_row(text: str, variant: str) -> dict[str, str]:
+    """Header -> cell of `variant`'s row in the first accuracy-and-cost table of a build() text."""
+    lines = text.splitlines()
+    cells = lambda line: [cell.strip() for cell in line.strip().strip("|").split(" | ")]  # noqa: E731
+    header = next(line for line in lines if line.startswith("| variant |"))
+    return dict(zip(cells(header), cells(next(line for line in lines if line.startswith(f"| {variant} |")))))
+
+
+@pytest.mark.slow  # writes and reads Parquet sweeps, builds the section: over 1 s
+def test_string_cost_ratios_carry_the_efficiency_sections_interval_and_one_trial_note(tmp_path):
+    """The x-rope ratios are efficiency.with_ratios' (one code path for both sections): the ratio of medians over
+    bench trials as before, with the 95% interval of the ratio of geometric means (Welch on log times) where both
+    sides have 2 or more trials, plain with the efficiency section's note where a side has one."""
+    parent = tmp_path / "results"
+    write_sweep(parent / "string", "string", string_train_rows({"rope": [0.90, 0.91, 0.92],
+                                                                "cayley_string": [0.95, 0.96, 0.97],
+                                                                "reflection_string": [0.89, 0.90, 0.91]}))
+    times = {"rope": (30.0, 32.0, 31.0), "cayley_string": (40.0, 44.0, 42.0), "reflection_string": (50.0,)}
+    write_sweep(parent / "cost", "cost", string_bench_rows(times))
+    bench = common.load_trials(parent, "bench")
+    ratios = string_study.bench_ratios(bench).set_index("pe")
+    expected = efficiency.ratio_interval(times["cayley_string"], times["rope"])
+    got = ratios.loc["cayley_string", "train x rope" + efficiency.RATIO_INTERVAL]
+    assert ratios.loc["cayley_string", "train x rope"] == pytest.approx(42.0 / 31.0)  # the ratio of medians
+    assert (got.lo, got.hi) == pytest.approx((expected.lo, expected.hi)) and got.n == (3, 3)
+    assert ratios.loc["reflection_string", "train x rope" + efficiency.RATIO_INTERVAL].n == (1, 3)
+    assert ratios.loc["rope", "train x rope" + efficiency.RATIO_INTERVAL] is None  # its own reference: 1
+    # the same figure and interval as the efficiency section's bench table of the same rows
+    alone = efficiency.bench_cost_table(bench).set_index("pe")
+    for pe in times:
+        for name in ("train x rope", "infer x rope"):
+            assert ratios.loc[pe, name] == pytest.approx(alone.loc[pe, name])
+            ours, theirs = (t.loc[pe, name + efficiency.RATIO_INTERVAL] for t in (ratios, alone))
+            assert (ours is None) == (theirs is None)
+            if ours is not None:
+                assert (ours.lo, ours.hi) == pytest.approx((theirs.lo, theirs.hi), nan_ok=True) and ours.n == theirs.n
+    text = string_study.build(parent)
+    cell = f"{common.fmt(42.0 / 31.0)} [{common.fmt(expected.lo)}, {common.fmt(expected.hi)}] (n=3,3)"
+    cayley = study_row(text, "cayley_string")
+    assert cayley["train step x rope"] == cayley["inference x rope"] == cell, cayley
+    assert study_row(text, "reflection_string")["train step x rope"] == common.fmt(50.0 / 31.0)  # one trial: plain
+    assert study_row(text, "rope")["train step x rope"] == "1"
+    assert ("It costs 1.35x [" in text and "(n=3,3) rope's training-step time" in text
+            and "(bench, alone)." in text)  # the verdict's best variant, with its interval
+    assert "Beside a ratio: the 95% interval of the ratio of geometric means over bench trials" in text
+    assert "2 of the 4 ratios rest on one bench trial on a side and are printed plain" in text
+    # every ratio on one bench trial: none has an interval, said once under the tables and in the verdict
+    one = tmp_path / "one"
+    write_sweep(one / "string", "string", string_train_rows({"rope": [0.90, 0.91, 0.92],
+                                                             "cayley_string": [0.95, 0.96, 0.97]}))
+    write_sweep(one / "cost", "cost", string_bench_rows({"rope": (30.0,), "cayley_string": (42.0,)}))
+    text = string_study.build(one)
+    assert study_row(text, "cayley_string")["train step x rope"] == common.fmt(1.4)
+    assert "No ratio here has an interval: each rests on one bench trial of the variant or of the reference" in text
+    assert "It costs 1.4x rope's training-step time and 1.4x its inference time (bench, alone; no interval: " \
+           "one bench trial on a side)." in text
+
+
+def test_auto_is_the_solve_the_encoding_resolves_it_to():
+    """string_study reads a row's solve from its requested cayley_solver: pinned here to what
+    SparseCayleyString itself runs for each allowed value, at several f and head dims, so a change of the
+    `auto` rule there fails until the analysis follows it."""
+    from rpevit.pe.cayley_string import CAYLEY_SOLVER, SparseCayleyString
+    for value in CAYLEY_SOLVER.choices:
+        for f in (0.05, 0.1, 0.5, 1.0):
+            for head_dim in (8, 32):
+                pe = SparseCayleyString(grid=(4, 4), heads=2, head_dim=head_dim, string_sparsity=f, cayley_solver=value)
+                assert string_study.resolved_solver(value) == pe.solver, (value, f, head_dim)
+    assert string_study.resolved_solver(math.nan) == string_study.resolved_solver(None) == "dense"  # the default
+    assert string_study.resolved_solver("forged") is None and string_study.resolved_solver(1.0) is None
+
+
+@pytest.mark.slow  # writes and reads Parquet sweeps, builds the section: over 1 s
+def test_f_table_counts_auto_as_dense_and_an_unknown_solver_as_neither(tmp_path):
+    """A forged cayley_solver (read from an untrusted file) is not the dense solve: it stays out of the f curve
+    and the solver check, shows under its own label and is named in one line with the allowed values; "auto"
+    counts as the dense LU it runs and says so in the f table."""
+    dense, sparse = [0.91, 0.92, 0.93], [0.915, 0.925, 0.935]
+    rows = [{**config_row(pe="rope", dataset="digits", seed=s), "test_acc": a} for s, a in enumerate([0.9, 0.9, 0.91])]
+    for f, solver, accs in ((0.1, "auto", dense), (0.1, "sparse", sparse), (0.5, "dense", [0.92, 0.93, 0.94]),
+                            (0.5, "forged", [0.99, 0.99, 0.995]), (0.2, "faster", [0.98, 0.98, 0.985])):
+        for seed, acc in enumerate(accs):
+            row = {**config_row(pe=string_study.SPARSE, dataset="digits", string_sparsity=f, seed=seed), "test_acc": acc}
+            rows.append({**row, "cayley_solver": solver})  # as a file forged after the config check would hold it
+    parent = tmp_path / "results"
+    write_sweep(parent / "string", "string", rows)
+    text = string_study.build(parent)
+    assert "Across f = 0.1, 0.5, mean accuracy spans 92-93% (highest mean at f = 0.5)." in text, text
+    assert f"against {mean_interval(np.array(dense)).text(scale=100, digits=4)} with the dense solve" in text
+    assert "| 0.1 | auto (dense) | 3 |" in text and "| 0.5 | dense | 3 |" in text and "| 0.1 | sparse | 3 |" in text
+    assert "| 0.5 | forged (not an allowed value) | 3 |" in text and "| 0.2 | faster (not an allowed value) | 3 |" in text
+    assert ("Counted as neither solve: sparse_cayley_string rows whose field 'cayley_solver' has a value it does not "
+            "allow (`faster` at f = 0.2; `forged` at f = 0.5); allowed: auto, dense, sparse (auto: the dense solve)."
+            in text)
+    fs = string_study.f_table(string_study.string_rows(common.load_trials(parent, "train"))).set_index(["f", "solver"])
+    assert fs["resolved"].to_dict() == {(0.1, "auto"): "dense", (0.1, "sparse"): "sparse", (0.2, "faster"): None,
+                                        (0.5, "dense"): "dense", (0.5, "forged"): None}
+    # the forged rows alone beside a sparse row: no dense row to check the sparse solver against, no curve
+    alone = solver_rows(dense, sparse).replace({"cayley_solver": {"auto": "forged"}})
+    text = string_study.verdict("CIFAR-10", string_study.variant_table(alone), string_study.f_table(alone))
+    assert "The sparse solver" not in text and "Across f" not in text
+    # a row without the field ran its default, auto: the dense solve, not dropped from the table
+    missing = solver_rows(dense, sparse).replace({"cayley_solver": {"auto": None}})
+    fs = string_study.f_table(missing)
+    assert list(zip(fs["solver"], fs["resolved"], fs["seeds"])) == [("auto", "dense", 3), ("sparse", "sparse", 3)]
+    assert "with the dense solve" in solver_sentence(missing)
