@@ -124,7 +124,8 @@ def test_the_printed_tau_is_the_per_seed_mean_inside_its_own_interval(tmp_path):
     for text in (summary.split("5 → 10 epochs ", 1)[1], row):  # the first figure with an interval in each
         point, lo, hi = map(float, re.search(r"(\S+) \[(\S+), (\S+)\]", text).groups())
         assert point == pytest.approx(0.75) and lo <= point <= hi, text
-    assert "5 → 10 epochs 0.75 [0.591, 0.909] (n=4 seeds), the rankings of the means: tau 1 (5 variants)" in summary
+    assert "5 → 10 epochs 0.75 [0.591, 0.909] (n=4 seeds), the rankings of the means: tau 1 (5 variants; no pair " \
+           "of variants swaps order)" in summary  # seeds' rankings swap, the means' do not
     tau = budget_ladder.tau_interval(budget_ladder.per_budget(ladder), 5, 10, ladder)
     assert tau.of_means == pytest.approx(1.0) and tau.per_seed.point == pytest.approx(0.75)
     assert tau.per_seed.lo <= tau.per_seed.point <= tau.per_seed.hi < 1.0 and tau.per_seed.n == (4,)
@@ -166,12 +167,39 @@ def test_one_budget_is_not_a_ladder(tmp_path):
 def test_the_summary_sentence_carries_every_budget_tau_and_best_mean(tmp_path):
     out = write_sweep(tmp_path / "ladder", "ladder", rows())
     text = budget_ladder.summary(out)
-    assert "5 → 20 epochs 0.667 [0.667, 0.667] (n=3 seeds), the rankings of the means: tau 0.667 (4 variants)" \
+    assert "5 → 20 epochs 0.667 [0.667, 0.667] (n=3 seeds), the rankings of the means: tau 0.667 (4 variants; " \
         in text and "5 → 10 epochs 1 [" in text
     assert "20 epochs (0.9M images): softmax+ape 80 [" in text and "(n=3) of 4 variants" in text
     few = write_sweep(tmp_path / "two", "two", [r for r in rows() if r["attention"] == "softmax"])
     assert "5 → 10 epochs not defined (2 variants at both, 3 needed)" in budget_ladder.summary(few)
     assert budget_ladder.summary(write_sweep(tmp_path / "one", "one", [r for r in rows() if r["epochs"] == 5])) is None
+
+
+def test_the_pairs_that_swap_are_named_with_their_distance_at_both_budgets(tmp_path):
+    """Issue 58, item 6: a ranking's stability is read with the pairs that swap and how far apart they are
+    (a swap of means a fraction of a point apart is seed noise). favor+ape leads favor+rope by 5 points at 5
+    epochs and 2 at 10, and trails it by 1 at 20; no other pair swaps."""
+    ladder = budget_ladder.ladder_rows(pd.DataFrame(noisy_rows(0.004)))
+    table = budget_ladder.per_budget(ladder)
+    swap, = budget_ladder.swapped_pairs(ladder, table, 5, 20)
+    assert (swap.ahead, swap.behind) == ("favor+ape", "favor+rope")
+    by = {(v, e): g["acc"].to_numpy() for (v, e), g in ladder.groupby(["variant", "epochs"])}
+    for budget, iv in ((5, swap.shorter), (20, swap.longer)):
+        a, b = by["favor+ape", budget], by["favor+rope", budget]
+        se = math.sqrt(a.var(ddof=1) / 3 + b.var(ddof=1) / 3)  # Welch by hand
+        df = se ** 4 / ((a.var(ddof=1) / 3) ** 2 / 2 + (b.var(ddof=1) / 3) ** 2 / 2)
+        half = __import__("scipy.stats").stats.t.ppf(0.975, df) * se
+        assert (iv.point, iv.lo, iv.hi) == pytest.approx((a.mean() - b.mean(), a.mean() - b.mean() - half,
+                                                          a.mean() - b.mean() + half))
+    assert swap.shorter.point > 3 and swap.longer.point < 0
+    assert budget_ladder.swapped_pairs(ladder, table, 5, 10) == []
+    out = write_sweep(tmp_path / "ladder", "ladder", noisy_rows(0.004))
+    summary = budget_ladder.summary(out)
+    assert f"1 pair swap order (ahead at the shorter budget, difference there, then at the longer, Welch 95%): " \
+           f"favor+ape over favor+rope by {swap.shorter.text()} points, then {swap.longer.text()}" in summary
+    assert "5 → 10 epochs" in summary and "no pair of variants swaps order" in summary
+    text = budget_ladder.build(out)
+    assert f"| 5 → 20 epochs | favor+ape | favor+rope | {swap.shorter.text()} | {swap.longer.text()} |" in text
 
 
 def test_a_seeds_rungs_are_checked_to_be_one_run_up_to_the_shorter_ones_cool_down(tmp_path):

@@ -143,6 +143,26 @@ def test_an_incomplete_cell_gets_no_verdict(tmp_path):
                                                  "incomplete, counted as not rejected)")
 
 
+def test_an_incomplete_item_shows_no_interim_estimate_and_a_resolved_one_says_its_level_may_fall(tmp_path):
+    """An independent review: the detailed table printed an incomplete item's interim interval (the second look
+    the declaration rules out), and a resolved item beside an incomplete one read as final though its Holm
+    level can still fall (the incomplete one, judged later, may take a step before it); it cannot be reversed."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "d", [r for r in rows(time.time() + 10) if not (r["pe"] == "rope" and r["seed"] == 2)])
+    _, _, families, _ = confirmatory.judge(folder)
+    ape, rope = families[0][1]
+    assert ape.resolved and ape.verdict(3) == ("resolved: attention=softmax pe=ape higher (for now: its Holm level "
+                                               "may fall, its interval narrow, while 1 item of its family is "
+                                               "incomplete; resolved stays resolved)")
+    text = confirmatory.build(folder)
+    row, = [line for line in text.splitlines() if line.startswith("| attention=softmax pe=rope")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2:6] == ["—"] * 4 and cells[6].startswith("incomplete: 2 and 2 of the 3"), cells
+    assert "from the first that is not resolved on, every item is shown at that step's level" in text
+
+
 def test_a_folder_without_a_declaration_says_so(tmp_path):
     write_sweep(tmp_path / "d", "d", rows(time.time()))
     with pytest.raises(DeclarationError, match="declared no comparisons"):

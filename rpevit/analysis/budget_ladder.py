@@ -9,8 +9,10 @@ a ladder's rungs are fixed budgets, none of them "final". Per variant and budget
 (mean over fresh draws for random-feature models) as mean [95% t interval] (n seeds). Between every two
 budgets: Kendall's tau of each seed's own ranking at the two budgets (paired by seed: a seed's rungs share
 its trunk), their mean with its t interval (n seeds), and, labelled apart, the tau of the rankings of the
-mean accuracies (no interval); the highest mean at each budget names the variants it is not resolved from
-(Welch, Holm over its k - 1 differences to the others: the top is picked from the data).
+mean accuracies (no interval), and every pair of variants whose means swap order with its difference at
+both budgets (Welch 95%: a swap within seed noise is no change of answer); the highest mean at each budget
+names the variants it is not resolved from (Welch, Holm over its k - 1 differences to the others: the top is
+picked from the data).
 Whether that pairing holds is checked from the epoch rows (shared_epochs): a seed's shorter rung and every
 longer rung of it record the same epochs before the shorter rung's cool-down where they are one run up to
 there (a branched trunk, or a rerun that reproduced it exactly), and any pair that does not is named.
@@ -31,7 +33,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rpevit.analysis import stats, variants
-from rpevit.analysis.common import (column, fmt, judged_accuracy, markdown_table, md_text, pyplot, read_epoch_curves,
+from rpevit.analysis.common import (column, fmt, judged_accuracy, markdown_table, pyplot, read_epoch_curves,
                                     read_trials, save_figure, script_main, trial_files, with_variant)
 from rpevit.config import TrialConfig
 from rpevit.sweep.results import STORED_KEY
@@ -176,6 +178,51 @@ def ties_text(ties: list[Tie], judged: int) -> str:
     return f", resolved from each of the other {judged} ({family})" if judged else ""
 
 
+@dataclass(frozen=True)
+class Swap:
+    """Two variants whose order of mean accuracy differs between two budgets: `ahead` has the higher mean at
+    the shorter budget, `behind` at the longer; `shorter` and `longer`: ahead - behind (points) at each, Welch
+    95% (two cells of independent seeds at one budget). A swap between means a fraction of a point apart is
+    seed noise, not a change of answer: the distances say which it is."""
+
+    ahead: str
+    behind: str
+    shorter: stats.Interval
+    longer: stats.Interval
+
+    def text(self) -> str:
+        return (f"{self.ahead} over {self.behind} by {self.shorter.text()} points, then {self.longer.text()}")
+
+
+def swapped_pairs(rows: pd.DataFrame, table: pd.DataFrame, first: int, second: int) -> list[Swap]:
+    """Every pair of variants at both budgets whose means are in one order at `first` and the other at
+    `second` (a tie at either counts as no swap), the closest at the longer budget first."""
+    means = {e: table[table["epochs"] == e].set_index("variant")["mean"] for e in (first, second)}
+    common = sorted(set(means[first].index) & set(means[second].index))
+
+    def acc(variant: str, epochs: int) -> np.ndarray:
+        return stats.finite(rows.loc[(rows["variant"] == variant) & (rows["epochs"] == epochs), "acc"])
+
+    out = []
+    for a, b in itertools.combinations(common, 2):
+        d1, d2 = means[first][a] - means[first][b], means[second][a] - means[second][b]
+        if d1 * d2 < 0:
+            ahead, behind = (a, b) if d1 > 0 else (b, a)
+            out.append(Swap(ahead, behind, stats.welch(acc(ahead, first), acc(behind, first)),
+                            stats.welch(acc(ahead, second), acc(behind, second))))
+    return sorted(out, key=lambda s: abs(s.longer.point))
+
+
+def swaps_text(swaps: list[Swap], shown: int = 3) -> str:
+    """'no pair swaps', or the swapped pairs with their distances at both budgets (the first `shown`, closest
+    first, and how many more)."""
+    if not swaps:
+        return "no pair of variants swaps order"
+    more = f"; {len(swaps) - shown} more in budget_ladder.md" if len(swaps) > shown else ""
+    return (f"{len(swaps)} pair{'' if len(swaps) == 1 else 's'} swap order (ahead at the shorter budget, "
+            f"difference there, then at the longer, Welch 95%): {'; '.join(s.text() for s in swaps[:shown])}{more}")
+
+
 def variants_text(k: int) -> str:
     return f"{k} variant{'' if k == 1 else 's'}"
 
@@ -197,7 +244,8 @@ def summary(results_dir: Path) -> str | None:
                            f"3 needed)")
             continue
         between.append(f"{first} → {second} epochs {per_seed_text(tau)}, the rankings of the means: tau "
-                       f"{fmt(tau.of_means, 3)} ({variants_text(tau.variants)})")
+                       f"{fmt(tau.of_means, 3)} ({variants_text(tau.variants)}; "
+                       f"{swaps_text(swapped_pairs(rows, table, first, second))})")
     best = []
     for epochs, g in table.groupby("epochs"):
         top, ties, judged = tied_with_top(rows, g)
@@ -294,7 +342,7 @@ def shared_epochs_text(check: SharedEpochs) -> str:
     if not check.differing:
         return (f"{head} Identical in every one: each seed's rungs are one run up to their cool-down, as the "
                 f"pairing by seed assumes.{skipped}")
-    listed = "; ".join(md_text(d) for d in check.differing[:LISTED_PAIRS])
+    listed = "; ".join(check.differing[:LISTED_PAIRS])  # names as the rows hold them: inert (untrusted_names)
     more = f"; and {len(check.differing) - LISTED_PAIRS} more" if len(check.differing) > LISTED_PAIRS else ""
     return (f"{head} {len(check.differing)} pair(s) differ (largest |difference| {fmt(check.largest, 3)}): "
             f"{listed}{more}. Those rungs share their seed's initialisation and data order but are not one run "
@@ -325,6 +373,16 @@ def plot(table: pd.DataFrame, path: Path, device_note: str) -> Path:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2, loc="lower right")
     return save_figure(fig, path)
+
+
+def swaps_table(rows: pd.DataFrame, table: pd.DataFrame, budgets: list[int]) -> str:
+    """Every swapped pair (swapped_pairs) between every two budgets, or one line saying there is none."""
+    out = [[f"{first} → {second} epochs", s.ahead, s.behind, s.shorter.text(), s.longer.text()]
+           for first, second in itertools.combinations(budgets, 2) for s in swapped_pairs(rows, table, first, second)]
+    if not out:
+        return "No pair of variants swaps order between any two budgets."
+    return markdown_table(["budgets", "ahead at the shorter", "behind at the shorter", "difference at the shorter",
+                           "difference at the longer"], out)
 
 
 def build(results_dir: Path) -> str | None:
@@ -363,6 +421,11 @@ def build(results_dir: Path) -> str | None:
              f"with its t interval, clipped to [-1, 1]. A per-seed tau ranks single-seed accuracies, so it is "
              f"noisier than the tau of the rankings of the means beside it, which is another quantity (not the "
              f"point of that interval, and it may lie outside it).", "",
+             "### Which variants swap order between budgets", "",
+             swaps_table(rows, table, budgets), "",
+             "Ordered by their means at each budget; a swap of two means whose differences' intervals include 0 at "
+             "both budgets is within seed noise (each difference: Welch 95%, two cells of independent seeds; "
+             "exploratory).", "",
              "### Are a seed's rungs one run up to their cool-down?", "",
              shared_epochs_text(shared_epochs(rows, trial_epoch_curves(results_dir))), "",
              "![accuracy against budget](budget_ladder.png)", ""]
@@ -374,5 +437,5 @@ def main() -> None:
                 "train trials at two or more budgets (epochs)")
 
 
-__all__ = ["LadderTau", "SharedEpochs", "Tie", "build", "kendall_tau", "ladder_rows", "main", "per_budget",
-           "shared_epochs", "shared_epochs_text", "tau_interval", "tied_with_top", "trial_epoch_curves"]
+__all__ = ["LadderTau", "SharedEpochs", "Swap", "Tie", "build", "kendall_tau", "ladder_rows", "main", "per_budget",
+           "shared_epochs", "shared_epochs_text", "swapped_pairs", "tau_interval", "tied_with_top", "trial_epoch_curves"]

@@ -133,6 +133,13 @@ class Outcome:
                      f"counted as not rejected)" if self.pending else "")
             return f"not resolved with {stats.seeds_text(self.holm.n)}{later}"
         up = self.holm.point > 0
+        if self.pending:  # an incomplete item judged later can only take a Holm step before this one:
+            s = "s" if self.pending != 1 else ""  # a lower level for it, never a reversal
+            return (f"{self._resolved_text(up)} (for now: its Holm level may fall, its interval narrow, while "
+                    f"{self.pending} item{s} of its family {'are' if s else 'is'} incomplete; resolved stays resolved)")
+        return self._resolved_text(up)
+
+    def _resolved_text(self, up: bool) -> str:
         if self.kind == "contrast":
             return f"resolved: gap 2 ({self.b}) {'smaller' if up else 'larger'} than gap 1{self.gaps_text}"
         if self.kind == "trend":
@@ -342,7 +349,11 @@ def side_by_side(primary: list[Outcome], secondary: list[Outcome], n: int) -> st
 
 
 def outcome_row(o: Outcome, n: int) -> list[str]:
-    """A table row: the item, its two parts' means, the estimate at 95% and at its Holm level, the verdict."""
+    """A table row: the item, its two parts' means, the estimate at 95% and at its Holm level, the verdict.
+    An incomplete item shows no estimate at all: an interval read before its n is reached would be the
+    second look the declaration rules out (its seed counts are in its verdict)."""
+    if not o.complete:
+        return [o.a, o.b, "—", "—", "—", "—", o.verdict(n)]
     if o.kind == "comparison":
         parts = [stats.mean_interval(np.array(o.values_a) * 100).text(),
                  stats.mean_interval(np.array(o.values_b) * 100).text()]
@@ -351,7 +362,7 @@ def outcome_row(o: Outcome, n: int) -> list[str]:
                  stats.mean_interval(np.array(o.values_b) * 100).text()]
     else:  # a contrast: each gap, signed, with its own 95% Welch interval
         parts = [g.text() for g in o.gaps] if len(o.gaps) == 2 else ["—", "—"]
-    return [o.a, o.b, *parts, o.nominal.text(), o.holm.text() if o.complete else "—", o.verdict(n)]
+    return [o.a, o.b, *parts, o.nominal.text(), o.holm.text(), o.verdict(n)]
 
 
 HEADERS = {"comparison": ["a", "b", "mean a", "mean b", "a − b, 95%", "a − b at its Holm level", "verdict"],
@@ -397,7 +408,11 @@ def build(results_dir: Path) -> str:
               *([f"- The trend's premise, checked on these rows: {trend_premise(results_dir, rows)}"]
                 if "trend" in kinds else []),
               f"- Correction: Holm within each family at alpha {fmt(decl.alpha)}; k is the declared family size. "
-              f"An item is resolved only where its interval at its Holm level excludes 0.",
+              f"An item is resolved only where its interval at its Holm level excludes 0. Items are taken in "
+              f"increasing p; the i-th is shown at 1 - alpha/(k - i + 1), and from the first that is not resolved "
+              f"on, every item is shown at that step's level (Holm stops there, so each of those intervals "
+              f"includes 0). An incomplete item counts in k as not rejected and shows no estimate before its n "
+              f"is reached.",
               "- Rows set aside: " + (", ".join(f"{v} ({k})" for k, v in set_aside.items() if v) or "none") + ".",
               "- Everything else reported about this study is exploratory.", ""]
     for i, (name, outcomes) in enumerate(families):
