@@ -213,6 +213,14 @@ def test_a_seeds_rungs_are_checked_to_be_one_run_up_to_the_shorter_ones_cool_dow
     assert "36 pair(s), 192 epoch rows. Identical in every one" in budget_ladder.build(out)
 
 
+def test_a_sweep_whose_name_markdown_escapes_still_finds_its_epoch_rows(tmp_path):
+    """The trial rows' `sweep` is made inert as read (`odd\\[x\\]`), the epoch rows' is not (`odd[x]`):
+    looked up by the escaped name, every pair was counted as without epoch rows (a review)."""
+    ladder = rows()
+    out = write_sweep(tmp_path / "odd[x]", "odd[x]", ladder, epochs=[ladder_epoch_rows(r) for r in ladder])
+    assert "36 pair(s), 192 epoch rows. Identical in every one" in budget_ladder.build(out)
+
+
 def test_a_pair_that_differs_before_the_cool_down_is_named_and_one_after_it_is_not(tmp_path):
     ladder = rows()
     rung = next(i for i, r in enumerate(ladder) if (r["attention"], r["pe"], r["seed"], r["epochs"])

@@ -33,8 +33,9 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rpevit.analysis import stats, variants
-from rpevit.analysis.common import (column, fmt, judged_accuracy, markdown_table, pyplot, read_epoch_curves,
-                                    read_trials, save_figure, script_main, trial_files, with_variant)
+from rpevit.analysis.common import (column, fmt, judged_accuracy, markdown_table, pyplot, raw_text,
+                                    read_epoch_curves, read_trials, save_figure, script_main, trial_files,
+                                    with_variant)
 from rpevit.config import TrialConfig
 from rpevit.sweep.results import STORED_KEY
 from rpevit.tasks.budget_ladder import ladder_branch_epoch
@@ -306,7 +307,10 @@ def shared_epochs(rows: pd.DataFrame, curves: pd.DataFrame) -> SharedEpochs:
                 continue
             shared = range(1, ladder_branch_epoch({"epochs": short["epochs"],
                                                    "cooldown_fraction": short["cooldown_fraction"]}) + 1)
-            a, b = (by_trial.get((str(r["sweep"]), str(r.get(STORED_KEY, r["trial_key"])))) for r in (short, long))
+            # the trial rows' text columns were made inert as read (untrusted_names), the epoch rows' were not:
+            # a sweep named `odd[x]` is looked up by its name as read (raw_text), not counted as without rows
+            a, b = (by_trial.get((raw_text(r["sweep"]), raw_text(r.get(STORED_KEY, r["trial_key"]))))
+                    for r in (short, long))
             if a is None or b is None or not (set(shared) <= set(a.index) and set(shared) <= set(b.index)):
                 without += 1
                 continue
