@@ -108,7 +108,7 @@ def test_a_ladder_sweep_branches_its_rungs_records_its_declaration_first_and_run
     from rpevit.analysis import confirmatory
 
     text = confirmatory.build(tmp_path / "ladder")
-    assert "### gap (epochs = 5)" in text and "### gap (epochs = 10)" in text and "incomplete" not in text
+    assert "### gap (epochs = 5)" in text and "### gap (epochs = 10)" in text and "incomplete:" not in text  # no item without its n
 
     # --rungs-first (one Ray, one sweep more, so the default order above is its reference): round 1 trains each
     # trunk to its branch (after epoch 4 of 10) and runs every rung from it, round 2 continues the trunks; every
