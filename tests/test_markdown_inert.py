@@ -6,6 +6,8 @@ Three gaps a review found, each shown failing before its fix:
   GitHub's renderer (cmark-gfm's autolink extension) turns them into links;
 - `*`, `_` and `~` were left live: a forged name opened emphasis or strikethrough that ran into the
   generated text beside it;
+- `$` was left live: GitHub renders `$...$` and `$$...$$` (and `$`\`...\``$`) as math, so a forged name
+  typeset its text as a formula, or paired with a `$` of generated text beside it;
 - a name already made inert (a frame's `sweep`, read through untrusted_names) was put into a code span,
   where no escape is undone: `odd\\[x\\]` was printed for the folder `odd[x]`.
 
@@ -42,6 +44,13 @@ AUTOLINKS = ["https://evil.example/x", "http://evil.example", "ftp://evil.exampl
              "a_@b.example"]
 EMPHASIS = ["*x*", "**x**", "_x_", "__x__", "___x___", "~x~", "~~x~~", "a*b*c", "a**b**c", "x_ y_", "_x", "x_",
             "*", "_", "~~", "a_(b)_c", "(_x_)", "_x_y", "x *y* z", "a~~b~~c", "é_x_é", "a_~b~_c"]
+MATH = ["$x$", "$$x^2$$", "a $b$ c", "$`x`$", "cost $5", "$"]  # GitHub's math delimiters (rendered after cmark-gfm)
+
+
+def live_dollars(text: str) -> list[str]:
+    """`$` of text that no backslash escapes: what GitHub's math reads as a delimiter (an escaped `\\$` is a
+    dollar sign)."""
+    return [m[2] for m in re.finditer(r"(\\*)(\$)", text) if len(m[1]) % 2 == 0]
 
 
 def unescaped_stars_or_tildes(text: str) -> list[str]:
@@ -151,7 +160,16 @@ def contexts(text: str) -> dict[str, tuple[str, list[str]]]:
             "emphasis": (f"_from {text} here_", ["p", "em"]), "strong": (f"**{text}** z", ["p", "strong"])}
 
 
-@pytest.mark.parametrize("value", ORDINARY + AUTOLINKS + EMPHASIS + ["odd[x]", "<b>x</b>", "a & b", "`x`"])
+@pytest.mark.parametrize("value", MATH)
+def test_no_math_delimiter_is_left_live(value):
+    """Every `$` escaped (GitHub's math runs after cmark-gfm on what it leaves as text, so cmark-gfm cannot show
+    it: the check is on the source, as GitHub documents `\\$`), and the text still reads as it was."""
+    text = md_text(value)
+    assert not live_dollars(text), (value, text)
+    assert common.raw_text(text) == value
+
+
+@pytest.mark.parametrize("value", ORDINARY + AUTOLINKS + EMPHASIS + MATH + ["odd[x]", "<b>x</b>", "a & b", "`x`"])
 def test_each_value_renders_as_its_text_and_nothing_more(value):
     """No link, emphasis, strikethrough or code is formed by the value in any context; the generated markup
     around it (a list, a table, emphasis) is formed as written; the reader sees the value as it was."""
@@ -170,7 +188,7 @@ def test_random_values_render_as_their_text_and_nothing_more():
     paragraph, and the text as it was."""
     rng = random.Random(1)
     pieces = ["_", "__", "*", "**", "~", "~~", "a", "b1", " ", ".", ":", "/", "//", "://", "http", "https://", "www.",
-              "WWW.", "w", "@", "x.com", "mailto:", "\\", "[", "]", "(", ")", "&", "<", ">", "`", "!", "é", "#", "-"]
+              "WWW.", "w", "@", "x.com", "mailto:", "\\", "$", "[", "]", "(", ")", "&", "<", ">", "`", "!", "é", "#", "-"]
     for _ in range(3000):
         value = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 8)))
         rendered = gfm(f"x {md_text(value)} y")

@@ -81,7 +81,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\u0085\u2028\u2029]+")  # line breaks and 
 # What md_text changes besides control characters, each for GitHub's renderer (cmark-gfm: its core inline parser
 # and its autolink and strikethrough extensions):
 _MARKUP = "|".join([
-    r"[\\`\[\]*~&<>@]",  # escape, code span, link/image, emphasis, strikethrough, entity/HTML, email autolink
+    r"[\\`\[\]*~&<>@$]",  # escape, code span, link/image, emphasis, strikethrough, entity/HTML, email, math
     r"(?<![A-Za-z0-9_])_+|_+(?![A-Za-z0-9_])",  # a run of `_` with a side not an ASCII letter or digit
     r":(?=//)",  # the `:` of a scheme autolink (http://, https://, ftp://)
     r"(?<=[wW]{3})\.",  # the `.` of a www autolink (www.example.com)
@@ -110,6 +110,8 @@ def md_text(value: Any) -> str:
       neither open nor close emphasis (`luo_rpe`, `cifar10_ladder40_cpu` print as they are), while one at
       either end of the value, or beside a space or punctuation, could pair with generated text;
     - `& < >` become entities (no HTML);
+    - `$` is backslash-escaped: GitHub renders `$...$` and `$$...$$` as math (outside cmark-gfm, after it), and an
+      escaped `\\$` is documented there as a dollar sign, never a delimiter;
     - no autolink forms: the `:` of `://` and the `.` of `www.` are backslash-escaped (the autolink extension
       matches them in the source, where `\\:` and `\\.` no longer read `://` and `www.`), and each `@` gets
       a U+2060 WORD JOINER before it, as the entity `&#8288;` (the extension finds e-mail addresses in the
