@@ -129,13 +129,19 @@ def test_rows_that_started_before_the_declaration_are_not_confirmatory(tmp_path)
     assert set_aside["started before the declaration was recorded (or no start time)"] == 12
 
 
-def test_an_incomplete_cell_gets_no_verdict(tmp_path):
+def declared_without(tmp_path, pe: str, seed: int):
+    """A folder declared before its rows ran, every row but (softmax and favor) x `pe` x `seed`; its folder and
+    first family's two items (ape, rope)."""
     folder = tmp_path / "d"
     folder.mkdir()
     declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
-    write_sweep(folder, "d", [r for r in rows(time.time() + 10) if not (r["pe"] == "ape" and r["seed"] == 2)])
+    write_sweep(folder, "d", [r for r in rows(time.time() + 10) if not (r["pe"] == pe and r["seed"] == seed)])
     _, _, families, _ = confirmatory.judge(folder)
-    ape, rope = families[0][1]
+    return folder, families[0][1]
+
+
+def test_an_incomplete_cell_gets_no_verdict(tmp_path):
+    _, (ape, rope) = declared_without(tmp_path, "ape", 2)
     assert not ape.complete and not ape.resolved and ape.verdict(3).startswith("incomplete: 2 and 2 of the 3")
     # the complete item's "not resolved" may change once its family is complete (the incomplete one counts at
     # p = 1 in the Holm steps): said, where a study still running shows it (an independent review)
@@ -147,12 +153,7 @@ def test_an_incomplete_item_shows_no_interim_estimate_and_a_resolved_one_says_it
     """An independent review: the detailed table printed an incomplete item's interim interval (the second look
     the declaration rules out), and a resolved item beside an incomplete one read as final though its Holm
     level can still fall (the incomplete one, judged later, may take a step before it); it cannot be reversed."""
-    folder = tmp_path / "d"
-    folder.mkdir()
-    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
-    write_sweep(folder, "d", [r for r in rows(time.time() + 10) if not (r["pe"] == "rope" and r["seed"] == 2)])
-    _, _, families, _ = confirmatory.judge(folder)
-    ape, rope = families[0][1]
+    folder, (ape, rope) = declared_without(tmp_path, "rope", 2)
     assert ape.resolved and ape.verdict(3) == ("resolved: attention=softmax pe=ape higher (for now: its Holm level "
                                                "may fall, its interval narrow, while 1 item of its family is "
                                                "incomplete; resolved stays resolved)")
