@@ -253,19 +253,24 @@ class Killed(Exception):
     """Stands for the process being killed after an epoch's checkpoints were written."""
 
 
+def train_group_killed_after_epoch_1(cfgs: list[TrialConfig], dirs: list) -> None:
+    """train_group on `cfgs` with checkpoints in `dirs`, killed once every member has written epoch 1's
+    checkpoint (the last member's epoch-1 row stands for the kill)."""
+    def kill_after_first_epoch(i, row, folder):
+        if i == len(cfgs) - 1 and row["epoch"] == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_group(cfgs, checkpoint_dirs=dirs, log=None, on_epoch=kill_after_first_epoch)
+
+
 @pytest.mark.slow
 def test_a_group_resumes_exactly_and_uneven_members_run_as_subgroups(tmp_path):
     base = {**TASK, "attention": "favor", "pe": "luo_rpe", "epochs": 2}
     cfgs = [TrialConfig.from_dict({**base, "seed": s}) for s in SEEDS]
     straight = train_group(cfgs, log=None)
     dirs = [tmp_path / str(s) for s in SEEDS]
-
-    def kill_after_first_epoch(i, row, folder):
-        if i == len(SEEDS) - 1 and row["epoch"] == 1:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train_group(cfgs, checkpoint_dirs=dirs, log=None, on_epoch=kill_after_first_epoch)
+    train_group_killed_after_epoch_1(cfgs, dirs)
     (dirs[2] / checkpoint.CHECKPOINT_NAME).unlink()  # seed 2 lost its checkpoint: it starts afresh, alone
     logs: list[str] = []
     resumed = train_group(cfgs, checkpoint_dirs=dirs, log=logs.append)

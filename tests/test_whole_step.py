@@ -30,6 +30,7 @@ from rpevit.tasks.schedule import lr_factor
 from rpevit.tasks.steppers import StackedStep
 from rpevit.tasks.whole_step import WholeStep, WholeStepError, augmented, draw_epoch
 from rpevit.training import default_dtype
+from tests.test_fused_group import train_group_killed_after_epoch_1
 
 registry.load_all()
 
@@ -180,10 +181,6 @@ def test_a_model_that_cannot_run_under_vmap_is_refused_in_one_line(monkeypatch):
             WholeStep(members(cfg, 4), cfg, torch.device("cpu"), data.normalize, lambda _t: 1.0)
 
 
-class Killed(Exception):
-    """Stands for the process being killed after an epoch's checkpoints were written."""
-
-
 @pytest.mark.slow
 def test_the_train_task_runs_a_group_with_the_whole_step_and_resumes_it_exactly(tmp_path, monkeypatch):
     """Through train_group (the sweep's path for a fused group): the rows are complete and compiled (no
@@ -200,13 +197,7 @@ def test_the_train_task_runs_a_group_with_the_whole_step_and_resumes_it_exactly(
     assert all(isinstance(r, dict) and r["compile_fallback"] == "" and r["epochs_done"] == 2 for r in straight), straight
     assert straight[0]["test_acc"] != straight[1]["test_acc"] or straight[0]["train_s_per_epoch"] > 0
     dirs = [tmp_path / str(s) for s in SEEDS]
-
-    def kill_after_first_epoch(i, row, folder):
-        if i == len(SEEDS) - 1 and row["epoch"] == 1:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train_group(cfgs, checkpoint_dirs=dirs, log=None, on_epoch=kill_after_first_epoch)
+    train_group_killed_after_epoch_1(cfgs, dirs)
     resumed = train_group(cfgs, checkpoint_dirs=dirs, log=None)
     for a, b in zip(straight, resumed):
         for key in ("test_acc", "test_acc_draw_mean", "log_likelihood", "final_val_acc"):
