@@ -103,14 +103,8 @@ class Resources:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str) -> "Resources":
-        allowed = [f.name for f in fields(cls)]
-        if not isinstance(values, dict):
-            raise SpaceError(f"{source}: 'resources' has value {values!r}; allowed: a mapping of "
-                             f"{', '.join(allowed)}")
+        _known_keys(values, "resources", [f.name for f in fields(cls)], source)
         for key, value in values.items():
-            if key not in allowed:
-                raise SpaceError(f"{source}: unknown key resources.{key};{did_you_mean(key, allowed)} allowed: "
-                                 f"{', '.join(allowed)}")
             if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
                     or value < 0):
                 raise SpaceError(f"{source}: resources.{key} has value {value!r}; allowed: a finite number >= 0")
@@ -151,18 +145,13 @@ class Timing:
 
     @classmethod
     def from_dict(cls, values: Any, source: str, task: str) -> "Timing":
-        allowed = [f.name for f in fields(cls)]
         values = {} if values is None else values  # `timing:` with nothing under it
-        if not isinstance(values, dict):
-            raise SpaceError(f"{source}: 'timing' has value {values!r}; allowed: a mapping of {', '.join(allowed)}")
         load_registry()
-        if values and task not in registry.TIMING_TASKS:
+        if isinstance(values, dict) and values and task not in registry.TIMING_TASKS:
             raise SpaceError(f"{source}: 'timing' is given for task {task!r}; allowed: only for timing tasks "
                              f"({', '.join(sorted(registry.TIMING_TASKS))}); remove the key")
+        _known_keys(values, "timing", [f.name for f in fields(cls)], source)
         for key, value in values.items():
-            if key not in allowed:
-                raise SpaceError(f"{source}: unknown key timing.{key};{did_you_mean(key, allowed)} allowed: "
-                                 f"{', '.join(allowed)}")
             if key == "repeats":
                 _count(value, "timing.repeats", source)
             elif not isinstance(value, bool):
@@ -587,6 +576,16 @@ def _check_fields(values: dict[str, Any], where: str, source: str) -> None:
             allowed = (f"a TrialConfig field ({len(_FIELDS)} of them: python sweep.py --fields lists each with its "
                        f"help)" if hint else f"{', '.join(_FIELDS)} (each described by: python sweep.py --fields)")
             raise SpaceError(f"{source}: {where} key {key!r} is not a TrialConfig field;{hint} allowed: {allowed}")
+
+
+def _known_keys(values: Any, name: str, allowed: list[str], source: str) -> None:
+    """`values` (the space's `name:` section) is a mapping whose every key is one of `allowed`."""
+    if not isinstance(values, dict):
+        raise SpaceError(f"{source}: {name!r} has value {values!r}; allowed: a mapping of {', '.join(allowed)}")
+    for key in values:
+        if key not in allowed:
+            raise SpaceError(f"{source}: unknown key {name}.{key};{did_you_mean(key, allowed)} allowed: "
+                             f"{', '.join(allowed)}")
 
 
 def _mapping(value: Any, where: str, source: str) -> dict[str, Any]:
