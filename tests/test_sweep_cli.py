@@ -111,6 +111,21 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
     assert "0 to run" in lines.whole()
     pd.testing.assert_frame_equal(pd.read_parquet(results / "trials.parquet"), trials)
 
+    # --resume --retry-failed runs the failed trial again on purpose, and only it: it diverges again (the
+    # same configuration), its row is its new run's, and the finished rows are kept as they were
+    again, lines = start_sweep(space, tmp_path, "--resume", "--retry-failed")
+    assert again.wait(timeout=180) == 1, lines.whole()[-3000:]
+    assert "1 to run" in lines.whole(), lines.whole()[-3000:]
+    retried = pd.read_parquet(results / "trials.parquet")
+    assert len(retried) == 5 and retried["trial_key"].is_unique
+    pd.testing.assert_frame_equal(retried[retried["status"] == "ok"].reset_index(drop=True),
+                                  ok.reset_index(drop=True))
+    failed_again = retried[retried["status"] == "failed"]
+    assert failed_again["trial_key"].item() == failed["trial_key"].item()
+    assert "DivergedError: training loss is nan" in failed_again["error"].item()
+    log = (results / "trials" / failed["trial_key"].item() / "log.txt").read_text()
+    assert log.count("not retried") == 2, log  # the trial's log is appended to: its first run and this one
+
 
 def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninterrupted_run(tmp_path):
     fixed = {**TINY, "dim": 32, "depth": 2, "heads": 4, "train_subset": 600, "epochs": 12}
