@@ -3,6 +3,7 @@ variant labels."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -145,3 +146,25 @@ def test_pandas_metadata_in_a_results_file_renames_no_column(tmp_path):
                            to_pandas=lambda **_: pd.DataFrame({"seed": ["x"]}))
     with pytest.raises(common.DamagedResults, match=r"trials.parquet.*column 'zz_seed' is read as 'seed'"):
         frame_of(fake, folder / TRIALS_FILE)
+
+
+def test_devices_text_names_each_device_with_its_rows_where_rows_ran_on_more_than_one():
+    """A publication rehearsal: 'Device: A, B' read as one device with a comma in its name (a study resumed on
+    another machine)."""
+    from rpevit.analysis.common import devices_text
+
+    assert devices_text(pd.DataFrame({"device_name": ["cpu:x86_64 x1 threads"] * 3})) == "device: cpu:x86_64 x1 threads"
+    two = pd.DataFrame({"device_name": ["cpu:x86_64 Intel(R) Xeon(R) (AVX512) x1 threads"] * 2 + ["cpu:x86_64 x1 threads"]})
+    assert devices_text(two) == ("2 devices: cpu:x86_64 Intel(R) Xeon(R) (AVX512) x1 threads (2 rows); "
+                                 "cpu:x86_64 x1 threads (1 rows)")
+    assert devices_text(pd.DataFrame({"seed": [1]})) == "device unknown"
+
+
+def test_the_report_names_its_folder_the_same_in_every_clone(tmp_path, monkeypatch):
+    """A publication rehearsal: the committed report began 'Results: `/work/main/results`', so every clone that
+    regenerated it changed its first line."""
+    from rpevit.analysis.report import shown_path
+
+    monkeypatch.chdir(tmp_path)
+    assert shown_path(tmp_path / "results") == "results" and shown_path(Path("results")) == "results"
+    assert shown_path(tmp_path.parent / "elsewhere") == str(tmp_path.parent / "elsewhere")

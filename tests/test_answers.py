@@ -178,6 +178,21 @@ def test_a_family_is_one_line_grouped_by_verdict_and_an_incomplete_pair_gets_non
     assert line.endswith("incomplete, no verdict before the declared n: ape − luo_rpe (3 and 2 of 3 seeds).")
 
 
+def test_a_contrast_family_line_says_which_way_each_resolved_item_goes():
+    """A publication rehearsal: 'resolved: (softmax+ape − favor+ape) − (softmax+rope − favor+rope) -2.97 ...'
+    beside a positive one lumped a widening with a narrowing under one word; each now says which way it goes."""
+    def contrast(point: float, gap_2: float) -> confirmatory.Outcome:
+        iv = stats.Interval(point, point - 1, point + 1, n=(5, 5, 5, 5), level=0.975, p=0.001)
+        gaps = (stats.Interval(2.0, 1.0, 3.0, n=(5, 5)), stats.Interval(gap_2, gap_2 - 1, gap_2 + 1, n=(5, 5)))
+        return confirmatory.Outcome("f", "", "", (), (), iv, iv, 2, True, "softmax+ape − favor+ape",
+                                    "softmax+rope − favor+rope", kind="contrast", gaps=gaps)
+    line = answers.family_line("narrowing", [contrast(1.5, 0.5), contrast(-3.0, 5.0)], 5)
+    assert "(softmax+ape − favor+ape) − (softmax+rope − favor+rope) 1.5 [0.5, 2.5] (n=5,5,5,5; 97.5%) (gap 2 " \
+           "smaller)" in line
+    assert "-3 [-4, -2] (n=5,5,5,5; 97.5%) (gap 2 larger)" in line
+    assert "(gap 2 smaller, below 0)" in answers.family_line("narrowing", [contrast(2.5, -0.5)], 5)
+
+
 def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     """results/in_progress/<study>/ holds a running study's rows so far (committed at each stop): its
     declared comparisons are not judged, and the README's front door gets one line, not one per pair."""

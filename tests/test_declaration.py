@@ -281,7 +281,8 @@ def test_a_trend_is_paired_by_seed_and_needs_every_rung_of_a_seed(tmp_path):
     # gap(ape) per seed at 5: 10 + 0.3 s, at 10: 5 + 0.3 s -> change -5 on every seed (no spread: a point interval)
     assert ape.kind == "trend" and ape.nominal.point == pytest.approx(-5.0) and ape.nominal.n == (3,)
     assert ape.values_a == pytest.approx((0.05, 0.053, 0.056)) and ape.resolved
-    assert ape.verdict(3) == "resolved: the gap falls from the shorter budget to the longer"
+    assert ape.verdict(3) == ("resolved: the gap falls from the shorter budget to the longer (signed: 10.3 at the "
+                              "shorter budget, 5.3 at the longer points)")
     assert rope.nominal.point == pytest.approx(-2.0)
     (_, _, families, _), _ = judged_ladder(tmp_path / "cut", ladder_rows(time.time() + 10, drop={("favor", "ape", 10, 1)}))
     ape = dict(families)["trend (epochs 5 → 10)"][0]
@@ -289,12 +290,38 @@ def test_a_trend_is_paired_by_seed_and_needs_every_rung_of_a_seed(tmp_path):
                                                    "before n is reached)")
 
 
+def test_a_trend_shows_each_ends_gap_with_welch_and_says_where_it_falls_below_0(tmp_path):
+    """A publication rehearsal: the trend's 'mean gap' columns were one-sample intervals over per-seed gaps
+    (pairing softmax and FAVOR+ runs by seed, which are independent), so the same gap read 0.611 [-0.137, 1.36]
+    beside the comparison table's 0.611 [0.103, 1.12]; and 'the gap falls' was said of a gap that fell through 0
+    to the other side, which grew in size. Now each end's gap is Welch's interval of its two cells (the same as
+    a comparison of them), and the verdict names the signed ends and where one is below 0."""
+    from rpevit.analysis.stats import welch
+
+    (_, _, families, _), _ = judged_ladder(tmp_path / "a", ladder_rows(time.time() + 10))
+    ape = dict(families)["trend (epochs 5 → 10)"][0]
+    softmax_10, favor_10 = [0.85, 0.86, 0.87], [0.80, 0.807, 0.814]
+    assert ape.gaps[0].text() == welch(np.array(softmax_10) * 100, np.array(favor_10) * 100).text()
+    assert [g.n for g in ape.gaps] == [(3, 3), (3, 3)]
+    assert confirmatory.outcome_row(ape, 3)[2:4] == [g.text() for g in ape.gaps]
+    assert ape.direction == "the gap falls"
+
+    ahead = [{**r, "test_acc_draw_mean": r["test_acc_draw_mean"] + 0.10, "test_acc": r["test_acc"] + 0.10}
+             if (r["attention"], r["pe"], r["epochs"]) == ("favor", "ape", 10) else r for r in ladder_rows(time.time() + 10)]
+    (_, _, families, _), _ = judged_ladder(tmp_path / "b", ahead)
+    ape = dict(families)["trend (epochs 5 → 10)"][0]
+    assert ape.resolved and ape.gaps[0].point == pytest.approx(-4.7)
+    assert ape.verdict(3) == ("resolved: the gap falls from the shorter budget to the longer (signed: 10.3 at the "
+                              "shorter budget, -4.7 at the longer points; below 0 at the longer: its second cell ahead)")
+    assert ape.direction == "the gap falls, to below 0"
+
+
 def test_a_family_with_a_secondary_metric_gets_both_verdicts_side_by_side(tmp_path):
     (_, _, families, _), folder = judged_ladder(tmp_path, ladder_rows(time.time() + 10))
     text = confirmatory.build(folder)
     assert "### narrowing (epochs = 5): both declared metrics side by side" in text
     assert ("| item | judged accuracy: at its Holm level | judged accuracy: verdict | training draw (test_acc): at its "
-            "Holm level | training draw (test_acc): verdict | judged accuracy − training draw (test_acc) (point) |") in text
+            "Holm level | training draw (test_acc): verdict | judged accuracy − training draw (test_acc) (points) |") in text
     # favor's training draw is 2 points above its fresh-draw mean in every cell: the contrast is the same on both
     # metrics, so the difference of the two estimates is 0 (a gap alone would differ by the 2-point penalty)
     row = next(line for line in text.splitlines() if line.startswith("| (softmax+ape − favor+ape) − (softmax+rope"))
@@ -305,8 +332,9 @@ def test_a_family_with_a_secondary_metric_gets_both_verdicts_side_by_side(tmp_pa
 def test_a_contrast_shows_each_signed_gap_and_says_when_gap_2_is_below_0(tmp_path):
     """A reviewer: 'smaller' is signed, the question is 'narrower'; with the RPE's gap below 0 (the linear backend
     ahead) a resolved positive contrast is no narrowing. Each gap is shown (Welch, 95%) beside the contrast, the
-    verdict names both signed points, and the headline says 'reverses' there; the side-by-side column is named as
-    a difference of penalties for a contrast, not one penalty."""
+    verdict names both signed points, and the headline says 'reverses' only where that gap's interval is below 0
+    (a publication rehearsal: it said so of a point below 0 whose interval included 0); the side-by-side column is
+    named as a difference of penalties for a contrast, not one penalty."""
     from rpevit.analysis import headline
     from rpevit.analysis.stats import welch
 
@@ -327,7 +355,18 @@ def test_a_contrast_shows_each_signed_gap_and_says_when_gap_2_is_below_0(tmp_pat
     (contrast,) = families[0][1]
     assert contrast.gaps[1].point == pytest.approx(-2.0) and contrast.resolved
     assert "gap 2 < 0: its second cell ahead" in contrast.verdict(3)
-    assert headline._verdict(contrast, 3, True) == "reverses the gap"
+    assert contrast.gaps[1].hi > 0 and contrast.direction == "gap 2 smaller, below 0"  # -2, interval includes 0
+    assert headline._verdict(contrast, 3, True) == ("narrows the gap (with the RPE the gap's sign is not resolved: its "
+                                                    "95% interval includes 0)")
+    assert headline._verdict(contrast, 3, False) == ("excludes 0 (exploratory: narrows; with the RPE the gap's sign is "
+                                                     "not resolved: its 95% interval includes 0)")
+    further = [{**r, "test_acc_draw_mean": r["test_acc_draw_mean"] + 0.10, "test_acc": r["test_acc"] + 0.10}
+               if (r["attention"], r["pe"]) == ("favor", "rope") else r for r in ladder_rows(time.time() + 10)]
+    (_, _, families, _), _ = judged_ladder(tmp_path / "c", further)
+    (contrast,) = families[0][1]
+    assert contrast.gaps[1].hi < 0 and contrast.resolved
+    assert headline._verdict(contrast, 3, True) == ("reverses the gap (with the RPE the linear backend is ahead, 95% "
+                                                    "Welch)")
 
 
 def test_a_trend_states_its_premise_as_checked_on_the_rows(tmp_path):

@@ -32,6 +32,20 @@ def test_every_file_a_reader_is_pointed_to_exists():
     assert not missing, "references to files that do not exist:\n" + "\n".join(missing)
 
 
+RESULTS_FILE = re.compile(r"\bresults/[A-Za-z0-9_./-]+\.(?:md|png|json|parquet|csv)\b")
+USERS_OWN = ("results/smoke/",)  # README command 1's folder: the user's, never committed
+
+
+def test_every_results_file_the_published_text_points_to_exists():
+    """A publication rehearsal: ANSWERS.md pointed to a published ladder's `budget_ladder.md` before any step
+    wrote it. Every results file that the README, the docs and the committed results' Markdown name exists."""
+    texts = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8")
+             for p in tracked("README.md", "docs/*.md", "results/*.md", "results/**/*.md") if p.is_file()}
+    missing = sorted({f"{name}: {ref}" for name, text in texts.items() for ref in RESULTS_FILE.findall(text)
+                      if not ref.startswith(USERS_OWN) and not (ROOT / ref).exists()})
+    assert not missing, "results files named that do not exist:\n" + "\n".join(missing)
+
+
 def test_every_test_cited_by_name_is_defined():
     missing = []
     for name, text in readers_texts().items():

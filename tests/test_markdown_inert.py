@@ -6,7 +6,7 @@ Three gaps a review found, each shown failing before its fix:
   GitHub's renderer (cmark-gfm's autolink extension) turns them into links;
 - `*`, `_` and `~` were left live: a forged name opened emphasis or strikethrough that ran into the
   generated text beside it;
-- `$` was left live: GitHub renders `$...$` and `$$...$$` (and `$`\`...\``$`) as math, so a forged name
+- `$` was left live: GitHub renders `$...$`, `$$...$$` and a code span between two `$` as math, so a forged name
   typeset its text as a formula, or paired with a `$` of generated text beside it;
 - a name already made inert (a frame's `sweep`, read through untrusted_names) was put into a code span,
   where no escape is undone: `odd\\[x\\]` was printed for the folder `odd[x]`.

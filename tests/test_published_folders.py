@@ -122,6 +122,17 @@ def test_every_committed_study_folder_is_published():
     assert folders and folders - published == set(), "add !/<folder>/ to results/.gitignore to publish it"
 
 
+def test_every_published_folder_has_its_row_in_the_results_readme():
+    """A publication rehearsal: nothing asked that a study moved out of results/in_progress/ gets its row in
+    results/README.md's table of folders (what ran, from which commits, on which machines, the command that
+    reproduces it). in_progress/ is the running studies' folder, named in the declared-studies block."""
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    missing = sorted(folder for folder in answers.published_folders(RESULTS) - {answers.IN_PROGRESS}
+                     if f"| `{folder}/" not in text)
+    assert not missing, f"no row in results/README.md's table of folders for: {', '.join(missing)}"
+    assert f"`{answers.IN_PROGRESS}/" in text
+
+
 def test_a_users_own_folders_reach_no_folder_list_of_the_generated_text(tmp_path):
     """Before the fix, the study-rows table listed `smoke` (`+| smoke | train | 4 | ...`), the declared sections
     a user's declared study and the validation section a user's `*_val_*` folder."""

@@ -448,13 +448,16 @@ def running_lines(results_dir: Path) -> list[str]:
 
 
 def family_line(name: str, outcomes: Sequence[confirmatory.Outcome], n: int) -> str:
-    """One declared family in one line, its comparisons grouped by verdict: the resolved ones with their
-    interval at its Holm level, the others by name (confirmatory.md has every figure)."""
+    """One declared family in one line, its items grouped by verdict: the resolved ones with their interval at
+    its Holm level, a contrast or a trend with its direction in words (a family may resolve one item each way: a
+    contrast that widens the gap beside one that narrows it), the others by name (confirmatory.md has every
+    figure)."""
     def counts(o: confirmatory.Outcome) -> str:
         if o.kind == "trend":
             return f"{o.have[0]} of {n} seeds with every rung"
         return f"{(' and ' if len(o.have) == 2 else ', ').join(map(str, o.have))} of {n} seeds"
-    resolved = [f"{o.label} {o.holm.text()}" for o in outcomes if o.resolved]
+    resolved = [f"{o.label} {o.holm.text()}" + (f" ({o.direction})" if o.kind != "comparison" else "")
+                for o in outcomes if o.resolved]  # a − b's sign says which side is higher; a contrast's does not
     unresolved = [o.label for o in outcomes if o.complete and not o.resolved]
     incomplete = [f"{o.label} ({counts(o)})" for o in outcomes if not o.complete]
     groups = [f"resolved: {', '.join(resolved)}" if resolved else "",
@@ -483,7 +486,8 @@ def declared_section(sources: Sources, detail: bool) -> list[str]:
             f"confirmatory over the rows that started after its last declaration; {status}"
         lines.append(f"- {code_span(rel)} ({label}): {confirmatory.question_text(decl)} Metric: "
                      f"{confirmatory.METRIC_TEXT[decl.metric]}, in points; n = {n} declared seeds per cell; Holm "
-                     f"within each declared family of k comparisons; each a − b at its Holm level:")
+                     f"within each declared family of k items; each item (a − b, a difference of two gaps, or a gap's change "
+                     f"per seed) at its Holm level:")
         lines += [family_line(name, outcomes, n) for name, outcomes in families]
         if detail:
             text = confirmatory.build(folder).replace("\n### ", "\n#### ")

@@ -33,7 +33,7 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rpevit.analysis import stats, variants
-from rpevit.analysis.common import (column, fmt, judged_accuracy, markdown_table, pyplot, raw_text,
+from rpevit.analysis.common import (column, devices_text, fmt, judged_accuracy, markdown_table, pyplot, raw_text,
                                     read_epoch_curves, read_trials, save_figure, script_main, trial_files,
                                     with_variant)
 from rpevit.config import TrialConfig
@@ -397,7 +397,7 @@ def build(results_dir: Path) -> str | None:
     table = per_budget(rows)
     budgets = sorted(table["epochs"].unique())
     images = {e: float(table.loc[table["epochs"] == e, "images"].median()) for e in budgets}
-    devices = ", ".join(sorted(rows["device_name"].astype(str).unique())) if "device_name" in rows else "device unknown"
+    devices = devices_text(rows)
     plot(table, Path(results_dir) / "budget_ladder.png", devices)
     acc_rows = []
     for variant, g in table.groupby("variant"):
@@ -411,7 +411,7 @@ def build(results_dir: Path) -> str | None:
                 for first, second, tau in taus(table, rows)]
     ns = sorted(set(table["n"]))
     lines = [trials.note(), "",
-             "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Device: " + devices + ".",
+             "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Rows: " + devices + ".",
              "", "### Judged test accuracy at each fixed budget, % (mean [95% t interval] (n seeds))", "",
              markdown_table(["variant", *(budget_label(e, images[e]) for e in budgets)], acc_rows), "",
              "### How stable the ranking of the variants is across budgets", "",

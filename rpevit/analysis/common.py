@@ -540,6 +540,18 @@ class BackendOptions(Mapping):
         return len(self.values)
 
 
+def devices_text(frame: pd.DataFrame) -> str:
+    """The devices a frame's rows ran on, as a caption says it: 'device: cpu:x86_64 x1 threads', or, where rows ran
+    on more than one, '2 devices: A (40 rows); B (52 rows)' (a study resumed on another machine: ', '-joined
+    names read as one device with a comma in its name)."""
+    if "device_name" not in frame or frame.empty:
+        return "device unknown"
+    counts = frame["device_name"].astype(str).value_counts()
+    if len(counts) == 1:
+        return f"device: {counts.index[0]}"
+    return f"{len(counts)} devices: " + "; ".join(f"{name} ({n} rows)" for name, n in sorted(counts.items()))
+
+
 def judged_accuracy(frame: pd.DataFrame) -> pd.Series:
     """The accuracy a row is judged by: its mean over fresh draws where the attention draws random
     features (one draw is a lottery: docs/random_features.md), its exact test_acc otherwise. A

@@ -64,7 +64,10 @@ KIND_METHOD = {
     "trend": "per seed, (a − b) at the longer budget minus (a − b) at the shorter; a one-sample t interval over seeds. "
              "Paired by seed because the rungs of one seed share its initialisation and data order (and, in a study "
              "that branches its rungs, `branch: epochs`, its trunk: the shorter run resumes the longer run's "
-             "checkpoint at its cool-down start), so they are not independent",
+             "checkpoint at its cool-down start), so they are not independent. The gap at each end is shown with "
+             "Welch's interval (its two cells are independent runs, as in the comparisons), over the seeds the "
+             "change uses. The gap is signed: a falling gap is a shrinking one only while it stays above 0 (the "
+             "verdict says where it ends below 0, its second cell ahead)",
 }
 
 
@@ -89,7 +92,8 @@ class Outcome:
     kind: str = "comparison"
     metric: str = "judged"
     counts: tuple[int, ...] = ()  # seeds found per cell (per seed-with-every-cell for a trend)
-    gaps: tuple[stats.Interval, ...] = ()  # a contrast: gap 1 and gap 2 each (Welch, 95%), signed a − b
+    gaps: tuple[stats.Interval, ...] = ()  # a contrast: gap 1 and gap 2; a trend: its gap at the longer and the
+    # shorter budget (each Welch, 95%, signed a − b)
     pending: int = 0  # items of its family still incomplete: counted at p = 1, so a "not resolved" may change
     where: str = ""  # the family's name with its for_each value (and trend), without the metric
 
@@ -143,8 +147,33 @@ class Outcome:
         if self.kind == "contrast":
             return f"resolved: gap 2 ({self.b}) {'smaller' if up else 'larger'} than gap 1{self.gaps_text}"
         if self.kind == "trend":
-            return f"resolved: the gap {'rises' if up else 'falls'} from the shorter budget to the longer"
+            return f"resolved: the gap {'rises' if up else 'falls'} from the shorter budget to the longer{self.ends_text}"
         return f"resolved: {self.a} {'higher' if up else 'lower'}"
+
+    @property
+    def ends_text(self) -> str:
+        """A trend's ' (signed: 0.366 at the shorter budget, -1.3 at the longer points; below 0 at the longer:
+        its second cell ahead)': a falling signed gap is a shrinking one only while it stays above 0."""
+        if self.kind != "trend" or len(self.gaps) != 2:
+            return ""
+        longer, shorter = (g.point for g in self.gaps)
+        below = [f"below 0 at the {end}: its second cell ahead" for end, g in (("shorter", shorter), ("longer", longer))
+                 if g < 0]
+        return (f" (signed: {fmt(shorter, 3)} at the shorter budget, {fmt(longer, 3)} at the longer points"
+                + "".join(f"; {b}" for b in below) + ")")
+
+    @property
+    def direction(self) -> str:
+        """A resolved item's direction in a few words, for a line that lists items of any kind: 'softmax+ape
+        higher', 'gap 2 smaller', 'the gap falls'."""
+        up = self.holm.point > 0
+        if self.kind == "contrast":
+            return f"gap 2 {'smaller' if up else 'larger'}" + ("" if len(self.gaps) != 2 or self.gaps[1].point >= 0
+                                                              else ", below 0")
+        if self.kind == "trend":
+            return f"the gap {'rises' if up else 'falls'}" + ("" if len(self.gaps) != 2 or self.gaps[0].point >= 0
+                                                             else ", to below 0")
+        return f"{self.a_short or self.a} {'higher' if up else 'lower'}"
 
 
 def redeclared_text(record: dict[str, Any]) -> str:
@@ -250,13 +279,15 @@ def trend_item(records: list[dict], values: pd.Series, pair: Pair, fixed: dict[s
     both = [s for s in seeds if all(s in cell for cells in at.values() for cell in cells)]
     gap = {end: tuple(at[end][0][s] - at[end][1][s] for s in both) for end in at}
     change = tuple(hi - lo for hi, lo in zip(gap[trend.end], gap[trend.start]))
+    welch = tuple(stats.welch(*(np.array([cell[s] for s in both]) * 100 for cell in at[end]))
+                  for end in (trend.end, trend.start))  # each end's gap over the same seeds: independent cells
     name = " − ".join(short_label(s) for s in pair)
     return (lambda level: stats.mean_interval(np.array(change) * 100, level),
             len(both) == len(seeds),
             {"a": md_text(f"{name} at {trend.field} = {fmt(trend.end)}"),
              "b": md_text(f"{name} at {trend.field} = {fmt(trend.start)}"),
              "a_short": f"{name} at {fmt(trend.end)}", "b_short": f"at {fmt(trend.start)}",
-             "values_a": gap[trend.end], "values_b": gap[trend.start], "counts": (len(both),)})
+             "values_a": gap[trend.end], "values_b": gap[trend.start], "counts": (len(both),), "gaps": welch})
 
 
 def judge_family(rows: pd.DataFrame, values: pd.Series, fam: Family, fixed: dict[str, Any],
@@ -345,7 +376,7 @@ def side_by_side(primary: list[Outcome], secondary: list[Outcome], n: int) -> st
                      q.holm.text() if q.complete else "—", q.verdict(n), fmt(diff, 3)])
     first, second = (METRIC_SHORT[o[0].metric] if o else "" for o in (primary, secondary))
     return markdown_table(["item", f"{first}: at its Holm level", f"{first}: verdict", f"{second}: at its Holm level",
-                           f"{second}: verdict", f"{first} − {second} (point)"], rows)
+                           f"{second}: verdict", f"{first} − {second} (points)"], rows)
 
 
 def outcome_row(o: Outcome, n: int) -> list[str]:
@@ -357,10 +388,7 @@ def outcome_row(o: Outcome, n: int) -> list[str]:
     if o.kind == "comparison":
         parts = [stats.mean_interval(np.array(o.values_a) * 100).text(),
                  stats.mean_interval(np.array(o.values_b) * 100).text()]
-    elif o.kind == "trend":  # per-seed gaps at each end
-        parts = [stats.mean_interval(np.array(o.values_a) * 100).text(),
-                 stats.mean_interval(np.array(o.values_b) * 100).text()]
-    else:  # a contrast: each gap, signed, with its own 95% Welch interval
+    else:  # a contrast's two gaps, or a trend's gap at each end: signed, each with its own 95% Welch interval
         parts = [g.text() for g in o.gaps] if len(o.gaps) == 2 else ["—", "—"]
     return [o.a, o.b, *parts, o.nominal.text(), o.holm.text(), o.verdict(n)]
 
@@ -368,7 +396,8 @@ def outcome_row(o: Outcome, n: int) -> list[str]:
 HEADERS = {"comparison": ["a", "b", "mean a", "mean b", "a − b, 95%", "a − b at its Holm level", "verdict"],
            "contrast": ["gap 1 (a1 − b1)", "gap 2 (a2 − b2)", "gap 1, 95%", "gap 2, 95%", "gap 1 − gap 2, 95%",
                         "gap 1 − gap 2 at its Holm level", "verdict"],
-           "trend": ["gap at the longer budget", "gap at the shorter budget", "mean gap (longer)", "mean gap (shorter)",
+           "trend": ["gap at the longer budget", "gap at the shorter budget", "gap (longer), 95% Welch",
+                     "gap (shorter), 95% Welch",
                      "change per seed, 95%", "change at its Holm level", "verdict"]}
 
 

@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import confirmatory, stats, variants
-from rpevit.analysis.common import code_span, fmt, markdown_table, pyplot, read_trials, save_figure
+from rpevit.analysis.common import code_span, devices_text, fmt, markdown_table, pyplot, read_trials, save_figure
 from rpevit.sweep.declaration import Declaration, Family, parse, read_record, redeclarations
 
 HEADLINE_STUDIES = ("cifar10_ladder40_cpu", "cifar10_ladder_cpu")  # newest first
@@ -147,7 +147,7 @@ def _headline_of(folder: Path) -> Headline | None:
                 if len(a) >= 2 and len(b) >= 2:
                     iv = stats.welch(np.array(list(a.values())) * 100, np.array(list(b.values())) * 100)
                     gaps.append({"backend": backend, "pe": pe, "epochs": epochs, "interval": iv})
-    devices = ", ".join(sorted(rows["device_name"].astype(str).unique())) if "device_name" in rows else "device unknown"
+    devices = devices_text(rows)
     random = rows[rows["attention"].astype(str) != "softmax"]
     counts = sorted({int(d) for d in random["eval_draws"].dropna()}) if "eval_draws" in random else []
     draws = f"{' or '.join(str(c) for c in counts)} fresh draws" if counts else "fresh draws"
@@ -211,14 +211,25 @@ def table(h: Headline) -> str:
 def _verdict(o: confirmatory.Outcome, n: int, declared: bool) -> str:
     """A declared contrast's verdict; an exploratory one only says where its interval lies (the family was
     chosen after the data were seen). A positive contrast is a smaller signed gap with the RPE: "narrows" while
-    that gap is not negative, "reverses" where the linear backend is ahead with the RPE (confirmatory.Outcome.gaps)."""
+    that gap is not negative; "reverses" only where the gap with the RPE (confirmatory.Outcome.gaps, Welch) is
+    below 0 with its 95% interval, the linear backend ahead; where only its point is below 0, "narrows" and says
+    that its sign is not resolved (a point below 0 is not a reversal: an independent review)."""
     if not o.complete:
         return o.verdict(n)
     if not o.resolved:
         return f"not resolved with {stats.seeds_text(o.holm.n)}"
-    reversed_ = o.holm.point > 0 and len(o.gaps) == 2 and o.gaps[1].point < 0  # smaller, signed, but below 0
-    direction = ("reverses the gap" if reversed_ else "narrows the gap") if o.holm.point > 0 else "widens the gap"
-    return direction if declared else f"excludes 0 (exploratory: {direction.split()[0]})"
+    with_rpe = o.gaps[1] if len(o.gaps) == 2 else None
+    if o.holm.point <= 0:
+        direction, note = "widens the gap", ""
+    elif with_rpe is not None and with_rpe.hi < 0:
+        direction, note = "reverses the gap", "with the RPE the linear backend is ahead, 95% Welch"
+    else:
+        direction = "narrows the gap"
+        note = ("with the RPE the gap's sign is not resolved: its 95% interval includes 0"
+                if with_rpe is not None and with_rpe.point < 0 else "")
+    if declared:
+        return direction + (f" ({note})" if note else "")
+    return f"excludes 0 (exploratory: {direction.split()[0]}{f'; {note}' if note else ''})"
 
 
 def readme_lines(h: Headline | None, figure_link: str) -> list[str]:

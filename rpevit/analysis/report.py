@@ -165,12 +165,19 @@ def superseding_note(results_dir: Path) -> str:
             f"`results/ANSWERS.md` give those answers; this report does not read them._")
 
 
+def shown_path(path: Path) -> str:
+    """A folder as the report names it: relative to the working directory where it lies below it (`results`,
+    as the committed report was made from a checkout's root: the same text in every clone), else absolute."""
+    path, here = Path(path).absolute(), Path.cwd().absolute()
+    return path.relative_to(here).as_posix() if path.is_relative_to(here) else str(path)
+
+
 def _report(results_dir: Path) -> str:
     sections = [gap_closure.build(results_dir), string_study.build(results_dir), efficiency.build(results_dir),
                 token_scaling.build(results_dir), kernel_mse.build(results_dir), rotation.build(results_dir), rotinv_section(results_dir)]
     trials = read_trials(results_dir)
     read_from = studies_note(results_dir)
-    head = ["# rpevit results report", "", f"Results: {code_span(results_dir)}", "",
+    head = ["# rpevit results report", "", f"Results: {code_span(shown_path(results_dir))}", "",
             exploratory_note([path.parent for path in trial_files(results_dir)]), "",
             *([superseding_note(results_dir), ""] if superseding_note(results_dir) else []), "## Trials", "",
             status_table(results_dir),
