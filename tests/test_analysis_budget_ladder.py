@@ -248,3 +248,50 @@ def test_rungs_of_another_configuration_are_not_paired_and_missing_epoch_rows_ar
     assert "2 pair(s) lack some of those epoch rows and are not compared" in text
     bare = budget_ladder.build(write_sweep(tmp_path / "bare", "bare", ladder))
     assert "Not checked: no two rungs of one configuration" in bare
+
+
+def partial_rows() -> list[dict]:
+    """FIVE at 5 and 10 epochs, seeds 0-4, but relu+ape only seeds 0-2 at both (a study still running): it
+    rises from last to first at 10 epochs; of the other four, seed 3 swaps the first two (by 2 points each way,
+    too little to move a mean past the next)."""
+    out = []
+    for seed in range(5):
+        at10 = [90.0, 80.0, 70.0, 60.0, 95.0]
+        if seed == 3:
+            at10[0], at10[1] = at10[1] - 2, at10[0] + 2
+        for epochs, accs in ((5, (60.0, 55.0, 50.0, 45.0, 40.0)), (10, at10)):
+            for (attention, pe), acc in zip(FIVE, accs):
+                if (attention, pe) == ("relu", "ape") and seed >= 3:
+                    continue
+                out.append({**config_row(dataset="cifar10", attention=attention, pe=pe, epochs=epochs, seed=seed,
+                                         lr_schedule="wsd", redraw_interval=10),
+                            "test_acc": acc / 100, "test_acc_draw_mean": acc / 100, "n_train": 45000})
+    return out
+
+
+def test_every_seeds_tau_ranks_the_same_variants_where_a_variant_misses_seeds(tmp_path):
+    """A publication rehearsal: with relu+ape at seeds 0-2 only, seeds 0-2 ranked 5 variants (tau 0.2: relu+ape
+    passes the other four) and seeds 3-4 ranked 4, so their mean averaged over two variant sets and the variants
+    column (5, from the means) named neither. Every seed's tau, and the tau of the means, now ranks the four
+    variants that hold every seed used at both budgets, and the column says which was left out and why."""
+    ladder = budget_ladder.ladder_rows(pd.DataFrame(partial_rows()))
+    assert budget_ladder.seed_taus(ladder, 5, 10) == pytest.approx({0: 1.0, 1: 1.0, 2: 1.0, 3: 4 / 6, 4: 1.0})
+    tau = budget_ladder.tau_interval(budget_ladder.per_budget(ladder), 5, 10, ladder)
+    assert tau.variants == 4 and tau.of_means == pytest.approx(1.0) and tau.per_seed.n == (5,)
+    assert tau.per_seed.point == pytest.approx((4 + 4 / 6) / 5)
+    out = write_sweep(tmp_path / "partial", "partial", partial_rows())
+    assert ("| 5 → 10 epochs | 0.933 [0.748, 1] (n=5 seeds) | 0: 1, 1: 1, 2: 1, 3: 0.667, 4: 1 | 1 | "
+            "4 (relu+ape left out: seeds 3, 4 missing) |") in budget_ladder.build(out)
+    assert ("5 → 10 epochs 0.933 [0.748, 1] (n=5 seeds), the rankings of the means: tau 1 (4 variants, relu+ape "
+            "left out: seeds 3, 4 missing; 4 pairs swap order") in budget_ladder.summary(out)  # relu+ape's, Welch
+
+
+def test_a_seed_that_several_variants_miss_is_left_out_rather_than_the_variants():
+    """The block keeps the most (variant, seed) cells: where two of four variants miss seed 2, dropping them
+    would leave 2 variants (no tau), so seed 2 is left out and named with the variants that miss it."""
+    full = [r for r in rows() if not (r["attention"] == "favor" and r["seed"] == 2)]
+    block = budget_ladder.paired_block(budget_ladder.ladder_rows(pd.DataFrame(full)), 5, 20)
+    assert (block.variants, block.seeds) == (("favor+ape", "favor+rope", "softmax+ape", "softmax+rope"), (0, 1))
+    assert block.text() == "4 (seed 2 left out: missing for favor+ape, favor+rope)"
+    every = budget_ladder.paired_block(budget_ladder.ladder_rows(pd.DataFrame(rows())), 5, 20)
+    assert every.text() == "4" and every.seeds == (0, 1, 2) and every.left_out == every.seeds_left_out == ()

@@ -140,8 +140,48 @@ def test_a_verdict_that_differs_at_a_shorter_rung_is_said_under_the_table(tmp_pa
     longest = h.longest_complete("favor")
     differ = [(pe, o) for pe, o, last in zip(headline.RPES, shorter.primary, longest.primary)
               if headline._verdict(o, h.n, False) != headline._verdict(last, h.n, False)]
-    assert differ and note.startswith("The verdict depends on the budget")
+    assert differ and note.startswith("At shorter budgets of the same study the verdict differs (each rung is judged on its own")
     for pe, o in differ:
         assert f"FAVOR+ {pe} at 10 epochs {o.holm.text()}: {headline._verdict(o, h.n, False)}" in note
     lines = headline.readme_lines(h, "x.png")
     assert lines[-1] == note and "the mean over 5 fresh draws" in lines[0]
+
+
+def as_relu(rows_: list[dict], epochs: tuple[int, ...] = (10, 20), pes: tuple[str, ...] = headline.ENCODINGS) -> list[dict]:
+    """The favor rows of `rows_` at `epochs` and `pes`, as Performer-ReLU's."""
+    return [{**r, "attention": "relu"} for r in rows_ if r["attention"] == "favor" and r["epochs"] in epochs
+            and r["pe"] in pes]
+
+
+def test_a_backend_without_a_complete_rung_says_how_far_its_own_rows_go_and_points_to_an_older_answer(tmp_path):
+    """A partial-publication rehearsal: Performer-ReLU read 'no complete rung yet (rows up to 40 epochs)' where only
+    softmax had 40-epoch rows, and the complete Performer-ReLU answer of the older ladder dropped out of the README."""
+    results = study(tmp_path, "cifar10_ladder_cpu", rows() + as_relu(rows()))
+    newer = results / "cifar10_ladder40_cpu"
+    newer.mkdir()
+    partial = rows((10, 20, 40)) + as_relu(rows(), epochs=(10,), pes=("ape",))  # relu: one cell, at 10 epochs
+    write_sweep(newer, "cifar10_ladder40_cpu", partial)
+    h = headline.headline(results)
+    assert h.study == "cifar10_ladder40_cpu" and h.longest_complete("favor").epochs == 40
+    assert h.longest_complete("relu") is None and [r.epochs for r in h.rungs["relu"]] == [10]
+    assert "| Performer-ReLU | — | no complete rung yet (rows up to 10 epochs) |" in headline.table(h)
+    assert set(h.earlier) == {"relu"} and h.earlier["relu"].study == "cifar10_ladder_cpu"
+    lines = "\n".join(headline.readme_lines(h, "x.png"))
+    assert ("Performer-ReLU has no complete rung in `cifar10_ladder40_cpu` yet; its newest complete answer is "
+            "`cifar10_ladder_cpu`'s at 20 epochs (3 seeds per cell; exploratory: not declared by the study):") in lines
+    assert lines.count("| Performer-ReLU | luo_rpe | 20 |") == 1 and "3 seeds per cell at each rung shown" in lines
+    assert not headline.headline(study(tmp_path / "only", "cifar10_ladder_cpu", rows())).earlier  # none older
+
+
+def test_a_declared_studys_figure_draws_a_gap_only_once_its_cells_hold_every_declared_seed(tmp_path):
+    """A partial-publication rehearsal: the figure drew relu+ape's interim gap (3 of 5 seeds) while the declared
+    table shows no estimate before n is reached."""
+    spec = headline.contrast_spec("favor")
+    declare = {"metric": "judged", "seeds": list(SEEDS), "families": [{**spec, "name": "narrowing"}]}
+    later = time.time() + 10
+    cut = [{**r, "started_at": later} for r in rows(drop={("favor", "rope", 20, 2)})]
+    h = headline.headline(study(tmp_path, "cifar10_ladder40_cpu", cut, declare))
+    drawn = {(g["backend"], g["pe"], g["epochs"]) for g in h.gaps.to_dict("records")}
+    assert ("favor", "rope", 10) in drawn and ("favor", "rope", 20) not in drawn and ("favor", "ape", 20) in drawn
+    undeclared = headline.headline(study(tmp_path / "u", "cifar10_ladder_cpu", rows(drop={("favor", "rope", 20, 2)})))
+    assert ("favor", "rope", 20) in {(g["backend"], g["pe"], g["epochs"]) for g in undeclared.gaps.to_dict("records")}

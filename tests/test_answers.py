@@ -193,6 +193,16 @@ def test_a_contrast_family_line_says_which_way_each_resolved_item_goes():
     assert "(gap 2 smaller, below 0)" in answers.family_line("narrowing", [contrast(2.5, -0.5)], 5)
 
 
+def test_a_study_both_running_and_published_is_refused_in_one_line(tmp_path):
+    """A partial-publication rehearsal: following the kept RESUME.md of a published study copied its rows back into
+    results/in_progress/, and the answers listed it as both published and running, with no error."""
+    results = tmp_path / "results"
+    study(results, "headline", declared=True)
+    study(results / answers.IN_PROGRESS, "headline", declared=True)
+    with pytest.raises(answers.AnswersError, match="both hold the declared study 'headline'; allowed: one of them"):
+        answers.running_lines(results)
+
+
 def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     """results/in_progress/<study>/ holds a running study's rows so far (committed at each stop): its
     declared comparisons are not judged, and the README's front door gets one line, not one per pair."""

@@ -281,8 +281,8 @@ def test_a_trend_is_paired_by_seed_and_needs_every_rung_of_a_seed(tmp_path):
     # gap(ape) per seed at 5: 10 + 0.3 s, at 10: 5 + 0.3 s -> change -5 on every seed (no spread: a point interval)
     assert ape.kind == "trend" and ape.nominal.point == pytest.approx(-5.0) and ape.nominal.n == (3,)
     assert ape.values_a == pytest.approx((0.05, 0.053, 0.056)) and ape.resolved
-    assert ape.verdict(3) == ("resolved: the gap falls from the shorter budget to the longer (signed: 10.3 at the "
-                              "shorter budget, 5.3 at the longer points)")
+    assert ape.verdict(3) == ("resolved: the gap falls from the shorter budget to the longer (signed, in points: 10.3 "
+                              "at the shorter budget, 5.3 at the longer)")
     assert rope.nominal.point == pytest.approx(-2.0)
     (_, _, families, _), _ = judged_ladder(tmp_path / "cut", ladder_rows(time.time() + 10, drop={("favor", "ape", 10, 1)}))
     ape = dict(families)["trend (epochs 5 → 10)"][0]
@@ -311,8 +311,8 @@ def test_a_trend_shows_each_ends_gap_with_welch_and_says_where_it_falls_below_0(
     (_, _, families, _), _ = judged_ladder(tmp_path / "b", ahead)
     ape = dict(families)["trend (epochs 5 → 10)"][0]
     assert ape.resolved and ape.gaps[0].point == pytest.approx(-4.7)
-    assert ape.verdict(3) == ("resolved: the gap falls from the shorter budget to the longer (signed: 10.3 at the "
-                              "shorter budget, -4.7 at the longer points; below 0 at the longer: its second cell ahead)")
+    assert ape.verdict(3) == ("resolved: the gap falls from the shorter budget to the longer (signed, in points: 10.3 "
+                              "at the shorter budget, -4.7 at the longer; below 0 at the longer: its second cell ahead)")
     assert ape.direction == "the gap falls, to below 0"
 
 

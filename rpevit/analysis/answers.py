@@ -431,7 +431,13 @@ def running_lines(results_dir: Path) -> list[str]:
     """One line per declared study still running: what it declared, and that no comparison is judged yet
     (its verdicts appear once it is complete and published out of results/in_progress/)."""
     lines = []
+    published = {f.relative_to(results_dir).as_posix() for f in confirmatory_studies(results_dir)}
     for folder in confirmatory_studies(results_dir, running=True):
+        if folder.name in published:  # a study is running or published, never both: which rows would be its own?
+            raise AnswersError(f"{folder} and {Path(results_dir) / folder.name} both hold the declared study "
+                               f"{folder.name!r}; allowed: one of them. A published study is continued into its "
+                               f"published folder (results/README.md's declared-studies block); remove {folder} "
+                               f"(git rm -r) once its rows are there")
         decl, _, families, _ = confirmatory.judge(folder)
         items = sum(len(outcomes) for _, outcomes in families)
         status = status_of(folder) or "declared before its first trial"

@@ -72,18 +72,92 @@ def kendall_tau(a: np.ndarray, b: np.ndarray) -> float:
     return float(scipy_stats.kendalltau(a, b).statistic)
 
 
+@dataclass(frozen=True)
+class PairedBlock:
+    """The variants and seeds that every per-seed tau between two budgets is taken over: each variant used holds
+    each seed used at both budgets (a finite accuracy), so every seed's tau ranks the same variants and their mean
+    averages one quantity. Where the cells do not all hold the same seeds (a study still running, or published
+    before every cell is complete) a seed ranking 9 variants and one ranking 8 are not replicates of one ranking,
+    and two budget pairs over different variant sets are not comparable either: the variants or seeds that break
+    the block are left out and named, never averaged over. `left_out`: each variant at both budgets that is not
+    used, with the seeds used that it lacks; `seeds_left_out`: each seed some variant used holds at both budgets
+    that is not used, with the variants used that lack it."""
+
+    variants: tuple[str, ...]
+    seeds: tuple[int, ...]
+    left_out: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    seeds_left_out: tuple[tuple[int, tuple[str, ...]], ...] = ()
+
+    def notes(self) -> list[str]:
+        """['relu+ape left out: seeds 8, 9 missing', 'seed 4 left out: missing for favor+ape']: what was left out
+        and why, generated from the rows; [] where nothing was."""
+        notes = [f"{variant} left out: {_seeds_text(missing)} missing" for variant, missing in self.left_out]
+        return notes + [f"seed {seed} left out: missing for {', '.join(lacking)}"
+                        for seed, lacking in self.seeds_left_out]
+
+    def text(self) -> str:
+        """'8' where nothing was left out, else '8 (relu+ape left out: seeds 8, 9 missing)': how many variants
+        every tau ranks, and which were left out and why."""
+        notes = self.notes()
+        return f"{len(self.variants)}" + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _seeds_text(seeds: tuple[int, ...]) -> str:
+    return f"seed{'' if len(seeds) == 1 else 's'} {', '.join(map(str, seeds))}"
+
+
+def held_seeds(rows: pd.DataFrame, first: int, second: int) -> dict[str, frozenset[int]]:
+    """Per variant: the seeds with a finite accuracy at both budgets (a seed's tau can rank the variant)."""
+    seed = pd.to_numeric(rows["seed"], errors="coerce")
+    held = rows[rows["epochs"].isin([first, second]) & np.isfinite(pd.to_numeric(rows["acc"], errors="coerce"))
+                & np.isfinite(seed)]
+    out: dict[str, frozenset[int]] = {}
+    for variant, g in held.groupby("variant"):
+        at = [set(pd.to_numeric(g.loc[g["epochs"] == e, "seed"]).astype(int)) for e in (first, second)]
+        out[str(variant)] = frozenset(at[0] & at[1])
+    return out
+
+
+def paired_block(rows: pd.DataFrame, first: int, second: int, minimum: int = 3) -> PairedBlock | None:
+    """The PairedBlock of two budgets, or None where no seed holds `minimum` variants at both. Its seeds are
+    those that hold every one of its variants at both budgets, and its variants those that hold every one of its
+    seeds (the intersection over seeds): of every such block with `minimum` variants or more, the one with the
+    most (variant, seed) cells, so no cell is dropped where every cell holds every seed; ties go to more seeds
+    (the interval is over seeds), then to the first in name order. The candidates are the intersections of the
+    variants' seed sets, enumerated in full (a ladder has some ten variants and seeds)."""
+    held = {v: s for v, s in held_seeds(rows, first, second).items() if s}
+    candidates: set[frozenset[int]] = set()
+    for seeds in held.values():
+        candidates |= {seeds} | {seeds & c for c in candidates}
+    blocks = []
+    for seeds in candidates:
+        members = tuple(sorted(v for v, s in held.items() if seeds <= s))
+        if seeds and len(members) >= minimum:
+            blocks.append((-len(members) * len(seeds), -len(seeds), members, tuple(sorted(seeds))))
+    if not blocks:
+        return None
+    _, _, members, seeds = min(blocks)
+    left_out = tuple((v, tuple(sorted(set(seeds) - s))) for v, s in sorted(held.items()) if v not in members)
+    extra = sorted(set().union(*(held[v] for v in members)) - set(seeds))
+    seeds_left_out = tuple((seed, tuple(v for v in members if seed not in held[v])) for seed in extra)
+    return PairedBlock(members, seeds, left_out, seeds_left_out)
+
+
 def seed_taus(rows: pd.DataFrame, first: int, second: int) -> dict[int, float]:
-    """Per seed: Kendall's tau between the variants' accuracies of THAT seed at the two budgets, over the
-    variants the seed has at both (3 or more). Paired by seed because a seed's rungs are one run: the
-    shorter budgets branch from the longest run of the same seed at their cool-down start
-    (rpevit/tasks/budget_ladder.py), so a seed's two accuracies are not independent draws, and its own
-    ranking at both budgets is the replicate."""
+    """Per seed of the PairedBlock (paired_block): Kendall's tau between the variants' accuracies of THAT seed at
+    the two budgets, over the block's variants (3 or more), the same for every seed so that their mean is a mean
+    of one quantity. Paired by seed because a seed's rungs are one run: the shorter budgets branch from the
+    longest run of the same seed at their cool-down start (rpevit/tasks/budget_ladder.py), so a seed's two
+    accuracies are not independent draws, and its own ranking at both budgets is the replicate."""
+    block = paired_block(rows, first, second)
+    if block is None:
+        return {}
     out = {}
-    for seed, g in rows.groupby("seed"):
+    for seed in block.seeds:
+        g = rows[(pd.to_numeric(rows["seed"], errors="coerce") == seed) & rows["variant"].isin(block.variants)]
         at = {e: g[g["epochs"] == e].groupby("variant")["acc"].mean() for e in (first, second)}
-        common = sorted(set(at[first].index) & set(at[second].index))
-        if len(common) >= 3:
-            out[int(seed)] = kendall_tau(at[first][common].to_numpy(), at[second][common].to_numpy())
+        out[seed] = kendall_tau(at[first][list(block.variants)].to_numpy(),
+                                at[second][list(block.variants)].to_numpy())
     return out
 
 
@@ -93,28 +167,39 @@ class LadderTau:
     (seed_taus) with its one-sample t interval at LEVEL, clipped to [-1, 1] (the range of a tau), n = the
     seeds; the figure that carries an interval. `of_means`: Kendall's tau between the rankings of the
     variants' mean accuracies, a different quantity (a ranking of means is steadier than any one seed's), shown
-    beside it without an interval. `variants`: the variants at both budgets."""
+    beside it without an interval. `variants`: how many variants both rank: the PairedBlock's (`block`), or,
+    where there is none (no rows, or no seed with 3 variants at both budgets), the variants at both budgets."""
 
     per_seed: stats.Interval
     of_means: float
     variants: int
+    block: PairedBlock | None = None
+
+    def variants_text(self) -> str:
+        """The variants column: the count, with the variants or seeds left out and why (PairedBlock.text)."""
+        return self.block.text() if self.block is not None else str(self.variants)
 
 
 def tau_interval(table: pd.DataFrame, first: int, second: int, rows: pd.DataFrame | None = None) -> LadderTau:
     """LadderTau of two budgets: NaN of_means below 3 variants at both, no per-seed figure without `rows`
-    (n=0), no interval below 2 per-seed taus. The interval is the t interval of the per-seed taus, not a
-    bootstrap of the means: perturbing every mean independently shrinks tau (its draws sat below the point
-    value) and ignores that a seed's rungs share a trunk."""
+    (n=0), no interval below 2 per-seed taus. With `rows`, both taus rank the variants of the PairedBlock
+    (paired_block), the tau of the means included, so that the two figures set side by side, and every budget
+    pair, say which variants they rank. The interval is the t interval of the per-seed taus, not a bootstrap of
+    the means: perturbing every mean independently shrinks tau (its draws sat below the point value) and ignores
+    that a seed's rungs share a trunk."""
     a = table[table["epochs"] == first].set_index("variant")
     b = table[table["epochs"] == second].set_index("variant")
     common = sorted(set(a.index) & set(b.index))
+    block = paired_block(rows, first, second) if rows is not None else None
+    if block is not None:
+        common = list(block.variants)
     if len(common) < 3:
         return LadderTau(stats.Interval(math.nan, n=(0,)), math.nan, len(common))
     of_means = kendall_tau(a.loc[common, "mean"].to_numpy(), b.loc[common, "mean"].to_numpy())
     per_seed = stats.mean_interval(list(seed_taus(rows, first, second).values()) if rows is not None else [], LEVEL)
     if per_seed.bounded:
         per_seed = dataclasses.replace(per_seed, lo=max(-1.0, per_seed.lo), hi=min(1.0, per_seed.hi))
-    return LadderTau(per_seed, of_means, len(common))
+    return LadderTau(per_seed, of_means, len(common), block)
 
 
 def taus(table: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[tuple[int, int, LadderTau]]:
@@ -228,6 +313,11 @@ def variants_text(k: int) -> str:
     return f"{k} variant{'' if k == 1 else 's'}"
 
 
+def left_out_text(tau: LadderTau) -> str:
+    """', relu+ape left out: seeds 8, 9 missing' (the summary's form of PairedBlock.text), '' where none was."""
+    return "".join(f", {note}" for note in tau.block.notes()) if tau.block is not None else ""
+
+
 def summary(results_dir: Path) -> str | None:
     """The ladder in one sentence for the answers (rpevit/analysis/answers.py): between every two budgets the
     mean of the per-seed taus with its interval and n seeds, and beside it, labelled, the tau of the rankings of
@@ -245,7 +335,7 @@ def summary(results_dir: Path) -> str | None:
                            f"3 needed)")
             continue
         between.append(f"{first} → {second} epochs {per_seed_text(tau)}, the rankings of the means: tau "
-                       f"{fmt(tau.of_means, 3)} ({variants_text(tau.variants)}; "
+                       f"{fmt(tau.of_means, 3)} ({variants_text(tau.variants)}{left_out_text(tau)}; "
                        f"{swaps_text(swapped_pairs(rows, table, first, second))})")
     best = []
     for epochs, g in table.groupby("epochs"):
@@ -407,7 +497,7 @@ def build(results_dir: Path) -> str | None:
     tau_rows = [[f"{first} → {second} epochs",
                  per_seed_text(tau) if math.isfinite(tau.of_means) else "—",
                  ", ".join(f"{seed}: {fmt(t, 3)}" for seed, t in seed_taus(rows, first, second).items()) or "—",
-                 fmt(tau.of_means, 3), tau.variants]
+                 fmt(tau.of_means, 3), tau.variants_text()]
                 for first, second, tau in taus(table, rows)]
     ns = sorted(set(table["n"]))
     lines = [trials.note(), "",
@@ -441,5 +531,6 @@ def main() -> None:
                 "train trials at two or more budgets (epochs)")
 
 
-__all__ = ["LadderTau", "SharedEpochs", "Swap", "Tie", "build", "kendall_tau", "ladder_rows", "main", "per_budget",
-           "shared_epochs", "shared_epochs_text", "swapped_pairs", "tau_interval", "tied_with_top", "trial_epoch_curves"]
+__all__ = ["LadderTau", "PairedBlock", "SharedEpochs", "Swap", "Tie", "build", "held_seeds", "kendall_tau",
+           "ladder_rows", "main", "paired_block", "per_budget", "seed_taus", "shared_epochs", "shared_epochs_text",
+           "swapped_pairs", "tau_interval", "tied_with_top", "trial_epoch_curves"]

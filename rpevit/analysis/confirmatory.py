@@ -152,14 +152,14 @@ class Outcome:
 
     @property
     def ends_text(self) -> str:
-        """A trend's ' (signed: 0.366 at the shorter budget, -1.3 at the longer points; below 0 at the longer:
+        """A trend's ' (signed, in points: 0.366 at the shorter budget, -1.3 at the longer; below 0 at the longer:
         its second cell ahead)': a falling signed gap is a shrinking one only while it stays above 0."""
         if self.kind != "trend" or len(self.gaps) != 2:
             return ""
         longer, shorter = (g.point for g in self.gaps)
         below = [f"below 0 at the {end}: its second cell ahead" for end, g in (("shorter", shorter), ("longer", longer))
                  if g < 0]
-        return (f" (signed: {fmt(shorter, 3)} at the shorter budget, {fmt(longer, 3)} at the longer points"
+        return (f" (signed, in points: {fmt(shorter, 3)} at the shorter budget, {fmt(longer, 3)} at the longer"
                 + "".join(f"; {b}" for b in below) + ")")
 
     @property

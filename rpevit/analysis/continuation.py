@@ -14,7 +14,23 @@ read from the folder and checked, since a file's content is untrusted:
   with edits (`+dirty`) or from outside a git checkout gives no command: no commit reproduces its code;
 - `--rungs-first` where the space branches its rungs (`branch: epochs`), read from the space file in this
   checkout, and only where that file still lists exactly the trials of space.json; otherwise no command
-  (the file changed since the rows ran: a resume from it would set rows aside, not continue them).
+  (the file changed since the rows ran: a resume from it would set rows aside, not continue them);
+- the Python of the worktree's venv: the major.minor its ok rows record (`python_version`), since
+  `constraints/tested.txt` pins the packages of one Python and `python3` is whatever the machine has; `python3`
+  with a note where the rows disagree or record none (a value that is not a version is not used: it would be
+  a shell word);
+- `python analysis/budget_ladder.py` among the commands at each stop for a budget ladder (a train space at two
+  or more budgets, `epochs`): budget_ladder.md is written by that script alone, and `answers.py --check` does not
+  compare it with the rows, so a stop without it leaves it stale without a word.
+
+The sweep's other flags (`--max-concurrent`, `--no-dashboard`, `--data-dir`) are not given: no file of the
+study records the command line it ran with (space.json holds its name, source and keys; the rows their config
+and environment), and they change the order, the machine's load and where the data is read, not the trials' keys.
+
+Where the study still runs: `sweep.py` takes an exclusive lock on its folder (rpevit.sweep.lock) before Ray or
+anything else starts, and a second driver exits at once with code 2 naming the holder, so the sweep line never
+runs the study twice; but the lines before it move `../wt-<name>` to the commit and reinstall its venv, under a
+driver running from there, so the text says to stop it first (`kill -INT`: exit 130, rows and checkpoints kept).
 
 The commands keep the sweep's working folder (checkpoints, Ray's and TensorBoard's files) in `../studies/`,
 outside the clone, so none of it reaches git, and run the sweep from a worktree pinned at that commit
@@ -40,6 +56,7 @@ from rpevit.sweep.space import NAME_PATTERN, load_space
 
 STUDIES = "../studies"  # the sweep's working folder, beside the clone: checkpoints never inside a checkout
 COMMIT = re.compile(r"[0-9a-f]{40}")
+VERSION = re.compile(r"(\d{1,2})\.(\d{1,3})(?:\.\d{1,4})?(?:(?:a|b|rc)\d{1,3})?\+?")  # platform.python_version()
 SOURCE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)*\.ya?ml")
 
 
@@ -57,6 +74,9 @@ class Continuation:
     source: str = ""  # its space file, relative to the repository root
     commit: str = ""  # the commit of its latest row
     rungs_first: bool = False
+    ladder: bool = False  # a budget ladder: budget_ladder.md is judged again at each stop
+    python: str = ""  # major.minor its rows ran on ("3.11"), "" where they disagree or record none
+    python_note: str = ""  # where python is "": why (inert Markdown)
     why_not: str = ""  # where there are no commands: why (inert Markdown)
 
     def commands(self) -> list[str]:
@@ -65,16 +85,19 @@ class Continuation:
             return []
         study, tree = f"{STUDIES}/{self.name}", f"../wt-{self.name}"
         flags = " --rungs-first" if self.rungs_first else ""
+        python = f"python{self.python}" if self.python else "python3"
         return [f"[ -e {study} ] || {{ mkdir -p {STUDIES} && cp -r results/{self.folder} {study}; }}",
                 f"[ -e {tree} ] || git worktree add --detach {tree} {self.commit}",
                 f"cd {tree} && git checkout -q --detach {self.commit}",
-                "python3 -m venv .venv && . .venv/bin/activate && pip install -e . -c constraints/tested.txt",
+                f"{python} -m venv .venv && . .venv/bin/activate && pip install -e . -c constraints/tested.txt",
                 f"python sweep.py --space {self.source} --results-dir {STUDIES} --resume{flags}"]
 
     def publish_commands(self) -> list[str]:
-        """Back in the clone (its own environment), at each stop: the rows so far into results/, judged."""
+        """Back in the clone (its own environment), at each stop: the rows so far into results/, judged (a
+        ladder's budget_ladder.md too: nothing else rewrites it or checks it against the rows)."""
+        ladder = [f"python analysis/budget_ladder.py results/{self.folder}"] if self.ladder else []
         return [f"python -m rpevit.sweep.snapshot {STUDIES}/{self.name} results/{self.folder}",
-                f"python analysis/confirmatory.py results/{self.folder}", "python analysis/answers.py results"]
+                f"python analysis/confirmatory.py results/{self.folder}", *ladder, "python analysis/answers.py results"]
 
 
 def continuation(folder: Path, results_dir: Path) -> Continuation | None:
@@ -93,10 +116,12 @@ def continuation(folder: Path, results_dir: Path) -> Continuation | None:
         check_folder(known.folder)
         name, source = space_name_and_source(folder)
         commit = latest_commit(folder)
-        rungs_first = branches_its_rungs(results_dir.parent, source, folder)
+        rungs_first, ladder = space_shape(results_dir.parent, source, folder)
     except ConfigError as err:
         return replace(known, why_not=confirmatory.md_text(str(err)))
-    return replace(known, name=name, source=source, commit=commit, rungs_first=rungs_first)
+    python, note = recorded_python(folder)
+    return replace(known, name=name, source=source, commit=commit, rungs_first=rungs_first, ladder=ladder,
+                   python=python, python_note=confirmatory.md_text(note))
 
 
 def check_folder(relative: str) -> str:
@@ -125,15 +150,21 @@ def space_name_and_source(folder: Path) -> tuple[str, str]:
     return name, source
 
 
-def latest_commit(folder: Path) -> str:
-    """The git_commit of the ok row of the current space that finished last; ConfigError where it names no
-    commit (a tree with edits, `+dirty`, or no git checkout): no checkout reproduces that code."""
+def ok_rows(folder: Path) -> pd.DataFrame:
+    """The ok rows of the current space (the rows the continuation continues); ConfigError where there is none."""
     frame = read_sweep(folder / TRIALS_FILE, folder)
     rows = current_rows(frame, folder)[0] if frame is not None else pd.DataFrame()
     rows = rows[column(rows, "status", "").astype(str) == OK] if not rows.empty else rows
     if rows.empty:
         raise ConfigError(f"{folder / TRIALS_FILE} holds no ok row of the current space; allowed: a study with "
                           f"rows to continue")
+    return rows
+
+
+def latest_commit(folder: Path) -> str:
+    """The git_commit of the ok row of the current space that finished last; ConfigError where it names no
+    commit (a tree with edits, `+dirty`, or no git checkout): no checkout reproduces that code."""
+    rows = ok_rows(folder)
     latest = rows.loc[unix_seconds(column(rows, "finished_at")).fillna(float("-inf")).idxmax()]
     commit = str(latest.get("git_commit", ""))
     if not COMMIT.fullmatch(commit):
@@ -143,9 +174,35 @@ def latest_commit(folder: Path) -> str:
     return commit
 
 
+def recorded_python(folder: Path) -> tuple[str, str]:
+    """(major.minor, "") of the Python every ok row of the current space records (`python_version`), so the
+    worktree's venv is made with the Python `constraints/tested.txt` was resolved for and the rows ran on; else
+    ("", why): the rows disagree, record none, or record a value that is not a version (never put in a command)."""
+    values = column(ok_rows(folder), "python_version", "").fillna("").astype(str).str.strip()
+    found = [VERSION.fullmatch(v) for v in values if v]
+    odd = sum(m is None for m in found)
+    versions = sorted({(int(m[1]), int(m[2])) for m in found if m is not None})
+    if odd:
+        rows = f"{odd} row records" if odd == 1 else f"{odd} rows record"
+        return "", f"{rows} a python_version that is not a version; allowed: e.g. 3.11.7"
+    if not versions:
+        return "", "its rows record no Python version"
+    if len(versions) > 1:
+        listed = ", ".join(f"{a}.{b}" for a, b in versions[:-1]) + f" and {versions[-1][0]}.{versions[-1][1]}"
+        return "", f"its rows ran on Python {listed}"
+    return f"{versions[0][0]}.{versions[0][1]}", ""
+
+
 def branches_its_rungs(root: Path, source: str, folder: Path) -> bool:
     """Whether the space file at `source` in this checkout branches its rungs (`branch: epochs`); ConfigError
     where it is missing, does not load, or no longer lists exactly the trials of the folder's space.json."""
+    return space_shape(root, source, folder)[0]
+
+
+def space_shape(root: Path, source: str, folder: Path) -> tuple[bool, bool]:
+    """(branches its rungs, is a budget ladder) of the space file at `source` in this checkout: `branch:
+    epochs`; a train space at two or more `epochs` values (what analysis/budget_ladder.py reads as a ladder).
+    ConfigError where it is missing, does not load, or no longer lists exactly the trials of space.json."""
     path = root / source
     if not path.is_file() or path.is_symlink():
         raise ConfigError(f"its space file {source!r} is not a regular file in this checkout; allowed: the space "
@@ -155,11 +212,14 @@ def branches_its_rungs(root: Path, source: str, folder: Path) -> bool:
     if listed is not None and set(space.current_keys) != set(listed):
         raise ConfigError(f"its space file {source!r} lists {len(space.current_keys)} trials, not the "
                           f"{len(listed)} of its space.json; allowed: the space file its rows ran from")
-    return space.branch is not None
+    budgets = {repr(trial.get("epochs")) for trial in space.trials}
+    return space.branch is not None, space.task == "train" and len(budgets) > 1
 
 
 def continuation_text(c: Continuation) -> str:
-    """results/README.md: one paragraph saying what is incomplete, then the commands as a code block."""
+    """results/README.md: one paragraph saying what is incomplete and where the commands run (the Python, the
+    worktree's data folder), the commands as a code block, what the folder's lock does where the study still runs,
+    then the commands at each stop."""
     planned = f" of the {c.planned} trials its space.json lists" if c.planned is not None else ""
     head = (f"Published before every declared item was complete: {code_span(c.folder)}, {c.incomplete} of its "
             f"{c.items} judged items without a verdict yet ({c.entries[0]} of {c.entries[1]} cell x rung entries "
@@ -168,13 +228,24 @@ def continuation_text(c: Continuation) -> str:
         return f"{head} No command continues it from here: {c.why_not}."
     where = (f"at the commit its latest row ran at ({c.commit[:7]}), from {code_span(c.source)}"
              + (", shorter rungs first (`--rungs-first`)" if c.rungs_first else ""))
-    return "\n".join([f"{head} Its rows continue {where}; from the root of a clone of this repository (add "
-                      f"`--data-dir FOLDER` for a data folder other than `$RPEVIT_DATA` or `./data`):", "",
-                      *(f"    {line}" for line in c.commands()), "",
-                      "then at each stop, back in the clone with its own environment, its rows so far into "
-                      f"{code_span('results/' + c.folder)} and judged:", "",
+    tree, study = f"../wt-{c.name}", f"{STUDIES}/{c.name}"
+    python = (f"in Python {c.python}, as its rows ran" if c.python else
+              f"with `python3` where the venv is made ({c.python_note}: choose the Python its rows should run on)")
+    lock = (f"`sweep.py` locks {code_span(study + '/.sweep.lock')} before it starts anything: a second driver on the "
+            f"same folder exits at once (code 2, naming the holder), so the sweep line never runs the study twice; "
+            f"on the machine where it is still running, stop it first with `kill -INT` of its `sweep.py` (exit 130, "
+            f"its rows and epoch checkpoints kept), since the lines before the sweep move {code_span(tree)} to this "
+            f"commit and reinstall its venv.")
+    judged = " and judged" + (" (its budget ladder too)" if c.ladder else "")
+    return "\n".join([f"{head} Its rows continue {where}; from the root of a clone of this repository, {python} "
+                      f"(add `--data-dir FOLDER` to the sweep line for a data folder other than `$RPEVIT_DATA` or "
+                      f"{code_span(tree + '/data')}: the sweep runs in the worktree, so a relative FOLDER is read from "
+                      f"there, e.g. `../shared/data` for a `shared/` beside the clone):", "",
+                      *(f"    {line}" for line in c.commands()), "", lock, "",
+                      "Then at each stop, back in the clone with its own environment, its rows so far into "
+                      f"{code_span('results/' + c.folder)}{judged}:", "",
                       *(f"    {line}" for line in c.publish_commands())])
 
 
 __all__ = ["Continuation", "branches_its_rungs", "check_folder", "continuation", "continuation_text", "latest_commit",
-           "space_name_and_source"]
+           "ok_rows", "recorded_python", "space_name_and_source", "space_shape"]

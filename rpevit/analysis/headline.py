@@ -18,7 +18,7 @@ as cifar10_ladder_cpu did, did not declare their difference).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,6 +72,9 @@ class Headline:
     gaps: pd.DataFrame  # backend, pe, epochs, interval (points), n_a, n_b
     devices: str
     draws: str = "fresh draws"  # "8 fresh draws": the random-feature rows' eval_draws, as they recorded it
+    # backend -> an older study's headline holding a complete rung for it, where this study has none yet (a newer
+    # study without a complete Performer-ReLU rung does not hide an older study's complete answer)
+    earlier: dict[str, "Headline"] = field(default_factory=dict)
 
     def longest_complete(self, backend: str) -> Rung | None:
         complete = [r for r in self.rungs.get(backend, []) if r.complete]
@@ -109,9 +112,13 @@ def headline(results_dir: Path, published: Callable[[Path], bool] = lambda folde
         h = _headline_of(folder)
         if h is not None:
             found.append(h)
-            if any(h.longest_complete(b) for b in BACKENDS):
-                return h
-    return found[0] if found else None
+    shown = next((h for h in found if any(h.longest_complete(b) for b in BACKENDS)), found[0] if found else None)
+    if shown is None:
+        return None
+    later = found[found.index(shown) + 1:]  # older studies (HEADLINE_STUDIES is newest first)
+    earlier = {b: next(h for h in later if h.longest_complete(b)) for b in BACKENDS
+               if shown.longest_complete(b) is None and any(h.longest_complete(b) for h in later)}
+    return replace(shown, earlier=earlier)
 
 
 def _headline_of(folder: Path) -> Headline | None:
@@ -133,18 +140,21 @@ def _headline_of(folder: Path) -> Headline | None:
         for epochs in sorted({int(e) for e in rows["epochs"]}):
             by_metric = [confirmatory.judge_family(rows, confirmatory.metric_values(rows, m), fam,
                                                    {"epochs": epochs}, judge_decl, m) for m in (PRIMARY, SECONDARY)]
-            if any(c > 0 for o in by_metric[0] for c in o.have):  # a rung this backend has rows at
+            if any(o.have[1] > 0 or o.have[3] > 0 for o in by_metric[0]):  # the backend's own cells (b1, b2) have rows
                 out.append(Rung(backend, epochs, *by_metric))
         rungs[backend] = out
     gaps = []
     values = confirmatory.metric_values(rows, PRIMARY)
+    # a declared study's gap is drawn once both its cells hold every declared seed (an interim estimate is the
+    # second look the declaration rules out); a study that declared nothing: from 2 seeds a cell
+    need = len(decl.seeds) if read_record(folder) is not None else 2
     for backend in BACKENDS:
         for pe in ENCODINGS:
             for epochs in sorted({int(e) for e in rows["epochs"]}):
                 fixed = {"epochs": epochs}
                 a = confirmatory.cell_values(records, values, {"attention": "softmax", "pe": pe}, fixed)
                 b = confirmatory.cell_values(records, values, {"attention": backend, "pe": pe}, fixed)
-                if len(a) >= 2 and len(b) >= 2:
+                if len(a) >= need and len(b) >= need:
                     iv = stats.welch(np.array(list(a.values())) * 100, np.array(list(b.values())) * 100)
                     gaps.append({"backend": backend, "pe": pe, "epochs": epochs, "interval": iv})
     devices = devices_text(rows)
@@ -182,7 +192,8 @@ def figure(h: Headline, path: Path) -> Path:
         if rungs:
             ax.legend(fontsize=7, loc="upper right")
         else:
-            ax.text(0.5, 0.5, "no cell pair with 2 seeds yet", ha="center", va="center", transform=ax.transAxes)
+            ax.text(0.5, 0.5, "no encoding's two cells hold every seed yet", ha="center", va="center",
+                    transform=ax.transAxes)
     np.atleast_1d(axes)[0].set_ylabel("gap, points of judged accuracy\n(mean difference, 95% Welch interval)")
     fig.suptitle(f"CIFAR-10 ({h.study}): the softmax / linear-attention gap per encoding against budget "
                  f"({h.devices})", fontsize=10)
@@ -190,10 +201,11 @@ def figure(h: Headline, path: Path) -> Path:
     return save_figure(fig, path)
 
 
-def table(h: Headline) -> str:
+def table(h: Headline, backends: tuple[str, ...] = tuple(BACKENDS)) -> str:
     """At most 12 rows: backend x RPE at the backend's longest complete rung, both metrics."""
     rows = []
-    for backend, label in BACKENDS.items():
+    for backend in backends:
+        label = BACKENDS[backend]
         rung = h.longest_complete(backend)
         if rung is None:
             have = max((r.epochs for r in h.rungs.get(backend, [])), default=None)
@@ -240,12 +252,26 @@ def readme_lines(h: Headline | None, figure_link: str) -> list[str]:
             for b, d in h.declared.items()}
     kinds = sorted(set(kind.values()))
     return [f"**Does a relative encoding narrow the softmax / linear-attention gap on CIFAR-10?** From "
-            f"{code_span(h.study)} ({h.n} seeds per cell; judged accuracy: the mean over {h.draws} for a random-feature "
+            f"{code_span(h.study)} ({h.n} seeds per cell at each rung shown; judged accuracy: the mean over {h.draws} for a random-feature "
             f"model; the training draw beside it): the contrast gap(ape) − gap(RPE) is positive where the RPE narrows the gap; "
             f"each at its Holm level over its backend's {len(RPES)} contrasts (Welch-Satterthwaite); "
             + "; ".join(kinds) + ".", "",
             f"![the softmax / linear gap per encoding against budget]({figure_link})", "", table(h),
-            *([""] + [budget_note(h)] if budget_note(h) else [])]
+            *([""] + [budget_note(h)] if budget_note(h) else []), *earlier_lines(h)]
+
+
+def earlier_lines(h: Headline) -> list[str]:
+    """Per backend without a complete rung in the study shown: the newest complete answer of an older study, its
+    own n and whether declared, so the README does not read as if there were no answer for that backend."""
+    out = []
+    for backend, old in h.earlier.items():
+        rung = old.longest_complete(backend)
+        kind = ("declared before the run (confirmatory)" if old.declared.get(backend) else
+                "exploratory: not declared by the study")
+        out += ["", f"{BACKENDS[backend]} has no complete rung in {code_span(h.study)} yet; its newest complete answer "
+                    f"is {code_span(old.study)}'s at {rung.epochs} epochs ({old.n} seeds per cell; {kind}):", "",
+                table(old, (backend,))]
+    return out
 
 
 def budget_note(h: Headline) -> str:
@@ -267,8 +293,8 @@ def budget_note(h: Headline) -> str:
                     differ.append(f"{label} {pe} at {rung.epochs} epochs {o.holm.text()}: {_verdict(o, h.n, declared)}")
     if not differ:
         return ""
-    return ("The verdict depends on the budget: at a shorter rung of the same study (judged accuracy, at its Holm "
-            "level) " + "; ".join(differ) + ".")
+    return ("At shorter budgets of the same study the verdict differs (each rung is judged on its own: no declared "
+            "test compares a contrast across budgets; judged accuracy, at its Holm level): " + "; ".join(differ) + ".")
 
 
 __all__ = ["FIGURE", "HEADLINE_STUDIES", "Headline", "budget_note", "figure", "headline", "readme_lines", "table"]
