@@ -165,6 +165,7 @@ def test_a_file_that_is_there_is_not_fetched(tmp_path, monkeypatch):
     space = expand_space({**SPACE, "fixed": {"dataset": "mnist", "epochs": 1}}, source="space.yaml")
     dry_run.fetch_missing(space, str(folder))
     sweep.check_options(sweep_args(tmp_path, **{"data-dir": str(folder)}), space)
+    assert (folder / "mnist.npz").read_bytes() == b"" and sorted(folder.iterdir()) == [folder / "mnist.npz"]
 
 
 def test_no_trial_finished_ok_says_so_instead_of_nan(tmp_path):
