@@ -74,6 +74,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${LEASE_PYTHON:-python3}
 L=${LEASE_DIR:-/tmp/lease}
 OUT=${OUT:-$L/out}
+# resolved once (a link the machine or the user made is theirs): what is written in it goes through writers that
+# never follow a link at the file or its folder (rpevit.sweep.results.atomic_file), which would refuse a linked $OUT
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
 PACK=${LEASE_PACK:-.lease}
 REHEARSAL=${LEASE_REHEARSAL:-0}
 WORKERS=${LEASE_TEST_WORKERS:-6}

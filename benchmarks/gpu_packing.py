@@ -24,6 +24,7 @@ The 1-per-GPU figures come from one trial alone, run first, with the same flags 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -32,6 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
 # the child: optionally cap this process's share of GPU memory, then the ordinary train CLI
@@ -72,13 +74,35 @@ def train_args(args: argparse.Namespace, seed: int) -> list[str]:
     return flags + args.extra
 
 
+def open_log(path: Path) -> IO[str]:
+    """A child's log (its stdout or stderr), truncated and opened never through a link (O_NOFOLLOW): the logs
+    lie beside --out, where a link planted at a log's name would have the child overwrite what it points at.
+    A link, or a folder that cannot take the file, stops the run with one line naming the path."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    except OSError as err:
+        why = "it is a symbolic link" if err.errno == errno.ELOOP else (err.strerror or str(err))
+        raise SystemExit(f"error: cannot write {path} ({why}); allowed: a regular file or nothing there, in a "
+                         f"folder this user can write (never written through a link)") from None
+    return os.fdopen(fd, "w")
+
+
+def write_out(path: Path, result: dict) -> None:
+    """--out as JSON through rpevit's no-follow atomic writer (rpevit.analysis.common.write_text_file: a link
+    there stops with one line, its target untouched). Imported here: the parent needs rpevit only for this."""
+    sys.path.insert(0, str(ROOT))
+    from rpevit.analysis.common import write_text_file
+
+    write_text_file(path, json.dumps(result, indent=1))
+
+
 def run_concurrently(args: argparse.Namespace, count: int, log_dir: Path) -> list[Trial]:
     """Start `count` trainings at once; wait for all; their rows and wall-clock spans."""
     fraction = 1.0 / count if args.device == "cuda" and count > 1 else 1.0
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     running = []
     for seed in range(count):
-        out, err = (open(log_dir / f"pack{count}_seed{seed}.{kind}", "w") for kind in ("json", "log"))
+        out, err = (open_log(log_dir / f"pack{count}_seed{seed}.{kind}") for kind in ("json", "log"))
         cmd = [sys.executable, "-c", CHILD, str(fraction), *train_args(args, seed)]
         running.append((seed, time.time(), subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err),
                         out, err))
@@ -153,6 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     args.threads = args.threads or max(1, (os.cpu_count() or 1) // args.pack)
     if args.out:
         log_dir = args.out.parent / "gpu_packing_logs"
+        for path in (args.out, log_dir):  # refused before the run, not after it (write_out would refuse too)
+            if path.is_symlink():
+                parser.error(f"{path} is a symbolic link; allowed: a regular file or folder, or nothing there "
+                             f"(never written through a link)")
         log_dir.mkdir(parents=True, exist_ok=True)
     else:
         log_dir = Path(tempfile.mkdtemp(prefix="gpu_packing_"))
@@ -175,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                   "epochs": args.epochs,
                   "train_subset": args.train_subset, "extra_flags": extra, "single": single, "packed": packed,
                   "ratio_train_phase": ratio_train, "ratio_end_to_end": ratio_wall}
-        args.out.write_text(json.dumps(result, indent=1))
+        write_out(args.out, result)
     return 0
 
 

@@ -58,14 +58,20 @@ if [[ ! -f $VENV/.image-ok ]]; then
   # the image's versions where known, else the tested ones, in one constraints file (the image's win;
   # torch's own CUDA libraries and compiler follow torch 2.11's requirements, not the tested torch's)
   "$python312" - "$pins" <<'EOF'
-import re, sys
+import os, re, sys
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
 def pins(path):
     return {norm(l.split("==")[0]): l.strip() for l in open(path) if "==" in l and not l.startswith("#")}
 image, tested = pins("benchmarks/lease/device_image.txt"), pins("constraints/tested.txt")
 image.pop("python", None)
 merged = {**{k: v for k, v in tested.items() if not re.match(r"(nvidia-|cuda-|triton$|torch)", k)}, **image}
-open(sys.argv[1], "w").write("\n".join(merged.values()) + "\n")
+try:  # never through a link (O_NOFOLLOW): a link swapped in for the mktemp file would be overwritten
+    fd = os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+except OSError as err:
+    sys.exit(f"error: cannot write the constraints file {sys.argv[1]} ({err.strerror}: refused, a link or not writable); "
+             f"allowed: the regular file mktemp made")
+with os.fdopen(fd, "w") as handle:
+    handle.write("\n".join(merged.values()) + "\n")
 EOF
   # what the lease's steps import from the image (rpevit's dependencies but Ray and fvcore, which the
   # lease carries; pytest, pytest-xdist and pytest-timeout; what Ray and fvcore need that the image has)

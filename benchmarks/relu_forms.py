@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import throughput  # noqa: E402
+from rpevit.analysis.common import write_text_file  # noqa: E402
 from rpevit import registry  # noqa: E402
 from rpevit.attention import kernelized  # noqa: E402
 from rpevit.metrics import device_name  # noqa: E402
@@ -76,8 +77,8 @@ def main() -> None:
         kernelized.relu_as_product = FORMS["relu_as_product"]
     ratios = [p / r for p, r in zip(rates["relu_as_product"], rates["torch.relu"])]
     print(f"relu_as_product / torch.relu, per round: {', '.join(f'{r:.3f}x' for r in ratios)}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({
+    if args.json:  # atomic and never through a link (write_text_file: one line where a link is there)
+        write_text_file(Path(args.json), json.dumps({
             "device": device_name(torch.device("cpu")), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version(), "model": model, "threshold_backward": op, "images_per_s": rates,
             "ratio_per_round": ratios, "command": "python benchmarks/relu_forms.py " + " ".join(sys.argv[1:])}, indent=1))

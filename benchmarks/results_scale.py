@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 from rpevit.config import field_types
 from rpevit.sweep import migrate, store
 from rpevit.sweep.protocol import EPOCH, SUMMARY, Report
-from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, to_table, write_table_atomic
+from rpevit.sweep.results import EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, atomic_file, to_table, write_table_atomic
 from rpevit.sweep.space import seeded_keys
 from rpevit.sweep.writer import ParquetResults
 
@@ -162,8 +162,8 @@ def one_size(parent: Path, epoch_rows: int, timed: int, trials: list[dict], epoc
     folder = parent / STUDY.name
     keys = [c[0] for c in chosen]
     (folder).mkdir(parents=True)
-    (folder / SPACE_FILE).write_text(json.dumps({"name": STUDY.name, "source": "benchmark",
-                                                 "key_scheme": migrate.KEY_SCHEME, "trial_keys": keys}))
+    write_json(folder / SPACE_FILE, {"name": STUDY.name, "source": "benchmark", "key_scheme": migrate.KEY_SCHEME,
+                                     "trial_keys": keys})
     configs = {key: values for key, values, _, _ in chosen}
     order = {k: i for i, k in enumerate(keys)}
     writer = ParquetResults(folder, STUDY.name, configs, order, task="train")
@@ -220,10 +220,29 @@ class Baseline(NamedTuple):
     trials: int
 
 
+def write_json(path: Path, value: Any) -> None:
+    """`value` as JSON at `path` through rpevit's atomic_file: atomic and never through a symbolic link (one
+    there is refused, LinkRefused, one line; what it points at is untouched)."""
+    with atomic_file(path) as handle:
+        handle.write(json.dumps(value).encode())
+
+
+def check_rev(rev: str) -> str:
+    """--baseline-rev goes to `git archive` as its tree-ish: one starting with '-' would be read as an option
+    (`--output=/path` writes the archive anywhere), so it is refused in one line."""
+    if not rev or rev.startswith("-"):
+        sys.exit(f"--baseline-rev has value {rev!r}; allowed: a commit of this clone (a hash, tag or branch, not "
+                 f"starting with '-'), e.g. 22166eb (the writer before the store)")
+    return rev
+
+
 def extract_tree(rev: str, into: Path) -> Path:
-    """The `rpevit` package of commit `rev` of this repository, extracted (git archive) under `into`."""
+    """The `rpevit` package of commit `rev` of this repository, extracted (git archive) under `into`.
+    `rev` is checked (check_rev) and passed after --end-of-options: never read as an option of git archive."""
+    check_rev(rev)
     try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev, "rpevit"],
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", "--end-of-options", rev,
+                                  "rpevit"],
                                  check=True, capture_output=True).stdout
     except (OSError, subprocess.CalledProcessError) as err:
         detail = err.stderr.decode(errors="replace").strip() if isinstance(err, subprocess.CalledProcessError) else err
@@ -240,8 +259,8 @@ def baseline_trial_end_ms(tree: Path, folder: Path, scratch: Path, reports: list
     copy = scratch / folder.name
     shutil.copytree(folder, copy, ignore=shutil.ignore_patterns("trials"))
     feed = scratch / "reports.json"
-    feed.write_text(json.dumps([[key, [as_json_report(r) for r in epoch_reports], as_json_report(summary)]
-                                for key, epoch_reports, summary in reports]))
+    write_json(feed, [[key, [as_json_report(r) for r in epoch_reports], as_json_report(summary)]
+                      for key, epoch_reports, summary in reports])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(REPO)])}
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "results_scale_probe.py"), str(copy), str(feed)],
                          check=True, env=env, capture_output=True, text=True, cwd=scratch)
@@ -269,6 +288,8 @@ def main() -> None:
     for name in ("trials_timed", "baseline_trials"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} {getattr(args, name)}: allowed: an integer >= 1")
+    if args.baseline_rev is not None:
+        check_rev(args.baseline_rev)  # before the study rows are built: a bad rev stops at once
     trials, epochs = study_rows()
     scratch = Path(tempfile.mkdtemp(prefix="results_scale_baseline_"))
     try:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rpevit.analysis.common import write_text_file
 from rpevit.sweep.runner import SweepOptions, execute_sweep
 from rpevit.sweep.summary import SweepOutcome
 from rpevit.sweep.space import Space, expand_space
@@ -86,8 +87,8 @@ def main() -> None:
         ratio = figures["fresh"]["overhead_s_per_trial"] / figures["reuse"]["overhead_s_per_trial"]
         print(f"overhead per trial, fresh / reused: {ratio:.1f}x; wall, fresh / reused: "
               f"{figures['fresh']['wall_s'] / figures['reuse']['wall_s']:.1f}x")
-    if args.json:
-        args.json.write_text(json.dumps({"task": args.task, "trials": args.trials, **figures}, indent=1))
+    if args.json:  # atomic and never through a link (write_text_file: one line where a link is there)
+        write_text_file(args.json, json.dumps({"task": args.task, "trials": args.trials, **figures}, indent=1))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rpevit import registry  # noqa: E402
-from rpevit.analysis.common import md_text  # noqa: E402
+from rpevit.analysis.common import md_text, write_text_file  # noqa: E402
 from rpevit.config import TrialConfig  # noqa: E402
 from rpevit.data import synthetic_splits  # noqa: E402
 from rpevit.flops import count_flops  # noqa: E402
@@ -457,8 +457,10 @@ def stop_on_sigterm(signum: int, frame: object) -> None:
 
 
 def write_json(path: str | None, results: dict) -> None:
+    """The results as JSON at `path` (--json), through write_text_file: atomic (a kill between modes leaves the
+    last whole file) and never through a link (one there stops with one line; what it points at is untouched)."""
     if path:
-        Path(path).write_text(json.dumps(results, indent=1))
+        write_text_file(Path(path), json.dumps(results, indent=1))
 
 
 def time_variants(key: str, k: int, compile_mode: str, device: torch.device, steps: int, warmup: int,

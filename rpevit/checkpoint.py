@@ -75,6 +75,11 @@ def prepare_dir(checkpoint_dir: str | os.PathLike | None) -> Path | None:
                               f"({err.strerror or err}); allowed: {allowed}") from err
     if not os.access(folder, os.W_OK | os.X_OK):
         raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which is not writable; allowed: {allowed}")
+    if folder.is_symlink():  # after mkdir: a link planted before it, or that mkdir(exist_ok) accepted
+        raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which is a symbolic link (to "
+                              f"{os.readlink(folder)!r}); allowed: a real folder (rpevit never writes through a "
+                              f"link: a link planted at a trial's folder would have checkpoints written where it "
+                              f"points; on the command line, name the folder it points at)")
     path = folder / CHECKPOINT_NAME
     if path.is_symlink():  # a planted link would be read as this run's checkpoint
         raise CheckpointError(f"checkpoint {path} is a symbolic link (to {os.readlink(path)!r}); allowed: a checkpoint "
@@ -238,13 +243,31 @@ def open_for_resume(checkpoint_dir: str | os.PathLike | None, cfg: TrialConfig, 
 
 
 def save(path: Path, payload: dict[str, Any]) -> None:
-    """Atomic: a kill during the write leaves the previous checkpoint intact. The temp file is
-    created afresh and never through a symbolic link (O_EXCL | O_NOFOLLOW); os.replace swaps a
-    link at `path` itself, never writing where it points."""
+    """Atomic: a kill during the write leaves the previous checkpoint intact. Never through a symbolic
+    link, at the file or at its folder: the folder is opened once with O_NOFOLLOW (a linked folder is
+    refused, CheckpointError) and every step after that works relative to it (the temp file created
+    afresh with O_EXCL | O_NOFOLLOW, os.replace, which swaps a link at `path` itself), so a link swapped
+    in between prepare_dir's check and this write changes nothing. Links above the folder are the
+    user's (the roots a user names are resolved where they are read: rpevit.cli)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(path)
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "wb") as handle:
-        torch.save(payload, handle)
-    os.replace(tmp, path)
+    try:
+        folder_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if path.parent.is_symlink():
+            raise CheckpointError(f"checkpoint folder {path.parent} is a symbolic link (to "
+                                  f"{os.readlink(path.parent)!r}); allowed: a real folder (rpevit never writes "
+                                  f"through a link): remove the link") from err
+        raise
+    try:
+        tmp = temp_path(path).name
+        try:
+            os.unlink(tmp, dir_fd=folder_fd)  # the entry itself, never what a link there points at
+        except FileNotFoundError:
+            pass
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=folder_fd)
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(payload, handle)
+        os.replace(tmp, path.name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    finally:
+        os.close(folder_fd)

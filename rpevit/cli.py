@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from rpevit import checkpoint, registry
 from rpevit.config import SECTIONS, ConfigError, TrialConfig, field_help, field_types
@@ -66,6 +67,8 @@ def check_runnable(cfg: TrialConfig, *, checkpoint_dir: str | None, extend_epoch
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     checkpoint_dir, quiet = args.pop("checkpoint_dir"), args.pop("quiet")
+    if checkpoint_dir:  # a folder the user names may be a link of theirs: resolved here, rpevit writes in the target
+        checkpoint_dir = str(Path(checkpoint_dir).expanduser().resolve())
     extend_epochs = args.pop("extend_epochs")
     given = {k: v for k, v in args.items() if v is not None}
     try:

@@ -297,9 +297,20 @@ def _download(name: str, folder: Path, path: Path) -> None:
     for split, ds in parts.items():
         arrays[f"x_{split}"] = np.asarray(ds.data, dtype=np.uint8)
         arrays[f"y_{split}"] = np.asarray(ds.targets, dtype=np.uint8)
+    write_arrays(path, arrays)
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """`path` as a compressed .npz, atomically (a temp file beside it, then os.replace: a kill leaves no torn
+    dataset that the next run would read as whole) and never through a symbolic link: the temp file is created
+    afresh (a stale one, or a link planted under its name, is removed as an entry, never followed) with O_EXCL |
+    O_NOFOLLOW, and os.replace swaps a link at `path` itself instead of writing where it points."""
     tmp = path.with_suffix(".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    tmp.replace(path)
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        np.savez_compressed(handle, **arrays)
+    os.replace(tmp, path)
 
 
 def _remove_new(cache: Path, before: set[Path], created: list[Path]) -> None:

@@ -227,7 +227,7 @@ def test_included_markdown_forms_no_reference_link_image_or_definition():
     text = report.inert_markdown("See [the data][1] and ![p][2].\n\n[1]: https://evil.example/phish\n"
                                  "   [2]: https://evil.example/p.png \"t\"\n[x] [y](javascript:alert(1)) [^n]\n")
     assert "\\[the data\\]\\[1\\]" in text and "!\\[p\\]\\[2\\]" in text
-    assert "\\[1\\]: https://evil.example/phish" in text and "   \\[2\\]: https" in text
+    assert "\\[1\\]: https\\://evil.example/phish" in text and "   \\[2\\]: https" in text
     assert not re.search(r"(?<!\\)[\[\]]", text), text  # every bracket escaped
     for line in text.splitlines():  # no line is a link reference definition
         assert not re.match(r" {0,3}\[", line), line

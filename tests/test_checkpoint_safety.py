@@ -14,6 +14,7 @@ from rpevit.checkpoint import CHECKPOINT_NAME, CheckpointError
 from rpevit.cli import main
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.sweep.trainable import checkpointed_history
+from rpevit.tasks.budget_ladder import Branch, write_branches
 from rpevit.tasks.train import train_and_evaluate
 
 TINY = {"dim": 16, "depth": 1, "heads": 2, "train_subset": 100, "epochs": 2, "batch_size": 50,
@@ -179,3 +180,38 @@ def test_a_linked_checkpoint_or_trial_log_is_refused(tmp_path) -> None:
     with trial_log(tmp_path / "trials" / "fine") as log:  # a real folder still logs
         log("hello")
     assert (tmp_path / "trials" / "fine" / "log.txt").read_text().endswith("hello\n")
+
+
+def test_no_checkpoint_is_written_through_a_linked_folder(tmp_path) -> None:
+    """A link planted at a trial's folder (a ladder rung's `trials/<key>`, made only when its trunk reaches the
+    branch epoch, long after the sweep's start-up check), or swapped in after prepare_dir checked it: no
+    checkpoint lands where it points. The branch is skipped (the rung runs on its own) with the reason logged."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    linked = tmp_path / "trials" / "rung"
+    linked.parent.mkdir()
+    linked.symlink_to(victim, target_is_directory=True)
+    with pytest.raises(CheckpointError, match="checkpoint_dir has value .*rung'.* is a symbolic link.*allowed: a real"):
+        checkpoint.prepare_dir(linked)
+    with pytest.raises(CheckpointError, match="checkpoint folder .*rung is a symbolic link.*allowed: a real folder"):
+        checkpoint.save(linked / CHECKPOINT_NAME, {"epoch": 1})  # swapped in after a check: refused at the write
+    logged: list[str] = []
+    cfg = TrialConfig.from_dict(TINY)
+    write_branches([Branch(cfg, linked, 1)], lambda c: {"epoch": 1}, logged.append)
+    assert list(victim.iterdir()) == [], "a checkpoint was written through the link"
+    assert len(logged) == 1 and "no branch for the 2-epoch rung" in logged[0] and "symbolic link" in logged[0]
+    real = tmp_path / "trials" / "real"  # control: a real folder gets its branch
+    write_branches([Branch(cfg, real, 1)], lambda c: {"epoch": 1}, logged.append)
+    assert torch.load(real / CHECKPOINT_NAME, weights_only=True) == {"epoch": 1}
+
+
+@pytest.mark.slow
+def test_a_checkpoint_dir_the_user_names_may_be_a_link_of_theirs(tmp_path, capsys) -> None:
+    """`python -m rpevit.cli --checkpoint-dir LINK` (a scratch disk linked into a home folder): the folder the user
+    names is resolved where it is read, so the run checkpoints into the link's target instead of being refused."""
+    target = tmp_path / "scratch"
+    target.mkdir()
+    (tmp_path / "ckpt").symlink_to(target, target_is_directory=True)
+    assert main(["--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "100", "--epochs", "1",
+                 "--batch-size", "50", "--eval-draws", "0", "--quiet", "--checkpoint-dir", str(tmp_path / "ckpt")]) == 0
+    assert torch.load(target / CHECKPOINT_NAME, weights_only=True)["epoch"] == 1

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from rpevit.data import MAX_IMAGES, DataError, load_arrays, load_splits, random_crop_flip
+from rpevit.data import MAX_IMAGES, DataError, load_arrays, load_splits, random_crop_flip, write_arrays
 from tests.conftest import DATA_DIR
 
 
@@ -325,3 +325,20 @@ def test_a_rotate_run_is_reproducible_and_differs_from_upright(tiny) -> None:
     first, second, upright = run("rotate"), run("rotate"), run("none")
     assert first["final_val_acc"] == second["final_val_acc"] and first["test_acc"] == second["test_acc"]
     assert first["log_likelihood"] != upright["log_likelihood"]
+
+
+def test_a_downloaded_dataset_is_written_atomically_and_never_through_a_link(tmp_path):
+    """The download's .npz was written with np.savez_compressed(path.with_suffix('.tmp.npz')), which follows a
+    link planted at `mnist.tmp.npz` and overwrites what it points at (failed before). Now the temp file is created
+    afresh beside the dataset and renamed over it; a link at the dataset's own name is replaced, not written through."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / "mnist.tmp.npz").symlink_to(victim)
+    (tmp_path / "cifar10.npz").symlink_to(victim)
+    arrays = {"x_train": np.zeros((2, 28, 28), np.uint8), "y_train": np.array([1, 2], np.uint8)}
+    for name in ("mnist", "cifar10"):
+        write_arrays(tmp_path / f"{name}.npz", arrays)
+        with np.load(tmp_path / f"{name}.npz") as back:
+            assert back["y_train"].tolist() == [1, 2] and back["x_train"].shape == (2, 28, 28)
+        assert not (tmp_path / f"{name}.npz").is_symlink() and not (tmp_path / f"{name}.tmp.npz").exists()
+    assert victim.read_text() == "precious"

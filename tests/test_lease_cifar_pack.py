@@ -249,3 +249,82 @@ def test_a_rung_call_without_every_part_starts_nothing_and_says_which_are_missin
     assert "2 of 3 parts in (1, 3); missing: 2 (carry .lease_cifar/part2)" in done.stdout
     assert done.stderr.count("\n") == 1 and "cifar10.npz is not rebuilt on this machine" in done.stderr
     assert not (machine / "plan.txt").exists() and not (machine / "sweep.log").exists()
+
+
+# ---------------------------------------------------------------- names read from a manifest (untrusted)
+PAYLOAD = b"the rebuilt file\n"
+
+
+def one_part_pack(tmp_path: Path, rebuilt_file: str = "cifar10.npz", folder: str = "part1",
+                  extra_parts: tuple[dict, ...] = ()) -> Path:
+    """A pack of one real part (its xz, size and digest right) whose manifest names `rebuilt_file`, `folder`."""
+    xz = lzma.compress(PAYLOAD, format=lzma.FORMAT_XZ)
+    pack = tmp_path / "checkout" / ".lease_cifar"
+    (pack / "part1").mkdir(parents=True)
+    (pack / "part1" / "p.xz").write_bytes(xz)
+    parts = [{"number": 1, "folder": folder, "file": "p.xz", "bytes": len(xz),
+              "sha256": hashlib.sha256(xz).hexdigest(), "call": 1}, *extra_parts]
+    manifest = {"format": 1, "dataset": "cifar10", "parts": parts,
+                "rebuilt": {"file": rebuilt_file, "bytes": len(PAYLOAD), "sha256": hashlib.sha256(PAYLOAD).hexdigest()}}
+    (pack / "part1" / cifar_pack.MANIFEST).write_text(json.dumps(manifest))
+    return pack
+
+
+@pytest.mark.parametrize("where", ["absolute", "dotdot"])
+def test_a_rebuilt_file_name_that_leaves_the_data_folder_is_refused_and_nothing_is_overwritten(tmp_path, capsys, where):
+    """rebuilt.file is a path under LEASE_DIR/data: '/home/u/.bashrc' or '../../x' would overwrite any file."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original\n")
+    name = str(victim) if where == "absolute" else "../../victim.txt"
+    pack = one_part_pack(tmp_path, rebuilt_file=name)
+    assert cifar_pack.main(["receive", "--pack", str(pack), "--into", str(tmp_path / "a" / "lease")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert victim.read_text() == "original\n"
+    assert err.count("\n") == 0 and f"rebuilt.file has value {name!r}; allowed: " in err, err
+
+
+@pytest.mark.parametrize("field, value", [("folder", "part2\n2\tx\ttouch PWNED; #"), ("folder", "a\tb"),
+                                          ("file", "a/b"), ("file", ".hidden"), ("folder", "..")])
+def test_a_part_name_with_a_tab_newline_or_slash_is_refused_where_the_manifest_is_read(tmp_path, field, value):
+    """Part names become paths and the tab-separated `plan --calls` lines rehearse_rung.sh runs with bash -c:
+    a tab or newline in a folder would forge a call's command."""
+    evil = {"number": 2, "folder": "part2", "file": "b", "bytes": 1, "sha256": "0" * 64, "call": 2, field: value}
+    pack = one_part_pack(tmp_path, extra_parts=(evil,))
+    with pytest.raises(cifar_pack.PackError) as refused:
+        cifar_pack.read_manifest(pack / "part1" / cifar_pack.MANIFEST)
+    message = str(refused.value)
+    assert "\n" not in message and f"parts[1].{field} has value {value!r}; allowed: " in message
+
+
+def test_plan_calls_never_prints_a_forged_call(tmp_path, capsys):
+    """`plan --calls` with a folder holding a newline and tabs: one error line, no line for bash -c to run."""
+    evil = {"number": 2, "folder": "part2\n2\tx\ttouch PWNED; #", "file": "b", "bytes": 1, "sha256": "0" * 64,
+            "call": 2}
+    pack = one_part_pack(tmp_path, extra_parts=(evil,))
+    (tmp_path / ".lease").mkdir()
+    assert cifar_pack.main(["plan", "--pack", str(pack), "--lease", str(tmp_path / ".lease"), "--budget", "810",
+                            "--calls"]) == 2
+    out, err = capsys.readouterr()
+    assert "PWNED" not in out and err.count("\n") == 1 and "parts[1].folder has value" in err, (out, err)
+    manifest = json.loads((pack / "part1" / cifar_pack.MANIFEST).read_text())
+    with pytest.raises(cifar_pack.PackError, match=r"parts\[1\]\.folder has value"):
+        cifar_pack.planned_calls(manifest, 0, 810)  # checked again where the carry list is built
+
+
+@pytest.mark.parametrize("planted", ["cifar10.npz", ".cifar10.npz.rebuilding", ".cifar10.npz.sha256"])
+def test_the_rebuild_never_writes_through_a_link(tmp_path, capsys, planted):
+    """A link at the rebuilt file, its temporary file or its digest marker: the file it points at is unchanged
+    (a link at the target or marker is refused in one line; one at the temporary name is removed, not followed)."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("original\n")
+    data = tmp_path / "lease" / "data"
+    data.mkdir(parents=True)
+    (data / planted).symlink_to(victim)
+    pack = one_part_pack(tmp_path)
+    code = cifar_pack.main(["receive", "--pack", str(pack), "--into", str(tmp_path / "lease")])
+    err = capsys.readouterr().err.strip()
+    assert victim.read_text() == "original\n"
+    if planted == ".cifar10.npz.rebuilding":
+        assert code == 0 and (data / "cifar10.npz").read_bytes() == PAYLOAD and not (data / planted).is_symlink()
+    else:
+        assert code == 1 and err.count("\n") == 0 and "is a symbolic link" in err and planted in err, err

@@ -157,3 +157,12 @@ def test_a_lease_of_another_space_is_refused_in_one_line(tmp_path, space, capsys
     assert merge_rungs.main([str(a), str(b), "--into", str(tmp_path / "m")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "rows of another space" in err and not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", ".hidden", ""])
+def test_a_name_that_is_not_one_folder_name_is_refused_in_one_line(tmp_path, capsys, name):
+    """--name becomes results/NAME (the merged folder) and a glob: '../../x' would write outside results/."""
+    assert merge_rungs.main(["--name", name]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--name has value {name!r}; allowed: " in err, err
+    assert not (ROOT / "results" / name / "merged_from.json").exists()

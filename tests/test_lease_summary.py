@@ -187,3 +187,41 @@ def test_unnamed_entries_of_a_stopped_run_are_not_passes_and_unmeasured_goals_sa
     assert "| 40 | one compiled trial, images/s | >= 20,000 | not measured | - |" in page
     assert "| 60 | one fused group, images/s | >= 80,000 | 7,000 | no |" in page
     assert "not shown: device events overlap (532% of wall)" in page
+
+
+def unescaped_pipes(line: str) -> int:
+    """The `|` that split a Markdown table row (an escaped `\\|` is text inside a cell)."""
+    count, i = 0, 0
+    while i < len(line):
+        if line[i] == "\\":
+            i += 2
+            continue
+        count += line[i] == "|"
+        i += 1
+    return count
+
+
+def test_a_pipe_or_newline_in_a_returned_file_cannot_forge_table_columns(tmp_path):
+    """Every table cell built from a returned file escapes `|` (and a line break is a space): a model named
+    'gpu | 999,999 | fake' stays one cell, so no forged figure can appear as a column of its own."""
+    forged = "gpu | 999,999 | fake\n| x | y |"
+    row = {"mode": "solo eager | 1 | 2", "images_per_s": 10.0, "step_ms": 1.0, "tflops": 1.0, "utilisation": 0.1,
+           "compile_fallback": "a|b",
+           "profile": {"wall_ms_per_step": 1.0, "launches_per_step": 1.0, "syncs_per_step": 0.0,
+                       "region_cpu_ms_per_step": {"r | 9": 1.0}}}
+    failed = {"mode": "m | 3", "error": "e | 4"}
+    (tmp_path / "2_throughput.json").write_text(json.dumps(
+        {"device": "H100", "models": {forged: {"rows": [row, failed]}}}))
+    (tmp_path / "1_pytest_gpu.xml").write_text(
+        '<testsuite name="pytest" tests="1"><testcase classname="t" name="test_x | 5 | 6">'
+        '<failure message="x">boom</failure></testcase></testsuite>')
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "SUMMARY.md").read_text()
+    lines = page.splitlines()
+    rows = [i for i, line in enumerate(lines) if line.startswith(("| 1_pytest_gpu.xml", "| 2_throughput.json"))]
+    assert len(rows) == 4, page  # the XML row, two mode rows, one profile row: no forged extra row
+    for i in rows:
+        header = next(h for h in lines[:i][::-1] if h.startswith("| file"))  # the table's own header
+        assert unescaped_pipes(lines[i]) == unescaped_pipes(header), f"columns forged: {lines[i]!r}"
+    assert "999,999" not in [c.strip() for i in rows for c in lines[i].split(" | ")]

@@ -25,7 +25,7 @@ import cmarkgfm  # GitHub's renderer: a dev dependency (pyproject.toml), so no r
 import pandas as pd
 import pytest
 
-from rpevit.analysis import answers, budget_ladder, common, token_scaling
+from rpevit.analysis import answers, budget_ladder, common, report, token_scaling
 from rpevit.analysis.common import code_span, md_text
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import DECLARATION_FILE, parse
@@ -267,3 +267,16 @@ def test_a_bench_study_folder_is_named_by_its_own_name(monkeypatch):
     assert "model (``results/a`b[c]/``, each bench trial alone" in line, line
     if cmarkgfm is not None:
         assert "<code>results/a`b[c]/</code>" in gfm(line), gfm(line)
+
+
+def test_an_included_markdown_file_forms_no_autolink_or_math():
+    """report.md includes every rotinv_concentration.md found under RESULTS_DIR as Markdown (inert_markdown): it
+    escaped `& < > [ ]` only, so a bare `https://...`, `www....` or e-mail address in such a file rendered as a
+    live link on GitHub (failed before). Rendered by cmark-gfm: no link, and the reader sees the text as written."""
+    source = ("See https://evil.example/phish, www.evil.example and me@evil.example; $x$ and $$y$$.\n\n"
+              "| a | b |\n|---|---|\n| ftp://e.example/x | WWW.e.example |\n"
+              "Escaped already: https\\://e.example, and after an escaped backslash: http\\\\://e.example/y\n")
+    rendered = gfm(report.inert_markdown(source))
+    assert "<a " not in rendered and "<table>" in rendered, rendered
+    assert live_dollars(report.inert_markdown(source)) == [] and live_autolink_marks(report.inert_markdown(source)) == []
+    assert "https://evil.example/phish, www.evil.example and me@evil.example; $x$ and $$y$$." in shown(rendered)

@@ -34,6 +34,7 @@ import json
 import lzma
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,43 @@ REBUILD_S = 40  # the parts joined, xz-decoded into the 184 MB npz and its SHA-2
 
 class PackError(Exception):
     """Bad input or a bad part: the message is one line naming the field or file, the value and what is allowed."""
+
+
+# A name read from a manifest becomes a path (LEASE_DIR/data/<rebuilt.file>, cifar_pack/<part file>) and a
+# field of the tab-separated `plan --calls` lines rehearse_rung.sh runs: so one plain file name, nothing else
+# ('/' or '..' would write elsewhere; a tab or newline would forge a call). The pattern is
+# rpevit.sweep.space.NAME_PATTERN's, copied: receive runs under the image's Python before rpevit can import.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+NAME_ALLOWED = "1-100 letters, digits, '_', '.', '-', not starting with '.' (one file or folder name)"
+
+
+def check_name(value: Any, field: str, where: Path | str) -> str:
+    """`value` (the manifest's `field`) when it is one plain name; else PackError naming field, value, allowed."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise PackError(f"{where}: {field} has value {value!r}; allowed: {NAME_ALLOWED}")
+    return value
+
+
+def refuse_link(path: Path, field: str) -> None:
+    """A path receive writes is never a symbolic link: writing through it would change what it points at."""
+    if path.is_symlink():
+        raise PackError(f"{field}: {path} is a symbolic link (to {os.readlink(path)!r}); allowed: a regular file or "
+                        f"nothing there: receive never writes through a link; remove it")
+
+
+def write_nofollow(path: Path, text: str) -> None:
+    """`text` into `path` atomically and never through a link: a temporary file created with O_EXCL (which
+    never follows a link) beside it, then os.replace (which replaces a link there, never its target). Standard
+    library only, so not rpevit.sweep.results.atomic_file: receive runs before rpevit can import."""
+    refuse_link(path, "a file receive writes")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.unlink(missing_ok=True)  # a leftover or a planted link: the entry itself goes, never what it points at
+    try:
+        with open(temp, "x") as handle:
+            handle.write(text)
+        os.replace(temp, path)
+    finally:
+        temp.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------- small pieces
@@ -173,7 +211,7 @@ def decompressed_sha256(parts: Iterable[Path], out: Path | None = None) -> tuple
     An undecodable stream is a PackError naming it."""
     digest, size = hashlib.sha256(), 0
     decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-    sink = open(out, "wb") if out is not None else None
+    sink = open(out, "xb") if out is not None else None  # O_EXCL: never through a link planted at `out`
     try:
         for part in parts:
             with open(part, "rb") as handle:
@@ -269,12 +307,23 @@ def read_manifest(path: Path) -> dict[str, Any]:
         assert manifest["format"] == FORMAT and manifest["dataset"] == DATASET and parts
         assert [p["number"] for p in parts] == list(range(1, len(parts) + 1))
         for p in parts:
-            assert isinstance(p["bytes"], int) and len(p["sha256"]) == 64 and "/" not in p["file"] + p["folder"]
+            assert isinstance(p["bytes"], int) and len(p["sha256"]) == 64 and "file" in p and "folder" in p
         assert len(manifest["rebuilt"]["sha256"]) == 64 and isinstance(manifest["rebuilt"]["bytes"], int)
+        assert "file" in manifest["rebuilt"]
     except (OSError, ValueError, KeyError, TypeError, AssertionError) as err:
         raise PackError(f"{path}: not a manifest this script wrote ({type(err).__name__}); allowed: the "
                         f"{MANIFEST} `gpu_lease.sh prepare-cifar` wrote beside each part") from None
+    check_names(manifest, path)
     return manifest
+
+
+def check_names(manifest: dict[str, Any], where: Path | str) -> None:
+    """Every name of `manifest` that becomes a path or a carry entry (rebuilt.file, each part's file and
+    folder) is one plain name (check_name); the first that is not is one line naming it."""
+    check_name(manifest["rebuilt"]["file"], "rebuilt.file", where)
+    for i, p in enumerate(manifest["parts"]):
+        check_name(p["file"], f"parts[{i}].file", where)
+        check_name(p["folder"], f"parts[{i}].folder", where)
 
 
 @dataclass
@@ -333,7 +382,8 @@ def take_part(folder: Path, state: Path) -> int:
     path = check_part(folder, record)
     state.mkdir(parents=True, exist_ok=True)
     if held is None:
-        (state / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        write_nofollow(state / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    refuse_link(state / record["file"], f"parts[{record['number'] - 1}].file")
     shutil.move(str(path), str(state / record["file"]))
     shutil.rmtree(folder)
     return record["number"]
@@ -346,10 +396,16 @@ def parts_in(state: Path, manifest: dict[str, Any]) -> list[int]:
 
 
 def rebuild(state: Path, manifest: dict[str, Any], data: Path) -> Path:
-    """Join the parts, decode them into data/cifar10.npz and check its SHA-256 (else one line, no file)."""
+    """Join the parts, decode them into data/cifar10.npz and check its SHA-256 (else one line, no file).
+    The name is checked again here (whoever calls this, no manifest name leaves `data`), and nothing is
+    written through a link: one at the target is refused, the temporary file is created with O_EXCL."""
+    check_names(manifest, "the manifest")
     target = data / manifest["rebuilt"]["file"]
     temp = data / f".{target.name}.rebuilding"
     data.mkdir(parents=True, exist_ok=True)
+    refuse_link(target, "rebuilt.file")
+    refuse_link(data / f".{target.name}.sha256", "rebuilt.file's digest marker")
+    temp.unlink(missing_ok=True)  # a leftover or a planted link: the entry goes, never what a link points at
     try:
         digest, size = decompressed_sha256([state / p["file"] for p in manifest["parts"]], temp)
         want = manifest["rebuilt"]
@@ -357,8 +413,8 @@ def rebuild(state: Path, manifest: dict[str, Any], data: Path) -> Path:
             raise PackError(f"the rebuilt {target.name}: {size} bytes, sha256 {digest[:16]}...; the manifest's: "
                             f"{want['bytes']} bytes, sha256 {want['sha256'][:16]}...; allowed: the file as prepared "
                             f"(carry the parts again)")
-        temp.rename(target)
-        (data / f".{target.name}.sha256").write_text(digest + "\n")
+        os.replace(temp, target)  # replaces the entry at target (a link swapped in since: the link, not its target)
+        write_nofollow(data / f".{target.name}.sha256", digest + "\n")
     finally:
         temp.unlink(missing_ok=True)
     return target
@@ -407,6 +463,8 @@ def planned_calls(manifest: dict[str, Any], lease_bytes: int, budget: int, pack_
     """The rung lease, call by call, from t0 (the first call's start), and the seconds its sweep gets
     (sweep.py's --deadline at the plan's caps: what plan.py is asked with)."""
     parts = manifest["parts"]
+    for i, p in enumerate(parts):  # a folder is printed into a carry list: no tab or newline gets there
+        check_name(p["folder"], f"parts[{i}].folder", "the manifest")
     calls_n = max(p["call"] for p in parts)
     export = f"export LEASE_BUDGET_S={budget}; "
     calls, start = [], 0
@@ -430,6 +488,17 @@ def planned_calls(manifest: dict[str, Any], lease_bytes: int, budget: int, pack_
     sweep_start = last.start + RECEIVE_S + REBUILD_S + timeline.PLAN_S
     sweep_s = (last.end - timeline.COLLECT_S) - sweep_start - timeline.GRACE_S
     return calls, sweep_s
+
+
+def call_line(call: PlannedCall) -> str:
+    """One `plan --calls` line: NUMBER, the carry list (commas), the command, tab-separated. rehearse_rung.sh
+    splits it on tabs and runs the command: a tab, newline or comma inside a field (a --pack or --lease name)
+    would forge another field or call, so it is refused in one line."""
+    for field, value in [*((f"call {call.number} carry entry", c) for c in call.carry),
+                         (f"call {call.number} command", call.command)]:
+        if re.search(r"[\t\n\r]", value) or (field.endswith("entry") and "," in value):
+            raise PackError(f"{field} has value {value!r}; allowed: no tab, newline (nor, in a carry entry, comma)")
+    return f"{call.number}\t{','.join(call.carry)}\t{call.command}"
 
 
 def render_plan(manifest: dict[str, Any], calls: list[PlannedCall], sweep_s: int, tree: int, budget: int) -> tuple[str, bool]:
@@ -566,7 +635,7 @@ def main(argv: list[str]) -> int:
             print(sweep_s)
             return 0
         if args.calls:  # what benchmarks/lease/rehearse_rung.sh replays, call by call
-            print("\n".join(f"{c.number}\t{','.join(c.carry)}\t{c.command}" for c in calls))
+            print("\n".join(call_line(c) for c in calls))
             return 0
         text, fits = render_plan(manifest, calls, sweep_s, tree_bytes(), budget)
         print(text)

@@ -20,6 +20,7 @@ import pandas as pd  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from rpevit.analysis.common import output_file  # noqa: E402
 from rpevit.sweep.results import read_results_table  # noqa: E402
 
 
@@ -47,7 +48,10 @@ def main(folder: str, out: str, device: str) -> int:
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{Path(folder).name}: per-epoch curves on {device}")
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
+    # through output_file (atomic, never through a link: a link at OUT stops with one line, its target untouched)
+    with output_file(Path(out)) as handle:
+        fig.savefig(handle, format=Path(out).suffix.lstrip(".") or "png", dpi=110)
+    plt.close(fig)
     print(f"curves: {out} ({epochs['variant'].nunique()} variants, device {device})")
     return 0
 

@@ -44,6 +44,7 @@ from rpevit.sweep import store  # noqa: E402
 from rpevit.sweep.declaration import (AFTER_TRIALS, DECLARATION_FILE, DeclarationError,  # noqa: E402
                                       read_record)
 from rpevit.sweep.protocol import OK  # noqa: E402
+from rpevit.sweep.space import SpaceError, check_name  # noqa: E402
 from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, DamagedResults,  # noqa: E402
                                   unix_seconds, write_table_atomic, write_text_atomic)
 
@@ -232,6 +233,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--name", default=NAME, help="the study (its sweep folder's name)")
     parser.add_argument("--into", type=Path, default=None, help="the merged folder (default results/NAME)")
     args = parser.parse_args(argv)
+    try:  # --name becomes results/NAME and a glob: one folder name only (sweep.py's rule), else '../x' leaves results/
+        check_name(args.name, "--name")
+    except SpaceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     into = args.into or ROOT / "results" / args.name
     folders = args.folders or default_sources(args.name)
     try:

@@ -49,8 +49,13 @@ rm -rf "$WORK"; mkdir -p "$WORK/checkout/$PACK_DIR"
 export LEASE_DIR=$WORK/machine LEASE_REHEARSAL=1 LEASE_TIME_SCALE=${REHEARSAL_TIME_SCALE:-3}
 export LEASE_CIFAR_PACK=$WORK/checkout/$PACK_DIR LEASE_PYTHON=$PY
 carried=0
+# Each line comes from a manifest (untrusted): cifar_pack.py refuses a name with a tab or newline, and here only
+# the two commands `plan --calls` writes may reach bash -c, and carry entries of plain names and '/'.
+command_pattern='^export LEASE_BUDGET_S=[0-9]+; bash benchmarks/gpu_lease\.sh (receive|rung EPOCHS)$'
 for line in "${calls[@]}"; do
   IFS=$'\t' read -r number carry command <<< "$line"
+  [[ $number =~ ^[0-9]+$ && $carry =~ ^[A-Za-z0-9_./,-]*$ && $command =~ $command_pattern ]] \
+      || fail "cifar_pack.py plan --calls line ${line@Q}; allowed: NUMBER<tab>carry of names<tab>one of its two commands"
   command=${command/rung EPOCHS/rung $epochs}
   step "2.$number call $number: carry=[$carry]; $command"
   for path in ${carry//,/ }; do

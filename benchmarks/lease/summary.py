@@ -120,21 +120,21 @@ def _base(rows: list) -> tuple[float | None, str]:
     base = next((r for r in measured if r.get("mode") == "solo eager"), measured[0] if measured else None)
     if base is None or base["images_per_s"] <= 0:
         return None, ""
-    return base["images_per_s"], "" if base.get("mode") == "solo eager" else f" of {md_text(base.get('mode', '?'))}"
+    return base["images_per_s"], "" if base.get("mode") == "solo eager" else f" of {cell(base.get('mode', '?'))}"
 
 
 def _mode_row(name: str, model: str, row: dict, base: float | None, of: str) -> str:
     """One mode as a table row: its figures, or that it failed and why."""
-    mode = md_text(row.get("mode", "?")) if isinstance(row, dict) else "?"
+    mode = cell(row.get("mode", "?")) if isinstance(row, dict) else "?"
     if not timed(row):
         error = cell(row.get("error", "no rate recorded")) if isinstance(row, dict) else "not a row"
-        return f"| {md_text(name)} | {md_text(model)} | {mode} | failed: {error} | - | - | - | - | - |"
+        return f"| {cell(name)} | {cell(model)} | {mode} | failed: {error} | - | - | - | - | - |"
     samples = [x for x in row.get("images_per_s_samples") or [] if isinstance(x, (int, float))] or [row["images_per_s"]]
     ratio = f"{row['images_per_s'] / base:.2f}x{of}" if base else "-"
-    return (f"| {md_text(name)} | {md_text(model)} | {mode} | "
+    return (f"| {cell(name)} | {cell(model)} | {mode} | "
             f"{_fmt(row['images_per_s'])} ({_fmt(min(samples))}-{_fmt(max(samples))}, n={len(samples)}) | "
             f"{row['step_ms']:.1f} | {row['tflops']:.2f} | {100 * row['utilisation']:.2f}% | {ratio} | "
-            f"{md_text(row.get('compile_fallback') or '-')} |")
+            f"{cell(row.get('compile_fallback') or '-')} |")
 
 
 def throughput_rows(path: Path) -> tuple[str, list[str], list[str], dict[str, float], bool]:
@@ -174,8 +174,8 @@ def _profile_row(name: str, model: str, mode: str, p: dict) -> str:
         busy = f"not shown: device events overlap ({100 * p['device_busy_fraction']:.0f}% of wall)"
     else:
         busy = f"{100 * p['device_busy_fraction']:.0f}%"
-    regions = "; ".join(f"{md_text(k)} {v:.2f}" for k, v in p.get("region_cpu_ms_per_step", {}).items()) or "-"
-    return (f"| {md_text(name)} | {md_text(model)} | {md_text(mode)} | {p['wall_ms_per_step']:.2f} | {busy} | "
+    regions = "; ".join(f"{cell(k)} {v:.2f}" for k, v in p.get("region_cpu_ms_per_step", {}).items()) or "-"
+    return (f"| {cell(name)} | {cell(model)} | {cell(mode)} | {p['wall_ms_per_step']:.2f} | {busy} | "
             f"{p['launches_per_step']:.0f} | {p['syncs_per_step']:.1f} | {regions} |")
 
 
@@ -208,8 +208,8 @@ def summary(folder: Path) -> str:
                     "|---|---|---|---|---|---|---|---|"]
         for path in xmls:
             c = test_counts(path)
-            failing = ", ".join(md_text(n) for n in c["failed"] + c["errors"]) or "-"
-            out.append(f"| {md_text(path.name)} | {c['tests']} | {c['passed']} | {len(c['failed'])} | {len(c['errors'])} | "
+            failing = ", ".join(cell(n) for n in c["failed"] + c["errors"]) or "-"
+            out.append(f"| {cell(path.name)} | {c['tests']} | {c['passed']} | {len(c['failed'])} | {len(c['errors'])} | "
                        f"{c['skipped']} | {c['seconds']:.0f} | {failing} |")
             if c["unnamed"]:
                 ran.append(f"- {md_text(path.name)}: {c['unnamed']} more test entries without a name (stopped before "

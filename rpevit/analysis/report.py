@@ -127,18 +127,21 @@ def rotinv_section(results_dir: Path) -> str | None:
     return "\n".join(parts)
 
 
-_BRACKET = re.compile(r"(\\*)([\[\]])")  # a bracket and the run of backslashes right before it
+# A bracket, `$`, the `:` of `://` or the `.` of `www.`, and the run of backslashes right before it
+_LINK_FORMING = re.compile(r"(\\*)([\[\]$]|:(?=//)|(?<=[wW]{3})\.)")
 
 
 def inert_markdown(text: str) -> str:
     """A Markdown file found under RESULTS_DIR, included as Markdown (its tables stay tables) but inert:
-    `& < >` as entities (no HTML) and every `[` and `]` backslash-escaped, so no link, image, reference
-    link, link reference definition (`[1]: https://...`) or footnote can form. A bracket after an odd run of
-    backslashes is escaped already and stays as it is; after an even run (none, or escaped backslashes) it
-    gets one more, so a backslash in the file cannot un-escape it. An escaped bracket renders as the bracket:
-    prose reads the same."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return _BRACKET.sub(lambda m: m[0] if len(m[1]) % 2 else f"{m[1]}\\{m[2]}", text)
+    `& < >` as entities (no HTML); every `[` and `]` backslash-escaped, so no link, image, reference link, link
+    reference definition (`[1]: https://...`) or footnote can form; no autolink (GitHub's extension links a bare
+    `https://...`, `www....` or e-mail address): the `:` of `://` and the `.` of `www.` backslash-escaped, and a
+    U+2060 WORD JOINER (`&#8288;`) before each `@`, as md_text does; `$` escaped (GitHub's math). A character
+    after an odd run of backslashes is escaped already and stays as it is; after an even run (none, or escaped
+    backslashes) it gets one more, so a backslash in the file cannot un-escape it. An escaped character renders
+    as itself: prose reads the same."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("@", "&#8288;@")
+    return _LINK_FORMING.sub(lambda m: m[0] if len(m[1]) % 2 else f"{m[1]}\\{m[2]}", text)
 
 
 def build_report(results_dir: Path) -> str:
