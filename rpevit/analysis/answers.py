@@ -1393,6 +1393,19 @@ def expected_texts(results_dir: Path) -> dict[Path, str]:
     return out
 
 
+def check_results_folder(results_dir: Path) -> None:
+    """SystemExit in one line where RESULTS_DIR cannot be the folder of studies the answers come from: a sweep
+    folder itself (its trials.parquet at the top: the studies are the folders below RESULTS_DIR), or a folder
+    with no sweep folder below it (an empty one: the answers' tables would have no rows to come from)."""
+    allowed = "allowed: the folder of sweep folders the answers come from (the repository's `results`)"
+    if (results_dir / TRIALS_FILE).exists():
+        raise SystemExit(f"error: RESULTS_DIR has value {str(results_dir)!r}, which is a sweep folder itself (it holds "
+                         f"{TRIALS_FILE}); {allowed}, e.g. its parent")
+    if not any(p.is_file() for p in results_dir.rglob(TRIALS_FILE)):
+        raise SystemExit(f"error: RESULTS_DIR has value {str(results_dir)!r}, which holds no sweep folder (no "
+                         f"{TRIALS_FILE} below it); {allowed}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results_dir", type=Path, help="the committed results folder (results)")
@@ -1400,6 +1413,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not args.results_dir.is_dir():
         parser.error(f"RESULTS_DIR {args.results_dir} is not a folder")
+    check_results_folder(args.results_dir)
     try:
         with one_read_per_folder():  # each folder's rows read once for every block
             expected = expected_texts(args.results_dir)

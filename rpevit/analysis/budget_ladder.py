@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +34,11 @@ import pandas as pd
 from scipy import stats as scipy_stats
 
 from rpevit.analysis import stats, variants
-from rpevit.analysis.common import (column, devices_text, fmt, judged_accuracy, markdown_table, pyplot, raw_text,
-                                    read_epoch_curves, read_trials, save_figure, script_main, trial_files,
+from rpevit.analysis.common import (column, devices_text, fmt, judged_accuracy, markdown_table, md_text, pyplot,
+                                    raw_text, read_epoch_curves, read_trials, save_figure, script_main, trial_files,
                                     with_variant)
 from rpevit.config import TrialConfig
+from rpevit.sweep.declaration import DECLARATION_FILE
 from rpevit.sweep.results import STORED_KEY
 from rpevit.tasks.budget_ladder import ladder_branch_epoch
 
@@ -479,6 +481,20 @@ def swaps_table(rows: pd.DataFrame, table: pd.DataFrame, budgets: list[int]) -> 
                            "difference at the longer"], out)
 
 
+def declared_note(results_dir: Path) -> str:
+    """Where this page's declared comparisons are: in `confirmatory.md` where every sweep folder read here holds
+    its declaration.json; else which ones declared none (everything about them is exploratory)."""
+    folders = [f.parent for f in trial_files(results_dir)]
+    undeclared = [md_text(f.name) for f in folders if not os.path.lexists(f / DECLARATION_FILE)]
+    if not undeclared:
+        return "Exploratory: the declared comparisons of this study are in `confirmatory.md`."
+    if len(undeclared) == len(folders):
+        who = "this study declared no comparisons" if len(folders) == 1 else "no study read here declared comparisons"
+        return f"Exploratory: {who} before it ran (no {DECLARATION_FILE}), so every figure here is exploratory."
+    return (f"Exploratory: the declared comparisons are in each declared study's `confirmatory.md`; "
+            f"{', '.join(undeclared)} declared none (no {DECLARATION_FILE}).")
+
+
 def build(results_dir: Path) -> str | None:
     trials = read_trials(results_dir, ["train"])
     rows = ladder_rows(trials.frame)
@@ -501,7 +517,7 @@ def build(results_dir: Path) -> str | None:
                 for first, second, tau in taus(table, rows)]
     ns = sorted(set(table["n"]))
     lines = [trials.note(), "",
-             "Exploratory: the declared comparisons of this study are in `confirmatory.md`. Rows: " + devices + ".",
+             declared_note(results_dir) + " Rows: " + devices + ".",
              "", "### Judged test accuracy at each fixed budget, % (mean [95% t interval] (n seeds))", "",
              markdown_table(["variant", *(budget_label(e, images[e]) for e in budgets)], acc_rows), "",
              "### How stable the ranking of the variants is across budgets", "",

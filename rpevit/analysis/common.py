@@ -693,8 +693,19 @@ def results_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def require_folder(parser: argparse.ArgumentParser, name: str, folder: Path,
+                   allowed: str = "allowed: a sweep folder, or a parent of several") -> None:
+    """Stop with one usage line where `folder` (the argument `name`) does not exist or is not a folder: what
+    that line says, not that a missing path 'holds no' rows or declaration."""
+    if not folder.exists():
+        parser.error(f"{name} has value {str(folder)!r}, which does not exist; {allowed}")
+    if not folder.is_dir():
+        parser.error(f"{name} has value {str(folder)!r}, which is not a folder; {allowed}")
+
+
 def require_trials(parser: argparse.ArgumentParser, name: str, folder: Path) -> None:
-    """Stop with one usage line where `folder` (the argument `name`) holds no sweep."""
+    """Stop with one usage line where `folder` (the argument `name`) is no folder or holds no sweep."""
+    require_folder(parser, name, folder)
     if not trial_files(folder):
         parser.error(f"{name} {folder} holds no {TRIALS_FILE} (nor */{TRIALS_FILE})")
 

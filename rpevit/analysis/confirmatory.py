@@ -492,10 +492,12 @@ def exploratory_note(folders: Sequence[Path]) -> str:
 
 
 def main() -> None:
-    from rpevit.analysis.common import results_parser, write_study
+    from rpevit.analysis.common import require_folder, results_parser, write_study
 
     parser = results_parser(__doc__.splitlines()[0])
     args = parser.parse_args()
+    require_folder(parser, "RESULTS_DIR", args.results_dir, "allowed: a declared study's sweep folder (one holding "
+                   "declaration.json)")
     try:
         text = build(args.results_dir)
     except DeclarationError as err:
