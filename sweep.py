@@ -131,6 +131,8 @@ def check_results_dir(results_dir: str, name: str) -> None:
     """--results-dir must be (or become) a writable folder: found out now, not after the dry run
     passed and the lock folder cannot be made. Nothing is created here."""
     allowed = "a folder this user can write (created if missing)"
+    if not results_dir.strip():  # '' would put the results in the current folder
+        raise ConfigError(f"--results-dir has value {results_dir!r}; allowed: {allowed}, named (not empty)")
     try:
         folder = sweep_dir(results_dir, name)
     except (OSError, ValueError) as err:
@@ -200,12 +202,18 @@ def run(argv: list[str] | None = None) -> int:
                               f"trial; 0 = none)")
         deadline = parse_deadline(args.deadline) if args.deadline is not None else None  # minutes: from now
         check_estimate(args.deadline_estimate, deadline)
+        if args.retry_failed and not args.resume:
+            raise ConfigError("--retry-failed is given without --resume; allowed: only with --resume (it reruns the "
+                              "failed trials of the sweep it continues)")
         if args.name is not None:
             check_name(args.name, "--name")
         space = load_space(args.space, overrides=parse_overrides(args.overrides), max_trials=args.max_trials,
                            only=parse_overrides(args.only, flag="--only"))
         if args.name:
             space.name = args.name
+        if args.redeclare and space.declaration is None:
+            raise ConfigError(f"--redeclare is given but {args.space} has no declare: block; allowed: only for a "
+                              f"space with a declare: block (the one it records)")
         check_options(args, space)
         check_rungs_first(space, args.rungs_first, deadline)
         print(space.table())

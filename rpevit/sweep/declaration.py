@@ -64,7 +64,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from rpevit.config import ConfigError, field_types
+from rpevit.config import ConfigError, did_you_mean, field_types
 
 DECLARATION_FILE = "declaration.json"
 METRICS = ("judged", "test_acc", "test_acc_draw_mean")
@@ -222,7 +222,27 @@ def _pair(value: Any, where: str, source: str, fixed_fields: Sequence[str]) -> P
     for name in fixed_fields:
         if name in a or name in b:
             raise _bad(source, where, value, f"sides without {name!r}, which the family's for_each or trend fixes")
+    if _normal_side(a) == _normal_side(b):
+        raise _bad(source, where, value, "two different sides (a cell compared with itself is 0 by construction)")
     return a, b
+
+
+def _normal_side(side: Side) -> dict[str, Any]:
+    """A side with its values as the trials hold them ({lr: 1} and {lr: 1.0} are one cell)."""
+    return {k: _normal(k, v) for k, v in side.items()}
+
+
+def _normal_pair(pair: Pair) -> tuple[dict[str, Any], dict[str, Any]]:
+    return _normal_side(pair[0]), _normal_side(pair[1])
+
+
+def _repeat_of(item: Any, earlier: list[Any], key: str, where: str, j: int, source: str, value: Any) -> None:
+    """Refuse an item equal to an earlier one of its family (either way round): each is one more test in
+    Holm's k, so a repeat would make every other item of the family harder to pass."""
+    for i, other in enumerate(earlier):
+        if item in other:
+            raise _bad(source, f"{where}.{key}[{j}]", value, f"an item not already in the family (it repeats "
+                       f"declare.{where}.{key}[{i}]; a repeat adds one to Holm's k)")
 
 
 def _items(fam: dict[str, Any], key: str, where: str, source: str) -> list[Any]:
@@ -246,7 +266,12 @@ def _trend(value: Any, where: str, source: str, for_each: str | None) -> Trend:
 
 
 def _family(fam: Any, where: str, source: str, names: set[str]) -> Family:
-    if (not isinstance(fam, dict) or set(fam) - set(FAMILY_KEYS) or "name" not in fam
+    if isinstance(fam, dict):
+        for key in fam:
+            if key not in FAMILY_KEYS:
+                raise DeclarationError(f"{source}: unknown key declare.{where}.{key};"
+                                       f"{did_you_mean(key, FAMILY_KEYS)} allowed: {', '.join(FAMILY_KEYS)}")
+    if (not isinstance(fam, dict) or "name" not in fam
             or ("comparisons" in fam) == ("contrasts" in fam)):
         raise _bad(source, where, fam, "a mapping with keys name and either comparisons or contrasts, optionally "
                    "for_each, trend (with comparisons), metric and secondary_metric")
@@ -270,9 +295,13 @@ def _family(fam: Any, where: str, source: str, names: set[str]) -> Family:
     fixed_fields = [f for f in (for_each, trend.field if trend else None) if f]
     pairs: list[Pair] = []
     contrasts: list[tuple[Pair, Pair]] = []
+    seen: list[list[Any]] = []  # each earlier item, normalised, in both orders
     if "comparisons" in fam:
         for j, pair in enumerate(_items(fam, "comparisons", where, source)):
             pairs.append(_pair(pair, f"{where}.comparisons[{j}]", source, fixed_fields))
+            a, b = _normal_pair(pairs[-1])
+            _repeat_of((a, b), seen, "comparisons", where, j, source, pair)
+            seen.append([(a, b), (b, a)])
     else:
         for j, contrast in enumerate(_items(fam, "contrasts", where, source)):
             at = f"{where}.contrasts[{j}]"
@@ -282,6 +311,9 @@ def _family(fam: Any, where: str, source: str, names: set[str]) -> Family:
             if first == second:
                 raise _bad(source, at, contrast, "two different pairs")
             contrasts.append((first, second))
+            (a1, b1), (a2, b2) = _normal_pair(first), _normal_pair(second)
+            _repeat_of(((a1, b1), (a2, b2)), seen, "contrasts", where, j, source, contrast)
+            seen.append([((a1, b1), (a2, b2)), ((b1, a1), (b2, a2)), ((a2, b2), (a1, b1)), ((b2, a2), (b1, a1))])
     return Family(name, tuple(pairs), for_each, tuple(contrasts), trend, metric, secondary)
 
 

@@ -44,7 +44,10 @@ own (rpevit/tasks/budget_ladder.py). Every trial keeps its own key and row; Tune
 ladder's trunk before its shorter trials, which follow it (rpevit.sweep.launch_plan). `--dry-run`
 shows which trunk each trial branches from.
 
-Precedence: fixed < grid < sample < seeds < `--set` overrides.
+Precedence: fixed < grid < sample < seeds < `--set` overrides. With `seeds:`, a `seed` in fixed, grid or
+sample is refused (the list would overwrite it); `--set task=...` is refused (the task decides which of
+timing, fuse and branch a space may hold: change it in the file); a field given twice to `--set` or
+`--only` with different values is refused.
 
 The number of trials is computed before anything is expanded and refused above `max_trials`
 (DEFAULT_MAX_TRIALS, `sweep.py --max-trials`): a typo'd grid of 10^7 points would otherwise fill
@@ -68,8 +71,8 @@ from typing import Any, BinaryIO, Iterator
 import yaml
 
 from rpevit import registry
-from rpevit.config import (FIRST_DEFAULTS, ConfigError, TrialConfig, did_you_mean, load_registry, resolve_values,
-                           unused_encoding_options)
+from rpevit.config import (FIRST_DEFAULTS, ConfigError, TrialConfig, did_you_mean, load_registry, registered_names,
+                           resolve_values, unused_encoding_options)
 from rpevit.tasks.budget_ladder import LADDER_FIELDS, check_ladder
 from rpevit.tasks.grouping import GROUP_FIELDS, check_group
 from rpevit.sweep import yaml_strict
@@ -312,7 +315,11 @@ def parse_overrides(items: list[str] | None, flag: str = "--set") -> dict[str, A
         if parsed is None or isinstance(parsed, (list, dict)):
             raise SpaceError(f"{flag} {name.strip()} has value {value!r} (read as {parsed!r}); allowed: one "
                              f"YAML scalar, e.g. 3, 1.0e-3, rope")
-        out[name.strip()] = parsed
+        name = name.strip()
+        if name in out and (out[name] != parsed or type(out[name]) is not type(parsed)):  # not: last one wins
+            raise SpaceError(f"{flag} {name} is given twice, with values {out[name]!r} and {parsed!r}; allowed: "
+                             f"one value per field")
+        out[name] = parsed
     return out
 
 
@@ -390,9 +397,14 @@ def expand_space(spec: Any, *, source: str = "space", default_name: str = "sweep
     parts = _read_spec(spec, source, default_name)
     overrides = dict(overrides or {})
     _check_fields(overrides, "--set", source)
+    if "task" in overrides:  # the task decides which space keys hold (timing, fuse, branch): read with the file
+        raise SpaceError(f"{source}: --set task has value {overrides['task']!r}; allowed: change task in the space "
+                         f"file, where its task-level keys (timing, fuse, branch) are checked")
     only = dict(only or {})
     _check_fields(only, "--only", source)
     _check_size(parts, max_trials, source)
+    _check_no_seed_beside_seeds(parts.fixed, parts.grids, parts.samplers, parts.seeds,
+                                isinstance(spec.get("grid"), list), source)
     values = _value_sets(parts, source)
     kept = _resolved_trials(values, parts.fixed, overrides, only, source)
     space = Space(name=parts.name, task=parts.task, source=source, trials=kept.configs, keys=kept.keys,
@@ -436,7 +448,9 @@ def _read_spec(spec: Any, source: str, default_name: str) -> _SpecParts:
     name = check_name(str(spec.get("name", default_name)), f"{source}: 'name'")
     fixed = _mapping(spec.get("fixed", {}), "fixed", source)
     task = spec.get("task", fixed.get("task", "train"))
+    _check_task(task, "'task'" if "task" in spec else "fixed.task", source)
     if "task" in fixed and fixed["task"] != task:
+        _check_task(fixed["task"], "fixed.task", source)
         raise SpaceError(f"{source}: 'task' is {task!r} but fixed.task is {fixed['task']!r}; give it once")
     grids = _grids(spec.get("grid", {}), source)  # each key checked in the order the messages are expected
     samplers = _samplers(spec.get("sample", {}), source)
@@ -457,6 +471,30 @@ def _read_spec(spec: Any, source: str, default_name: str) -> _SpecParts:
         raise SpaceError(str(err)) from err
     return _SpecParts(name, task, {**fixed, "task": task}, grids, samplers, num_samples, sample_seed, seeds, exclude,
                       include, resources, timing, fuse, branch, declaration)
+
+
+def _check_task(task: Any, where: str, source: str) -> None:
+    """The space's task is one registered task name: checked before it is used (a key of the task tables)."""
+    load_registry()
+    if not isinstance(task, str) or task not in registry.TASKS:
+        raise SpaceError(f"{source}: {where} has value {task!r}; allowed: one task name: {registered_names('task')}")
+
+
+def _check_no_seed_beside_seeds(fixed: dict[str, Any], grids: list[dict[str, list]],
+                                samplers: dict[str, tuple[str, list]], seeds: list[int] | None,
+                                grid_list: bool, source: str) -> None:
+    """With `seeds:`, every trial's seed is set from that list (after fixed, grid and sample): a `seed`
+    in fixed, grid or sample would be overwritten without a word, so it is refused (include entries may
+    give one: they are not crossed with the seeds)."""
+    if seeds is None:
+        return
+    givers = [("fixed", fixed), *((f"grid[{j}]" if grid_list else "grid", g) for j, g in enumerate(grids)),
+              ("sample", {k: {kind: args} for k, (kind, args) in samplers.items()})]
+    for where, values in givers:
+        if "seed" in values:
+            raise SpaceError(f"{source}: {where}.seed has value {values['seed']!r} beside 'seeds' {seeds}, which "
+                             f"sets every trial's seed; allowed: the seeds: list (remove {where}.seed, or put "
+                             f"those seeds in seeds:)")
 
 
 def _check_size(parts: _SpecParts, max_trials: int, source: str) -> None:
