@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dashboard", action=argparse.BooleanOptionalAction, default=True,
                    help="start Ray's dashboard on 127.0.0.1 (local Ray only)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a config field in every trial (repeatable; --fields lists them)")
+                   help="override a config field in every trial (repeatable, one value per field; not task; --fields "
+                        "lists them)")
     p.add_argument("--only", dest="only", action="append", default=[], metavar="FIELD=VALUE",
                    help="run only the trials whose config has this value (repeatable: all must hold), e.g. "
                         "--only dataset=cifar10 for one half of all12.yaml; trial keys stay the whole space's")
