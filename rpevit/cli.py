@@ -20,7 +20,9 @@ from rpevit.data import DataError
 
 def build_parser() -> argparse.ArgumentParser:
     """One flag per TrialConfig field, grouped by section, each with its help, default and allowed values."""
-    parser = argparse.ArgumentParser(prog="python -m rpevit.cli", description=__doc__.splitlines()[0])
+    # allow_abbrev=False: `--epoch 1` is refused, not read as `--epochs` (sweep.py's `--set epoch=3` is refused too)
+    parser = argparse.ArgumentParser(prog="python -m rpevit.cli", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     types = field_types()
     groups = {name: parser.add_argument_group(f"{name} options") for name in SECTIONS}
     for f in fields(TrialConfig):
@@ -57,6 +59,12 @@ def check_runnable(cfg: TrialConfig, *, checkpoint_dir: str | None, extend_epoch
         if not torch.cuda.is_available():
             raise ConfigError("command line: field 'device' has value 'cuda' but torch sees no CUDA device "
                               "here; allowed: cpu, auto")
+    if checkpoint_dir == "":  # '' would save nothing and resume nothing
+        raise ConfigError(f"command line: --checkpoint-dir has value {checkpoint_dir!r}; allowed: a folder "
+                          f"(leave --checkpoint-dir out for no checkpoints)")
+    if extend_epochs and checkpoint_dir is None:
+        raise ConfigError("command line: --extend-epochs is given without --checkpoint-dir; allowed: only with "
+                          "--checkpoint-dir (it continues that folder's checkpoint to more --epochs)")
     if extend_epochs and cfg.task != "train":
         raise ConfigError(f"command line: --extend-epochs is given for task {cfg.task!r}; allowed: only with "
                           f"task 'train' (the only task with checkpoints)")

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 DATASETS = ("digits", "mnist", "cifar10", "cifar100")
 MAX_EPOCHS = 10_000  # more is a typo (a month per epoch-second); it would also overflow schedules
+MAX_LR = 10.0  # a peak AdamW lr above this diverges at once (the recipes use 1e-3..8e-3)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # integer fields are int64 columns in the results
 
 
@@ -114,13 +115,14 @@ class _CoreFields:
 
     # model (0 means: the dataset's default)
     image_size: int = _field(0, "model", "input image side in pixels (train: the dataset's native size)",
-                             gt=0, dataset_default=0)
+                             ge=1, le=4096, dataset_default=0)  # bench: 2048 is 262,144 tokens at patch 4
     patch_size: int = _field(0, "model", "patch side in pixels; tokens = (image_size / patch_size)^2",
                              gt=0, dataset_default=0)
     dim: int = _field(64, "model", "embedding width (heads x head dim)", ge=1, le=8192)  # ViT-22B: 6144
-    depth: int = _field(4, "model", "number of transformer blocks", gt=0)
-    heads: int = _field(4, "model", "attention heads per block", gt=0)
-    mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim", gt=0)
+    depth: int = _field(4, "model", "number of transformer blocks", ge=1, le=1024)  # ViT-22B: 48
+    heads: int = _field(4, "model", "attention heads per block", ge=1, le=8192)  # a divisor of dim
+    mlp_ratio: float = _field(2.0, "model", "MLP hidden width / dim (the width is int(dim * mlp_ratio), at least 1)",
+                              gt=0, le=64)
     drop_path: float = _field(0.1, "model", "stochastic-depth rate of the last block (linear from 0)", ge=0, lt=1)
     dropout: float = _field(0.0, "model", "dropout after the attention and MLP projections", ge=0, lt=1)
     init: str = _field("auto", "model", "initial Linear weights: trunc_normal (timm's ViT: std 0.02, zero "
@@ -147,8 +149,8 @@ class _CoreFields:
 
     # optimisation
     epochs: int = _field(10, "optim", "training epochs", ge=1, le=MAX_EPOCHS)
-    batch_size: int = _field(0, "optim", "training batch size", gt=0, dataset_default=0)
-    lr: float = _field(0.0, "optim", "peak AdamW learning rate", gt=0, dataset_default=0.0)
+    batch_size: int = _field(0, "optim", "training batch size", ge=1, le=65536, dataset_default=0)
+    lr: float = _field(0.0, "optim", "peak AdamW learning rate", gt=0, le=MAX_LR, dataset_default=0.0)
     weight_decay: float = _field(0.05, "optim", "AdamW weight decay (not on ViT.no_weight_decay())", ge=0)
     warmup_epochs: float = _field(-1.0, "optim", "linear warm-up length in epochs (at most 10% of the run)",
                                   ge=0, dataset_default=-1.0)
@@ -176,9 +178,10 @@ class _CoreFields:
     amp: str = _field("auto", "runtime", "autocast precision (auto: bf16 on GPU, none on CPU)",
                       choices=("auto", "bf16", "none"))
     eval_batch_size: int = _field(1024, "runtime", "batch size of evaluation passes (the final evaluation: "
-                                  "(image, variant) pairs, each batch's images read by every draw together)", gt=0)
+                                  "(image, variant) pairs, each batch's images read by every draw together)", ge=1,
+                                  le=65536)
     eval_draws: int = _field(8, "runtime", "fresh random-feature draws of the draw-aware test evaluation",
-                             ge=0, note="0 = no draw-aware evaluation")
+                             ge=0, le=1000, note="0 = no draw-aware evaluation")
     eval_rotations: str = _field("none", "runtime", "test-time rotations of the summary row (standard: the test set "
                                  "rotated by 0, 90, 180, 270 degrees and by a fixed random angle per image; "
                                  "rpevit.evaluation.rotation_metrics)", choices=("none", "standard"))
@@ -193,19 +196,19 @@ class _CoreFields:
 
     # bench task
     bench_batch: int = _field(32, "bench", "batch size of the timed passes", ge=1, le=65536)
-    bench_warmup: int = _field(3, "bench", "untimed warm-up iterations", ge=0)
-    bench_iters: int = _field(10, "bench", "timed iterations (medians are reported)", gt=0)
+    bench_warmup: int = _field(3, "bench", "untimed warm-up iterations", ge=0, le=100_000)
+    bench_iters: int = _field(10, "bench", "timed iterations (medians are reported)", ge=1, le=100_000)
 
     # kernel_mse task
     kmse_dim: int = _field(16, "kernel_mse", "dimension of x and y", ge=1, le=4096)  # a d x d QR per point
-    kmse_features: int = _field(16, "kernel_mse", "random features m of the estimator", gt=0)
+    kmse_features: int = _field(16, "kernel_mse", "random features m of the estimator", ge=1, le=65536)
     kmse_estimator: str = _field("positive", "kernel_mse", "positive (FAVOR+) or trigonometric random features",
                                  choices=("positive", "trig"))
     kmse_projection: str = _field("gaussian", "kernel_mse", "distribution of the projection rows",
                                   choices=("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher"))
     kmse_norm: float = _field(1.0, "kernel_mse", "|x| = |y|", gt=0)
     kmse_angle: float = _field(0.5, "kernel_mse", "angle between x and y in radians", ge=0)
-    kmse_draws: int = _field(2000, "kernel_mse", "Monte Carlo repetitions", gt=0)
+    kmse_draws: int = _field(2000, "kernel_mse", "Monte Carlo repetitions", ge=1, le=10_000_000)
 
 
 
@@ -279,6 +282,10 @@ class _TrialConfigMethods:
             raise bad("pe", self.pe, "each encoding at most once in a combination")
         if self.dim % self.heads:
             raise bad("dim", self.dim, f"a multiple of heads={self.heads}")
+        if int(self.dim * self.mlp_ratio) < 1:  # the MLP's hidden width as rpevit.models.vit.Block computes it:
+            # 0 would not fail but run as mlp_ratio 1.0 (timm's Mlp reads a hidden width of 0 as "in_features")
+            raise bad("mlp_ratio", self.mlp_ratio, f"a number >= 1/dim = {1 / self.dim!r} with dim={self.dim} "
+                      f"(the MLP's hidden width int(dim * mlp_ratio) must be at least 1)")
         task_check = registry.TASK_CHECKS.get(self.task)  # the task's own rules, beside the task
         if task_check is not None:
             task_check(self, source)

@@ -358,9 +358,13 @@ def load_splits(name: str, *, data_dir: str | None = None, device: torch.device 
     order = np.random.default_rng(VALIDATION_SEED).permutation(len(arrays["x_train"]))
     n_val = int(round(val_fraction * len(order)))
     val_idx, train_idx = order[:n_val], order[n_val:]
+    _check_not_empty(name, len(order), len(train_idx), n_val, len(arrays["x_test"]), val_fraction)
+    if train_subset > len(train_idx):  # it would train on the whole split while the row records train_subset
+        raise DataError(f"dataset {name!r}: field 'train_subset' has value {train_subset} but the training split "
+                        f"holds {len(train_idx)} images ({len(order)} training images, val_fraction="
+                        f"{val_fraction:g} holds out {n_val}); allowed: 1..{len(train_idx)}, or 0 for all")
     if train_subset:
         train_idx = train_idx[:train_subset]
-    _check_not_empty(name, len(order), len(train_idx), n_val, len(arrays["x_test"]), val_fraction)
 
     def images(x: np.ndarray) -> Tensor:
         x = np.ascontiguousarray(x)

@@ -229,7 +229,12 @@ def test_the_script_takes_bench_folders_and_names_an_empty_one(results, tmp_path
     monkeypatch.setattr("sys.argv", ["rotation.py", str(results), "--bench", str(tmp_path / "nothing")])
     with pytest.raises(SystemExit) as stopped:
         rotation.main()
-    assert f"--bench {tmp_path / 'nothing'} holds no trials.parquet" in capsys.readouterr().err
+    assert f"--bench has value {str(tmp_path / 'nothing')!r}, which does not exist; allowed:" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr("sys.argv", ["rotation.py", str(results), "--bench", str(tmp_path / "empty")])
+    with pytest.raises(SystemExit) as stopped:
+        rotation.main()
+    assert f"--bench {tmp_path / 'empty'} holds no trials.parquet" in capsys.readouterr().err
     # argparse's usage error (parser.error): exit code 2, which run_tool passes on as the process's
     assert stopped.value.code == 2 and exit_code(stopped.value) == 2
 

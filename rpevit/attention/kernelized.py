@@ -18,7 +18,7 @@ from rpevit.attention.features import iid_gaussian, orthogonal_gaussian, positiv
 from rpevit.registry import Option, register_attention
 
 # the options of every kernelized backend (KernelizedAttention.__init__); a subclass names them in its `options`
-NUM_FEATURES = Option("num_features", int, 64, "m, random features of FAVOR+ / ReLU", gt=0)
+NUM_FEATURES = Option("num_features", int, 64, "m, random features of FAVOR+ / ReLU", ge=1, le=65536)
 FEATURE_TYPE = Option("feature_type", str, "orthogonal", "random projection rows: orthogonal blocks or iid Gaussian",
                       choices=("orthogonal", "iid"))
 KERNELIZED_OPTIONS = (NUM_FEATURES, FEATURE_TYPE)

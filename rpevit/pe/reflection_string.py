@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 REFLECTION_BLOCK = Option("reflection_block", int, 0, "coordinates per Householder block (reflection_string)", ge=0,
                           note="0 = the whole head")
-REFLECTION_COUNT = Option("reflection_count", int, 2, "Householder reflections per block (reflection_string)", gt=0)
+REFLECTION_COUNT = Option("reflection_count", int, 2, "Householder reflections per block (reflection_string)",
+                          ge=1, le=4096)
 
 
 def householder_wy_rows(vectors: Tensor) -> Tensor:

@@ -54,7 +54,8 @@ ROTINV_DEGREE = Option("rotinv_degree", int, 2, "rotinv: degree of p in |c_i - c
                        le=16)  # exact mode: C(degree + 4, 4) factors per token, 4845 at 16
 ROTINV_BASIS = Option("rotinv_basis", str, "auto", "rotinv: form of p (auto: bernstein in exact mode, monomial in "
                       "random mode)", choices=("auto", "monomial", "bernstein"))
-ROTINV_DRAWS = Option("rotinv_draws", int, 16, "rotinv: Gaussian projections of the random mode", gt=0)
+ROTINV_DRAWS = Option("rotinv_draws", int, 16, "rotinv: Gaussian projections of the random mode", ge=1,
+                      le=4096)
 ROTINV_PATH = Option("rotinv_path", str, "lowrank", "rotinv on kernelized backends: the modulation folded into the "
                      "features (linear in N) or the dense N x N matrix (fewer operations below a few hundred tokens: "
                      "docs/mechanisms.md)", choices=("lowrank", "dense"))
