@@ -52,6 +52,7 @@ def field_error(source: str, name: str, value: Any, allowed: str) -> ConfigError
 
 
 SECTIONS = ("task", "data", "model", "attention", "pe", "optim", "runtime", "bench", "kernel_mse")
+TASK_SECTIONS = ("bench", "kernel_mse")  # sections named after the one task that reads their fields
 DATASET_DEFAULT = "the dataset's default"  # what a field's `dataset_default` sentinel means
 
 
@@ -288,12 +289,27 @@ class _TrialConfigMethods:
         task_check = registry.TASK_CHECKS.get(self.task)  # the task's own rules, beside the task
         if task_check is not None:
             task_check(self, source)
+        self._check_other_tasks_fields(bad)
         image, patch = self.resolved_image_size, self.resolved_patch_size
         if patch <= 0 or image % patch:
             raise bad("patch_size", self.patch_size, f"a divisor of image_size={image}")
         for name in self.pe_names:
             registry.POSITION_ENCODINGS[name].check_config(self, source)
         registry.ATTENTIONS[self.attention].check_config(self, source)
+
+    def _check_other_tasks_fields(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
+        """A field of a task's own section (TASK_SECTIONS: `bench_*`, `kmse_*`) keeps its default in a trial of
+        another task: no other task reads it, so a value there would change nothing but the trial's key (`--set
+        bench_iters=5` on a train space made 180 new keys that `--resume` would train again as new trials)."""
+        defaults = _default_values()
+        for section in TASK_SECTIONS:
+            if section == self.task:
+                continue
+            for name in section_fields()[section]:
+                value = getattr(self, name)
+                if value != defaults[name]:
+                    raise bad(name, value, f"its default {defaults[name]!r} with task={self.task!r} (only task "
+                              f"{section!r} reads it: another value would change nothing but the trial's key)")
 
     def _check_layer_arguments(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
         """Every keyword a chosen layer's `__init__` takes is layer context, a core field of its config section

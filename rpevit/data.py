@@ -204,10 +204,7 @@ def _read_npz(name: str, path: Path) -> dict[str, np.ndarray]:
                                     f"{', '.join(NPZ_KEYS)}")
                 where = f": key {key!r}"
                 with archive.open(info) as member:
-                    version = np.lib.format.read_magic(member)
-                    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                                   else np.lib.format.read_array_header_2_0)  # 2.0, 3.0: a 4-byte length
-                    shape, fortran, dtype = read_header(member)
+                    shape, fortran, dtype = _npy_header(member)
                     _check_header(key, shape, dtype, spec, path)
                     arrays[key] = _read_npy_data(member, info, shape, fortran, dtype, key, path)
     except DataError:
@@ -219,6 +216,14 @@ def _read_npz(name: str, path: Path) -> dict[str, np.ndarray]:
                         f"allowed: {allowed}") from err
     _check_arrays(arrays, spec, str(path))
     return arrays
+
+
+def _npy_header(member: IO[bytes]) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """(shape, fortran order, dtype) of an .npy stream, read from its header alone."""
+    version = np.lib.format.read_magic(member)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)  # 2.0, 3.0: a 4-byte length
+    return read_header(member)
 
 
 def _check_header(key: str, shape: tuple, dtype: np.dtype, spec: "DatasetSpec", path: Path) -> None:
@@ -356,13 +361,10 @@ def load_splits(name: str, *, data_dir: str | None = None, device: torch.device 
     spec = DATASET_SPECS[name]
     arrays = load_arrays(name, data_dir)
     order = np.random.default_rng(VALIDATION_SEED).permutation(len(arrays["x_train"]))
-    n_val = int(round(val_fraction * len(order)))
+    n_val = validation_size(len(order), val_fraction)
     val_idx, train_idx = order[:n_val], order[n_val:]
     _check_not_empty(name, len(order), len(train_idx), n_val, len(arrays["x_test"]), val_fraction)
-    if train_subset > len(train_idx):  # it would train on the whole split while the row records train_subset
-        raise DataError(f"dataset {name!r}: field 'train_subset' has value {train_subset} but the training split "
-                        f"holds {len(train_idx)} images ({len(order)} training images, val_fraction="
-                        f"{val_fraction:g} holds out {n_val}); allowed: 1..{len(train_idx)}, or 0 for all")
+    check_train_subset(name, len(order), val_fraction, train_subset)
     if train_subset:
         train_idx = train_idx[:train_subset]
 
@@ -386,6 +388,37 @@ def load_splits(name: str, *, data_dir: str | None = None, device: torch.device 
         x_test=images(arrays["x_test"]), y_test=labels(arrays["y_test"]),
         mean=mean, std=std,
     )
+
+
+def validation_size(n_images: int, val_fraction: float) -> int:
+    """How many of a dataset's n_images training images the seeded validation hold-out takes."""
+    return int(round(val_fraction * n_images))
+
+
+def check_train_subset(name: str, n_images: int, val_fraction: float, train_subset: int) -> None:
+    """A train_subset larger than the training split would train on the whole split while the row records
+    train_subset: refused (load_splits, and `sweep.py --dry-run` from the file's header, training_images)."""
+    n_val = validation_size(n_images, val_fraction)
+    if train_subset > n_images - n_val:
+        raise DataError(f"dataset {name!r}: field 'train_subset' has value {train_subset} but the training split "
+                        f"holds {n_images - n_val} images ({n_images} training images, val_fraction="
+                        f"{val_fraction:g} holds out {n_val}); allowed: 1..{n_images - n_val}, or 0 for all")
+
+
+def training_images(name: str, data_dir: str | os.PathLike | None = None) -> int | None:
+    """How many training images a dataset's file holds, read from x_train's .npy header alone (nothing
+    decompressed), or None where the file is not there yet or its header is unreadable (a trial reads and
+    refuses it then, with load_arrays' message). For the dry run's train_subset check."""
+    if name in FOLDERLESS_DATASETS:
+        return len(_cached((name,), _digits_arrays)["x_train"])
+    path = dataset_file(name, data_dir)
+    try:
+        with zipfile.ZipFile(path) as archive, archive.open("x_train.npy") as member:
+            shape = _npy_header(member)[0]
+    except (OSError, ValueError, KeyError, RuntimeError, NotImplementedError, EOFError, zipfile.BadZipFile,
+            zlib.error):
+        return None
+    return int(shape[0]) if shape else None
 
 
 def _check_not_empty(name: str, n_images: int, n_train: int, n_val: int, n_test: int,

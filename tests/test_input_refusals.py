@@ -263,7 +263,7 @@ def test_sizes_that_only_the_allocator_would_refuse_are_bounded_in_the_cli(capsy
     name = flag[2:].replace("-", "_")
     assert err.count("\n") == 1 and f"field {name!r} has value {value}; allowed: an integer in {limit}" in err, err
     assert time.time() - t0 < 5
-    TrialConfig.from_dict({name: int(limit.split("..")[1])})  # the bound itself is allowed
+    TrialConfig.from_dict({"task": task, name: int(limit.split("..")[1])})  # the bound itself is allowed
 
 
 # ---- issue 39, items 5, 6 and 9: bounded waits, one line, and a dry run that checks the data file

@@ -1,7 +1,8 @@
-"""rpevit/config.py, rpevit/cli.py, rpevit/data.py: bad trial input that used to run as something else (or not at
-all) while the row recorded what was asked, now refused in one line naming the field, the value and what is
-allowed: an MLP ratio below one hidden unit, abbreviated CLI flags, checkpoint flags that did nothing, a
-train_subset larger than the training split, and sizes with no upper bound."""
+"""rpevit/config.py, rpevit/cli.py, rpevit/data.py, rpevit/sweep/dry_run.py: bad trial input that used to run as
+something else (or not at all) while the row recorded what was asked, now refused in one line naming the field, the
+value and what is allowed: an MLP ratio below one hidden unit, abbreviated CLI flags, checkpoint flags that did
+nothing, a train_subset larger than the training split (caught by the dry run too), a field of another task, and sizes
+with no upper bound."""
 from __future__ import annotations
 
 import time
@@ -117,3 +118,60 @@ def test_the_upper_bounds_themselves_are_allowed() -> None:
 def test_the_cli_refuses_an_unbounded_size_before_training(capsys) -> None:
     refused_in_one_line(capsys, ["--task", "bench", "--bench-iters", "1000000000"],
                         ["field 'bench_iters' has value 1000000000; allowed: an integer in 1..100000"])
+
+
+# ---- a field of another task's section (bench_*, kmse_*) was accepted and changed nothing but the trial's key
+# (`--set bench_iters=5` on a train space made every trial a new key, trained again by `--resume`)
+@pytest.mark.parametrize("changes, field, default", [
+    ({"bench_iters": 5}, "bench_iters", 10),
+    ({"kmse_dim": 3}, "kmse_dim", 16),
+    ({"task": "kernel_mse", "bench_batch": 4}, "bench_batch", 32),
+    ({"task": "bench", "kmse_draws": 10}, "kmse_draws", 2000),
+])
+def test_a_field_of_another_task_is_refused(changes: dict, field: str, default: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        TrialConfig.from_dict(changes, source="test")
+    message = str(err.value)
+    task = changes.get("task", "train")
+    owner = "bench" if field.startswith("bench_") else "kernel_mse"
+    for word in (f"field {field!r} has value {changes[field]}", f"allowed: its default {default} with task={task!r}",
+                 f"only task {owner!r} reads it"):
+        assert word in message, (word, message)
+    TrialConfig.from_dict({**changes, "task": owner})  # the task that reads it takes it
+    TrialConfig.from_dict({"task": task, field: default})  # its default is no change: allowed anywhere
+
+
+def test_set_a_field_of_another_task_on_a_train_space_is_one_line_from_sweep(capsys) -> None:
+    import sweep
+
+    assert sweep.main(["--space", "search_spaces/cifar10_ladder40_cpu.yaml", "--dry-run", "--set",
+                       "bench_iters=5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "field 'bench_iters' has value 5; allowed: its default 10 with task='train'" in err, err
+
+
+def test_the_cli_refuses_a_field_of_another_task(capsys) -> None:
+    refused_in_one_line(capsys, TINY_ARGV + ["--bench-iters", "5"],
+                        ["field 'bench_iters' has value 5", "task='train'", "only task 'bench' reads it"])
+
+
+# ---- the dry run did not see a train_subset larger than the training split (each trial failed as it loaded)
+def test_the_dry_run_warns_of_a_train_subset_above_the_split_and_a_real_sweep_refuses_it(tmp_path, capsys) -> None:
+    import sweep
+
+    space = tmp_path / "space.yaml"
+    space.write_text("task: train\nfixed: {dataset: digits, epochs: 1, dim: 16, depth: 1, heads: 2}\n"
+                     "grid: {train_subset: [100, 1294]}\n")
+    assert sweep.main(["--space", str(space), "--dry-run", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("warning: data: dataset 'digits': field 'train_subset' has value 1294 but the training split holds 1293 "
+            "images") in out, out
+    assert sweep.main(["--space", str(space), "--results-dir", str(tmp_path), "--no-dashboard"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "allowed: 1..1293, or 0 for all" in err, err
+    assert not (tmp_path / "space").exists() or not any((tmp_path / "space").rglob("trials.parquet"))
+    space.write_text(space.read_text().replace("1294", "1293"))  # the whole split is allowed: no warning
+    assert sweep.main(["--space", str(space), "--dry-run", "--results-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "data: digits is bundled" in out and "warning: data:" not in out, out

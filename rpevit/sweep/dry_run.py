@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from rpevit.config import ConfigError, TrialConfig
-from rpevit.data import DIGITS_TEST_FRACTION, FOLDERLESS_DATASETS, DataError, dataset_file
+from rpevit.data import (DIGITS_TEST_FRACTION, FOLDERLESS_DATASETS, DataError, check_train_subset, dataset_file,
+                         training_images)
 from rpevit.sweep import deadline as deadlines
 from rpevit.sweep.lock import sweep_dir
 from rpevit.sweep.launch_plan import Launch, deadline_units, plan_launch, rungs_first_units
@@ -80,6 +81,7 @@ def data_lines(space: Space, data_dir: str | None, *, refuse: bool = False) -> l
     for dataset, chosen in datasets_read(space, data_dir):
         if dataset in FOLDERLESS_DATASETS:
             lines.append(f"data: {dataset} is bundled with scikit-learn (no data folder)")
+            lines += subset_lines(space, dataset, chosen, data_dir, refuse=refuse)
             continue
         try:
             path = dataset_file(dataset, chosen or None)
@@ -91,6 +93,7 @@ def data_lines(space: Space, data_dir: str | None, *, refuse: bool = False) -> l
             continue
         if path.is_file():
             lines.append(f"data: {path} found")
+            lines += subset_lines(space, dataset, chosen, data_dir, refuse=refuse)
         else:
             folder = path.parent
             missing = "" if folder.is_dir() else f" (the folder {folder} does not exist either)"
@@ -98,6 +101,24 @@ def data_lines(space: Space, data_dir: str | None, *, refuse: bool = False) -> l
                          f"from the internet, or fail where it is offline; give --data-dir DIR (a folder holding "
                          f"{dataset}.npz) if it is elsewhere")
     return lines
+
+
+def subset_lines(space: Space, dataset: str, chosen: str, data_dir: str | None, *, refuse: bool) -> list[str]:
+    """The trials of `dataset` read from `chosen` whose train_subset exceeds their training split (the number
+    of training images read from the file's header, rpevit.data.training_images): each would fail as it loads
+    its data, so the dry run warns and a real local sweep refuses before Ray starts (one line, the first such)."""
+    asked = sorted({(t.get("train_subset", 0), t.get("val_fraction", TrialConfig.val_fraction))
+                    for t in space.trials if t.get("task", "train") in DATA_TASKS and t["dataset"] == dataset
+                    and (data_dir or t["data_dir"] or "") == chosen and t.get("train_subset", 0)})
+    n_images = training_images(dataset, chosen or None) if asked else None
+    for train_subset, val_fraction in asked if n_images is not None else ():
+        try:
+            check_train_subset(dataset, n_images, val_fraction, train_subset)
+        except DataError as err:
+            if refuse:
+                raise ConfigError(str(err)) from err
+            return [f"warning: data: {err}; each such trial would fail as it loads its data"]
+    return []
 
 
 def _source(data_dir: str | None, chosen: str) -> str:
