@@ -7,8 +7,9 @@ imported here), so a second driver stops at once with the holder's pid in the me
 flock belongs to the open file: the kernel drops it when the driver exits or is killed (the fd
 is close-on-exec, so Ray's processes never inherit it). A stale lock therefore cannot exist,
 and the file is never removed (removing it would race a driver that is just opening it).
-One taker: the runner (`execute_sweep`) takes it before Ray starts; a second take, even in the
-same process, is refused like a second driver.
+Takers: the runner (`execute_sweep`) before Ray starts, and the folder tools `python -m rpevit.sweep.compact` /
+`migrate` (compact.run_on_folders), so they never run beside a driver; a second take, even in the same process, is
+refused like a second driver.
 """
 from __future__ import annotations
 
