@@ -15,17 +15,23 @@
 #   call 1, carry=[.lease]:  export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh first; bash benchmarks/gpu_lease.sh bench
 #     first  .lease checked and unpacked into $LEASE_DIR, image.txt, imports.log; the GPU tests collected
 #            (pytest_gpu.collected: one test id a line), then run (-n 6, pytest-timeout per test; SIGINT
-#            before the end, so pytest_gpu.xml holds what ran: summary.py says "N of M collected ran")
-#     bench  throughput.py: fused k=5 with CUDA graphs (the one-process baseline), the same group with the
-#            whole step in one graph (compile: graph), 4 packed processes of the first without and with MPS,
-#            side by side; then solo eager and compiled if time remains; the two fused modes profiled
-#            (throughput.json, .log)
-#   call 2:                  export LEASE_BUDGET_S=810; bash benchmarks/gpu_lease.sh main [--set/--only ...]
+#            before the end, so pytest_gpu.xml holds what ran: summary.py says "N of M collected ran"),
+#            tests/test_gpu_whole_step.py first (the gate for all12's `compile: graph`, never reached before)
+#     bench  throughput.py: 4 packed processes of a fused k=5 group with CUDA graphs without, then with MPS,
+#            side by side (the open question of the 2026-11-27 lease, and the packed rate call 2 plans with);
+#            then the one-process baseline (fused k=5) and the same group with the whole step in one graph
+#            (compile: graph; measured on 2026-11-27), then solo eager and compiled, as time remains; the
+#            two fused modes profiled (throughput.json, .log)
+#   call 2, carry=[.lease]:  export LEASE_BUDGET_S=810 LEASE_LEFT_S=<budget_left_s of call 1's reply, less the
+#                            seconds until this call is sent>; bash benchmarks/gpu_lease.sh main [--set/--only ...]
 #     main   the all12 MNIST half (12 fused groups of 3 seeds, compiled, bf16) through sweep.py: Ray packs 4
 #            groups per GPU, plan.py picks the epochs from call 1's packed rate, --deadline starts only
 #            whole groups that fit; SIGTERM at the sweep's end; its rows (parts/ too: rpevit.sweep.snapshot:
 #            trials.parquet, epochs.parquet), space.json, sweep.log, lease_plan.txt, curves.png, smi.txt
 #            back. Where the plan admits no group, one fused group runs instead (as `group`).
+#   LEASE_LEFT_S caps every part of a call after the first at the device time really left (the machine's
+#   start may have taken more than the budget assumed); .lease carried again costs seconds and saves call 2 if
+#   the machine went cold (a fresh one unpacks it: without it the call ends at once, its start spent).
 #   then give the machine back. `group [SWEEP FLAGS]`: one fused group (MNIST favor + luo_rpe, 2 epochs if
 #   its time allows, else 1) through sweep.py instead of the main job.
 # `longseq [SWEEP FLAGS]` (issue 60, item 5; carry=[.lease], no data): the data-free long-sequence bench,
@@ -35,7 +41,7 @@
 # times from t0 when `first` ran on this machine, else from their own start.
 # The long lease (1500 to 1800 s, planned for issue 40): `first`, `study` (benchmark, plan, a sweep in the
 # background until t0 + budget - 300 s), `finish` (wait, collect).
-# LEASE_GPU_TESTS: the GPU test files `first` runs (default tests/test_gpu.py tests/test_gpu_whole_step.py).
+# LEASE_GPU_TESTS: the GPU test files `first` runs, in order (default tests/test_gpu_whole_step.py tests/test_gpu.py).
 # LEASE_TESTS_S / LEASE_BENCH_S: a part's seconds by hand (0 skips it). LEASE_TIME_SCALE: every time of
 # the plan times this (the tests of the caps; the CPU rehearsal). LEASE_REHEARSAL=1 (gpu_rehearsal.sh):
 # the same steps on a CPU, CPU-sized; the GPU tests collect and skip, and the plan is still asked with
@@ -80,7 +86,7 @@ mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd -P)
 PACK=${LEASE_PACK:-.lease}
 REHEARSAL=${LEASE_REHEARSAL:-0}
 WORKERS=${LEASE_TEST_WORKERS:-6}
-read -ra GPU_TESTS <<< "${LEASE_GPU_TESTS:-tests/test_gpu.py tests/test_gpu_whole_step.py}"   # what `first` collects and runs
+read -ra GPU_TESTS <<< "${LEASE_GPU_TESTS:-tests/test_gpu_whole_step.py tests/test_gpu.py}"   # what `first` collects and runs
 SPACE=search_spaces/all12.yaml
 LONGSEQ_SPACE=search_spaces/token_scaling_gpu.yaml   # `longseq`: issue 60, item 5
 MAIN_FLAGS=(--only dataset=mnist)   # the main job: the MNIST half of all12; the budget (epochs) is the plan's
@@ -130,13 +136,25 @@ case "${1:-}" in
         --budget "${LEASE_BUDGET_S:-810}" --sweep-seconds) || exit 2
     exec "$PY" benchmarks/lease/cifar_pack.py rungs --space "$RUNG_SPACE" --deadline-s "$sweep_s" \
         --throughput "$RUNG_RATE" results/gpu_h100/lease_2026-11-27/throughput.json ;;
-  budget) exec "$PY" benchmarks/lease/timeline.py "${LEASE_BUDGET_S:-1800}" ;;
+  budget) [[ -n ${LEASE_BUDGET_S:-} ]] || { echo "error: LEASE_BUDGET_S is not set; allowed: the lease's seconds" \
+              "from t0 (the device's budget_left_s less the machine's start), e.g. LEASE_BUDGET_S=810" >&2; exit 2; }
+          exec "$PY" benchmarks/lease/timeline.py "$LEASE_BUDGET_S" ;;
   first|bench|main|group|study|finish|receive|rung|longseq) ;;
   *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 2 ;;   # the header
 esac
 # BUDGET_S, CALL_END_S, RETURN_S, UNPACK_S, PLAN_S, COLLECT_S, GRACE_S, QUICK_GRACE_S, TEST_TIMEOUT_S,
 # TEST_COLLECT_S, GROUP_TWO_EPOCHS_S, LEASE_KIND, CALL2 and the parts' ends from t0: the numbers `budget` prints
-plan_values=$("$PY" benchmarks/lease/timeline.py "${LEASE_BUDGET_S:-1800}" --shell) || exit 2
+if [[ -z ${LEASE_BUDGET_S:-} ]]; then   # no default: a forgotten export planned the 30-minute lease on a 15-minute lend
+  echo "error: LEASE_BUDGET_S is not set; allowed: the lease's seconds from t0 (the device's budget_left_s less the" \
+       "machine's start), e.g. export LEASE_BUDGET_S=810 (gpu_lease.sh budget prints its plan)" >&2
+  exit 2
+fi
+if [[ -n ${LEASE_LEFT_S:-} && ! ${LEASE_LEFT_S} =~ ^[0-9]{1,5}$ ]]; then
+  echo "error: LEASE_LEFT_S has value '$LEASE_LEFT_S'; allowed: whole seconds of device time left as this call" \
+       "starts (the last reply's lease.budget_left_s less the seconds since), or unset" >&2
+  exit 2
+fi
+plan_values=$("$PY" benchmarks/lease/timeline.py "$LEASE_BUDGET_S" --shell) || exit 2
 eval "$plan_values"
 if [[ $LEASE_KIND == long && $1 =~ ^(bench|main|group)$ ]]; then
   echo "error: gpu_lease.sh $1 is a call of the short lease; LEASE_BUDGET_S=$BUDGET_S is a long one (1500 s or" \
@@ -154,13 +172,19 @@ export PYTHONPATH=$L/site:$PWD PYTHONUNBUFFERED=1 RPEVIT_DATA=$L/data
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}  # several compiling processes at once
 
 # t0: `first` starts the lease; a later call on this machine keeps its t0, a call on a fresh one starts its own
+STARTED=$(date +%s)   # this call's start (LEASE_LEFT_S counts from it)
 new_t0() { date +%s > "$L/t0"; T0=$(cat "$L/t0"); }
 keep_t0() { [[ -f $L/t0 ]] || date +%s > "$L/t0"; T0=$(cat "$L/t0"); }
 since_t0() { echo $(( $(date +%s) - T0 )); }
-# this call's end from t0: CALL_END_S after its start, and never after the budget's end less the return
+# this call's end from t0: CALL_END_S after its start, and never after the budget's end less the return, nor
+# (LEASE_LEFT_S given) after the device time really left less the return
 call_end() {
   local end=$(( $(since_t0) + CALL_END_S ))
   (( end > BUDGET_S - RETURN_S )) && end=$(( BUDGET_S - RETURN_S ))
+  if [[ -n ${LEASE_LEFT_S:-} ]]; then
+    local left=$(( STARTED - T0 + LEASE_LEFT_S - RETURN_S ))
+    (( end > left )) && end=$left
+  fi
   echo "$end"
 }
 
@@ -222,17 +246,17 @@ gpu_tests() {
       | tee "$OUT/pytest_gpu.log" | tail -40
 }
 
-# the throughput benchmark until t0 + $1; $2 short: the short lease's question first (fused k=5 with CUDA
-# graphs, 4 packed processes without and with MPS, then the solo modes; the fused mode profiled), long: every
-# mode, profiled. A rehearsal runs the same order on the tiny model (no MPS without CUDA).
+# the throughput benchmark until t0 + $1; $2 short: the short lease's question first (4 packed processes of fused
+# k=5 with CUDA graphs without and with MPS, then the one-process fused modes, then the solo modes; the fused
+# modes profiled), long: every mode, profiled. A rehearsal runs the same order on the tiny model (no MPS without CUDA).
 run_bench() {
   local end=$1 args
   if [[ $REHEARSAL == 1 ]]; then
     args=(--models tiny --fused 3 --packed 2 --samples 3 --steps 1 --warmup 1 --backend aot_eager --profile-steps 1)
-    [[ $2 == short ]] && args+=(--modes fused whole packed eager compiled --profile-modes fused whole)
+    [[ $2 == short ]] && args+=(--modes packed fused whole eager compiled --profile-modes fused whole)
   elif [[ $2 == short ]]; then
     args=(--models gpu --fused 5 --packed 4 --samples 3 --steps 10 --warmup 3 --compile cudagraphs
-          --modes fused whole packed mps eager compiled --profile-steps 5 --profile-modes fused whole)
+          --modes packed mps fused whole eager compiled --profile-steps 5 --profile-modes fused whole)
   else
     args=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3 --profile-steps 5)
   fi

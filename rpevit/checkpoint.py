@@ -13,21 +13,33 @@ Why this module exists:
   different config is refused with the differing fields named. `epochs` is special: fewer epochs
   than were already trained is always refused; more is allowed only when asked for explicitly
   (`extend_epochs=True`, `python -m rpevit.cli ... --extend-epochs`), since the cosine schedule
-  of the longer run differs from the one the first epochs were trained under.
+  of the longer run differs from the one the first epochs were trained under. Two things outside the
+  config fields are part of the run too and are checked beside it: the device kind its random
+  streams live on (`check_device`) and whether `compile: graph` drew them (`RANDOM_STREAM`).
+- One process at a time runs in a checkpoint folder (`claimed`): a budget ladder's trunk writes
+  its rungs' checkpoints into their folders, and a rung that starts while its trunk writes there
+  would read a half-made state or remove the trunk's temp file mid-write.
+- A checkpoint is durable: fsynced before its rename and its folder after (rpevit.durable), so a
+  node that crashes or loses power never comes back with a torn `checkpoint.pt` and nothing older.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import pickle
 import pickletools
 import re
+import socket
+import time
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from rpevit.config import ConfigError, TrialConfig, recorded_values, resolve_values
+from rpevit.durable import fsync_fd
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FINGERPRINT_VERSION = 1
@@ -35,6 +47,8 @@ FINGERPRINT_VERSION = 1
 # not what it trains: a resume may change them.
 RUNTIME_FIELDS = frozenset({"data_dir", "device", "eval_batch_size", "eval_draws", "eval_rotations", "compile"})
 REQUIRED_KEYS = ("model", "optimizer", "scheduler", "rng", "history", "epoch")
+CLAIM_NAME = ".trial.lock"  # the flock of the process running in a checkpoint folder (claimed)
+CLAIM_WAIT_S = 120.0  # how long a run waits for its folder: a trunk holds a rung's folder for one write
 
 
 class CheckpointError(ConfigError):
@@ -50,9 +64,16 @@ def run_fields() -> list[str]:
     return [f.name for f in fields(TrialConfig) if f.name not in RUNTIME_FIELDS and f.name != "epochs"]
 
 
+def random_stream(cfg: TrialConfig) -> str:
+    """How a run draws its randomness: `compile: graph` draws a whole epoch's at once on the device
+    (rpevit.tasks.whole_step), every other mode step by step, so the two are different runs of one
+    seed although `compile` is otherwise a runtime field (on, off and graph compute the same step)."""
+    return "per-epoch" if cfg.compile == "graph" else "per-step"
+
+
 def fingerprint(cfg: TrialConfig) -> dict[str, Any]:
     """What a checkpoint stores to recognise its run: plain values only (weights_only-loadable)."""
-    return {"version": FINGERPRINT_VERSION, "epochs": cfg.epochs,
+    return {"version": FINGERPRINT_VERSION, "epochs": cfg.epochs, "random_stream": random_stream(cfg),
             "fields": {name: getattr(cfg, name) for name in run_fields()}}
 
 
@@ -217,6 +238,11 @@ def check_matches(state: dict[str, Any], cfg: TrialConfig, path: Path, *, extend
         then, now = theirs[name], ours[name]
         if then != now:
             differ.append(f"field {name!r} has value {now!r} here but {then!r} in the checkpoint")
+    stream = stored.get("random_stream")  # absent from checkpoints written before it was recorded
+    if stream is not None and stream != random_stream(cfg):
+        differ.append(f"field 'compile' has value {cfg.compile!r} here, which draws its randomness "
+                      f"{random_stream(cfg)}, but the checkpoint's run drew it {stream} (compile "
+                      f"{'graph' if stream == 'per-epoch' else 'on or off'})")
     if differ:
         raise CheckpointError(f"checkpoint {path} belongs to another run: {'; '.join(differ)}; allowed: the "
                               f"checkpoint's values, or another checkpoint_dir (delete the checkpoint to start afresh)")
@@ -229,6 +255,82 @@ def check_matches(state: dict[str, Any], cfg: TrialConfig, path: Path, *, extend
         raise CheckpointError(f"checkpoint {path} is of a {planned}-epoch run but field 'epochs' has value "
                               f"{cfg.epochs}; allowed: epochs = {planned}, or more with --extend-epochs "
                               f"(continues under the longer run's lr schedule)")
+
+
+def written_on(state: dict[str, Any]) -> str:
+    """The device kind a checkpoint's random streams live on: a run on a GPU stores its CUDA generator
+    (`rng['cuda']`, rpevit.tasks.generators.MemberRandom.state), a run on the CPU never does."""
+    return "cuda" if isinstance(state.get("rng"), dict) and "cuda" in state["rng"] else "cpu"
+
+
+def check_device(state: dict[str, Any], device_type: str, path: Path) -> None:
+    """Refuse to continue on a CPU a checkpoint written on a GPU, or the other way round, before any work.
+
+    A run's data order and augmentation come from a generator on its device; a CUDA generator's state
+    (a seed and an offset) and a CPU one's (a Mersenne Twister) cannot stand for one another, so the
+    run cannot go on as the same random stream (and `amp: auto` would change its precision too).
+    Without this the trial failed after loading, in torch's words, on every retry."""
+    written = written_on(state)
+    if written != device_type:
+        raise CheckpointError(f"checkpoint {path} was written on a {written} device, and this run is on {device_type}; "
+                              f"allowed: continue it on a {written} device (field 'device' {written!r}, or 'auto' where "
+                              f"one is), or delete the checkpoint to start the run afresh on this one: its data order "
+                              f"and augmentation come from a generator on the device it trained on, which a "
+                              f"{device_type} generator cannot continue")
+
+
+@contextmanager
+def claimed(folder: str | os.PathLike, *, wait_s: float | None = None) -> Iterator[None]:
+    """This process's exclusive use of a checkpoint folder while the block runs, or CheckpointError naming
+    the holder once `wait_s` (default CLAIM_WAIT_S) has passed.
+
+    Why: a budget ladder's trunk writes a rung's checkpoint into the rung's folder (budget_ladder.
+    write_branches) while the rung's own trial may be starting there: the rung could read no history and
+    then load the branch (its first epochs never re-reported), or remove the trunk's temp file mid-write
+    (the trunk failed) or rename a half-written one. A trial holds its folder for its whole run
+    (rpevit.sweep.trainable, rpevit.cli); the trunk takes a rung's folder for one write, without waiting,
+    and leaves a rung that is running to run on its own. An flock on `<folder>/.trial.lock`: the kernel
+    drops it when the holder exits or is killed, so it is never stale (a second open of the file, even in
+    the same process, is a second holder). Never through a link: the folder is opened with O_NOFOLLOW."""
+    folder, wait_s = Path(folder), CLAIM_WAIT_S if wait_s is None else wait_s
+    folder.mkdir(parents=True, exist_ok=True)
+    folder_fd = _open_folder(folder)
+    try:
+        fd = os.open(CLAIM_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder_fd)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint folder {folder}: {CLAIM_NAME} cannot be opened ({err.strerror or err}); "
+                              f"allowed: a regular file this user can write, or nothing there") from err
+    finally:
+        os.close(folder_fd)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
+                    raise CheckpointError(
+                        f"checkpoint folder {folder} is in use by {holder} (waited {wait_s:g} s); allowed: one run "
+                        f"at a time in a checkpoint folder: wait for it to end, or stop it") from None
+                time.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _open_folder(folder: Path) -> int:
+    """A descriptor of `folder`, refused (CheckpointError) where `folder` itself is a symbolic link."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as err:
+        if folder.is_symlink():
+            raise CheckpointError(f"checkpoint folder {folder} is a symbolic link (to {os.readlink(folder)!r}); "
+                                  f"allowed: a real folder (rpevit never writes through a link): remove the link") from err
+        raise
 
 
 def open_for_resume(checkpoint_dir: str | os.PathLike | None, cfg: TrialConfig, *,
@@ -247,17 +349,11 @@ def save(path: Path, payload: dict[str, Any]) -> None:
     link, at the file or at its folder: the folder is opened once with O_NOFOLLOW (a linked folder is
     refused, CheckpointError) and every step after that works relative to it (the temp file created
     afresh with O_EXCL | O_NOFOLLOW, os.replace, which swaps a link at `path` itself), so a link swapped
-    in between prepare_dir's check and this write changes nothing. Links above the folder are the
+    in between prepare_dir's check and this write changes nothing. Durable: the data fsynced before the
+    rename, the folder after it. Links above the folder are the
     user's (the roots a user names are resolved where they are read: rpevit.cli)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        folder_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as err:
-        if path.parent.is_symlink():
-            raise CheckpointError(f"checkpoint folder {path.parent} is a symbolic link (to "
-                                  f"{os.readlink(path.parent)!r}); allowed: a real folder (rpevit never writes "
-                                  f"through a link): remove the link") from err
-        raise
+    folder_fd = _open_folder(path.parent)
     try:
         tmp = temp_path(path).name
         try:
@@ -268,6 +364,9 @@ def save(path: Path, payload: dict[str, Any]) -> None:
                      dir_fd=folder_fd)
         with os.fdopen(fd, "wb") as handle:
             torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())  # durable before the rename (rpevit.durable)
         os.replace(tmp, path.name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        fsync_fd(folder_fd)
     finally:
         os.close(folder_fd)

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import sys
+from contextlib import nullcontext
 from dataclasses import fields
 from pathlib import Path
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     log = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     extra = {"extend_epochs": True} if extend_epochs else {}
     try:
-        row = task(cfg, checkpoint_dir=checkpoint_dir, log=log, **extra)
+        with checkpoint.claimed(checkpoint_dir) if checkpoint_dir else nullcontext():  # one run in a folder
+            row = task(cfg, checkpoint_dir=checkpoint_dir, log=log, **extra)
     except (DataError, ConfigError) as err:  # ConfigError includes CheckpointError
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -17,7 +17,8 @@ REPO = Path(__file__).resolve().parent.parent
 MODEL_ONLY = ("timm", "torchvision")  # what only building a model needs (rpevit.models.vit)
 READERS = ("rpevit.config", "rpevit.sweep.space", "rpevit.analysis.report")  # a space, results, the analysis
 # docs/architecture.md, "Layers", from the bottom: a module imports only from its own layer and those before it
-LAYERS = (("rpevit.data", "rpevit.metrics", "rpevit.flops", "rpevit.sigterm", "rpevit.tool_exit", "rpevit.registry"),
+LAYERS = (("rpevit.data", "rpevit.metrics", "rpevit.flops", "rpevit.sigterm", "rpevit.tool_exit", "rpevit.registry",
+           "rpevit.durable"),
           ("rpevit.config",),
           ("rpevit.attention", "rpevit.pe", "rpevit.checkpoint", "rpevit.training"),
           ("rpevit.models",),

@@ -203,6 +203,23 @@ def test_when_every_step_hangs_each_part_is_cut_at_its_end_and_each_call_ends_by
     assert sweep_when <= sweep_end + 1 and "--deadline" in two.stdout
 
 
+@pytest.mark.slow
+def test_a_call_after_the_first_ends_by_the_device_time_left_when_it_is_given(device):
+    """LEASE_LEFT_S (the last reply's budget_left_s, less the seconds since): a machine whose start took longer
+    than the budget assumed, or a fresh machine after a missed 30-s window, leaves less than the plan says;
+    the call's parts end by its start + LEASE_LEFT_S - RETURN_S, not by the plan's 555 s (here at 1/20 scale:
+    28 s; 12 s left, so its end is 12 - 2 = 10 s after its start)."""
+    env = {**device, "LEASE_TIME_SCALE": "0.05", "LEASE_LEFT_S": "12"}
+    start = time.monotonic()
+    done = subprocess.run(["bash", str(LEASE), "main"], env=env, capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - start
+    assert took <= 10 + 2, (took, done.stdout)
+    assert re.search(r"main call done at t0\+\d+ s \(its end: t0\+10 s\)", done.stdout), done.stdout
+    bad = subprocess.run(["bash", str(LEASE), "main"], env={**env, "LEASE_LEFT_S": "5m"}, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "LEASE_LEFT_S has value '5m'" in bad.stderr
+
+
 FAKE_CUT_SWEEP = """
 import sys
 from pathlib import Path
@@ -264,24 +281,40 @@ def test_the_rehearsal_wants_the_short_lease_s_question_first_and_the_two_fused_
     def row(mode: str, profiled: bool = False) -> dict:
         return {"mode": mode, "images_per_s": 1.0, **({"profile": {"steps": 1}} if profiled else {})}
 
-    good = [row("fused k=3 + compiled (on)", True), row("fused k=3 + whole step in one graph (graph)", True),
-            row("2 packed processes, fused k=3 + compiled"), row("solo eager"), row("solo compiled (on)")]
+    packed, fused = row("2 packed processes, fused k=3 + compiled"), row("fused k=3 + compiled (on)", True)
+    whole = row("fused k=3 + whole step in one graph (graph)", True)
+    good = [packed, fused, whole, row("solo eager"), row("solo compiled (on)")]
     assert checks.bench_problems({"models": {"tiny": {"rows": good}}}) == []
-    old_order = [row("solo eager", True), row("solo compiled (on)", True), *good[:3]]  # the lease before issue 60
+    under_mps = row("2 packed processes under MPS, fused k=3 + compiled")  # a GPU's order: MPS right after packed
+    assert checks.bench_problems({"models": {"tiny": {"rows": [packed, under_mps, *good[1:]]}}}) == []
+    old_order = [row("solo eager", True), row("solo compiled (on)", True), fused, whole, packed]  # before issue 60
     problems = checks.bench_problems({"models": {"tiny": {"rows": old_order}}})
-    assert any("must come first" in p for p in problems) and any("only the first two" in p for p in problems)
-    # the order of the bench before the whole-step mode (806fd2b): packed right after fused, one profile
-    no_whole = [good[0], good[2], *good[3:]]
-    problems = checks.bench_problems({"models": {"tiny": {"rows": no_whole}}})
-    assert any("must come first" in p for p in problems) and any("only the first two" in p for p in problems)
-    one_profile = [good[0], {**good[1], "profile": None}, *good[2:]]
-    assert any("only the first two" in p for p in checks.bench_problems({"models": {"tiny": {"rows": one_profile}}}))
-    failed = [*good[:2], {"mode": "2 packed processes, fused k=3 + compiled", "error": "RuntimeError: x"}]
+    assert any("must come first" in p for p in problems) and any("only the two fused" in p for p in problems)
+    # the order of 2026-11-27 (fused, whole, then packed: the packed and MPS rows never came back)
+    problems = checks.bench_problems({"models": {"tiny": {"rows": [fused, whole, packed, *good[3:]]}}})
+    assert any("must come first" in p for p in problems)
+    no_whole = [packed, fused, *good[3:]]
+    assert any("must come first" in p for p in checks.bench_problems({"models": {"tiny": {"rows": no_whole}}}))
+    one_profile = [packed, fused, {**whole, "profile": None}, *good[3:]]
+    assert any("only the two fused" in p for p in checks.bench_problems({"models": {"tiny": {"rows": one_profile}}}))
+    failed = [{"mode": "2 packed processes, fused k=3 + compiled", "error": "RuntimeError: x"}, fused, whole]
     assert any("without a rate" in p for p in checks.bench_problems({"models": {"tiny": {"rows": failed}}}))
     # what the rehearsal's short bench (gpu_lease.sh run_bench) asks throughput.py for: the order checked here
     lease = LEASE.read_text()
-    assert "--modes fused whole packed eager compiled --profile-modes fused whole" in lease
-    assert "--modes fused whole packed mps eager compiled" in lease and lease.count("--profile-modes fused whole") == 2
+    assert "--modes packed fused whole eager compiled --profile-modes fused whole" in lease
+    assert "--modes packed mps fused whole eager compiled" in lease and lease.count("--profile-modes fused whole") == 2
+
+
+def test_the_whole_step_gpu_tests_run_first_in_a_lease():
+    """The 2026-11-27 lease ran tests/test_gpu.py first and was cut before any whole-step test ran."""
+    assert 'LEASE_GPU_TESTS:-tests/test_gpu_whole_step.py tests/test_gpu.py}' in LEASE.read_text()
+
+
+@pytest.mark.parametrize("command", ["budget", "main", "first"])
+def test_a_lease_without_its_budget_is_refused_in_one_line(command, tmp_path):
+    """No default: a forgotten export planned the 30-minute lease (1800 s) on a 15-minute lend."""
+    done = lease(command, env={"LEASE_DIR": str(tmp_path / "lease")})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "LEASE_BUDGET_S is not set" in done.stderr
 
 
 def test_the_rehearsal_wants_a_plan_that_admits_a_group():

@@ -21,6 +21,7 @@ import yaml
 
 from rpevit import registry
 from rpevit.config import TrialConfig
+from rpevit.sweep.store import read_frame
 from tests.process_output import Output
 
 pytestmark = pytest.mark.slow  # Ray and real sweeps: `pytest -m "not slow"` leaves them out
@@ -132,11 +133,15 @@ def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninter
     space = {"name": "kill", "fixed": fixed, "grid": {"pe": ["ape", "rope", "none"]},
              "resources": {"cpus_per_trial": 1}}
     proc, lines = start_sweep(space, tmp_path, "--no-dashboard")
-    ckpts = tmp_path / "results" / "kill" / "trials"
+    results = tmp_path / "results" / "kill"
+    ckpts = results / "trials"
     interrupted, family = None, set()
-    deadline = time.time() + 200
+    deadline = time.time() + 300
     while interrupted is None and time.time() < deadline and proc.poll() is None:
         family |= descendants(proc.pid)
+        if read_frame(results).empty:  # the kill comes once a trial has its row (in parts/ until the sweep ends)
+            time.sleep(0.2)
+            continue
         for path in ckpts.glob("*/checkpoint.pt"):
             try:
                 epoch = torch.load(path, weights_only=True)["epoch"]
@@ -158,9 +163,8 @@ def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninter
         for pid in family:  # Ray's own agents may linger after a SIGKILL; they are ours to end
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    results = tmp_path / "results" / "kill"
-    before = pd.read_parquet(results / "trials.parquet") if (results / "trials.parquet").exists() else None
-    assert before is None or interrupted[0] not in set(before["trial_key"])
+    before = read_frame(results)  # the rows the store holds (a sweep's rows stay in parts/ until it ends)
+    assert len(before) >= 1 and interrupted[0] not in set(before["trial_key"])
 
     # the killed driver's lock file is left behind, but its flock died with it: --resume goes ahead
     assert f"pid {proc.pid}" in (results / ".sweep.lock").read_text()
@@ -170,10 +174,9 @@ def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninter
     epochs = pd.read_parquet(results / "epochs.parquet")
     assert len(trials) == 3 and trials["trial_key"].is_unique and set(trials["status"]) == {"ok"}
     assert len(epochs) == 3 * 12 and not epochs.duplicated(["trial_key", "epoch"]).any()
-    if before is not None:  # trials finished before the kill were not rerun
-        done = trials[trials["trial_key"].isin(before["trial_key"])]
-        assert (done["started_at"].to_numpy() == before.set_index("trial_key").loc[done["trial_key"], "started_at"]
-                .to_numpy()).all()
+    done = trials[trials["trial_key"].isin(before["trial_key"])]  # trials finished before the kill were not rerun
+    started_before = before.set_index("trial_key").loc[done["trial_key"], "started_at"].to_numpy()
+    assert len(done) == len(before) and (done["started_at"].to_numpy() == started_before).all()
 
     # the interrupted trial ends exactly as an uninterrupted run of the same config (CPU, 1 thread)
     row = trials.set_index("trial_key").loc[interrupted[0]]

@@ -40,7 +40,7 @@ MIN_BUDGET_S, LONG_FROM_S, MAX_BUDGET_S = 540, 1500, 1800
 
 UNPACK_S = 45  # .lease checked and unpacked (~45 MB xz), image.txt, the imports of sweep.py and Ray Tune
 TESTS_S, TESTS_MIN_S = 240, 180  # the GPU tests (126 took 170 s with 6 workers on an H100; 150 now)
-BENCH_S, BENCH_MIN_S = 200, 150  # fused k=5 compiled, 4 packed without and with MPS (3 compilations)
+BENCH_S, BENCH_MIN_S = 200, 150  # 4 packed without and with MPS, then fused k=5 (whole: if time remains)
 TEST_TIMEOUT_S = 150  # pytest-timeout per test: one hang costs one worker this, not the whole test time
 TEST_COLLECT_S = 45  # collecting the GPU tests (imports torch, Ray, pandas: ~10 s), out of the tests' time
 MAIN_MIN_S = 255  # call 2 at least: plan, collect, the stop's grace, and a sweep of 185 s, in which the
@@ -131,7 +131,7 @@ def call1(tests_s: int, bench_s: int, command: str) -> Call:
     tests = Part("tests", unpack.end, unpack.end + tests_s,
                  f"pytest -m gpu: collected, then run (-n 6, --timeout {TEST_TIMEOUT_S} s a test, SIGINT 20 s before the end)")
     bench = Part("bench", tests.end, tests.end + bench_s,
-                 "throughput.py: fused k=5 (CUDA graphs), then with the whole step in one graph, 4 packed processes without and with MPS; solo modes if time remains")
+                 "throughput.py: 4 packed processes of fused k=5 (CUDA graphs) without and with MPS, then one fused process and with the whole step in one graph; solo modes if time remains")
     return Call(1, command, (unpack, tests, bench))
 
 

@@ -54,6 +54,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rpevit import registry
+from rpevit.durable import fsync_fd
 from rpevit.config import ConfigError, field_types, load_registry
 from rpevit.registry import TaskMetrics
 
@@ -359,26 +360,6 @@ def open_folder_nofollow(folder: Path) -> int:
                               f"write in: rpevit never writes through a link (it would write wherever it points); "
                               f"remove the link, or name the folder it points at") from err
         raise
-
-
-def fsync_folder(folder: Path) -> None:
-    """Make a rename in `folder` durable (fsync of the directory); a file system that cannot (EINVAL on
-    some network mounts, ENOTSUP) is left as it is: the rename itself still happened."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        fsync_fd(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_fd(fd: int) -> None:
-    """fsync of an open folder; EINVAL / ENOTSUP (some network mounts cannot) is left as it is: the
-    rename itself still happened. An I/O error is raised."""
-    try:
-        os.fsync(fd)
-    except OSError as err:
-        if err.errno not in (errno.EINVAL, errno.ENOTSUP):
-            raise
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

@@ -111,28 +111,31 @@ def wait_for_workers(name: str, timeout_s: float = WARMUP_TIMEOUT_S) -> None:
 
 
 def run_single(spec: TrialSpec, member: Member) -> None:
-    """One trial: re-report checkpointed epochs, run the task, report its summary row."""
+    """One trial: re-report checkpointed epochs, run the task, report its summary row. The trial holds its
+    checkpoint folder (checkpoint.claimed) from before it reads the checkpoint to its end, so a budget
+    ladder's trunk never writes the branch of a rung that is running (rpevit/tasks/budget_ladder.py)."""
     key = member.trial_key
     cfg = TrialConfig.from_dict(member.cfg, source=f"trial {key}")
     ckpt_dir = trial_folder(Path(spec.checkpoint_root), key)
-    history = checkpointed_history(ckpt_dir, cfg)
-    with epoch_reporter(spec, member) as report:
-        for row in history:  # epochs finished before a kill / retry
-            report(row)
-        with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
-            started_at = time.time()
-            log(describe(key, placement))
-            ladder = {"branches": branches_of(spec), "pause_at_branch": spec.pause_at_branch} if spec.branches else {}
-            try:
-                summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
-                                                   on_epoch=lambda row, _dir=None: report(row), **ladder)
-            except DivergedError as err:  # replays identically from its checkpoint: a Tune retry would only
-                log(f"failed: {err} (not retried: a resumed run replays the same steps)")  # diverge again
-                report_failure(member, err)
-                return
-            except TrunkPaused as paused:  # --rungs-first: no row yet; the driver's next round continues it
-                report_paused(member, paused)
-                return
+    with checkpoint.claimed(ckpt_dir):
+        history = checkpointed_history(ckpt_dir, cfg)
+        with epoch_reporter(spec, member) as report:
+            for row in history:  # epochs finished before a kill / retry
+                report(row)
+            with trial_scope(cfg, spec) as placement, trial_log(ckpt_dir) as log:
+                started_at = time.time()
+                log(describe(key, placement))
+                ladder = {"branches": branches_of(spec), "pause_at_branch": spec.pause_at_branch} if spec.branches else {}
+                try:
+                    summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
+                                                       on_epoch=lambda row, _dir=None: report(row), **ladder)
+                except DivergedError as err:  # replays identically from its checkpoint: a Tune retry would only
+                    log(f"failed: {err} (not retried: a resumed run replays the same steps)")  # diverge again
+                    report_failure(member, err)
+                    return
+                except TrunkPaused as paused:  # --rungs-first: no row yet; the driver's next round continues it
+                    report_paused(member, paused)
+                    return
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
 
@@ -150,7 +153,7 @@ def run_fused(spec: TrialSpec) -> None:
 
     The worker is seeded from the first member's seed; each member's own randomness comes from
     generators seeded by its own seed inside the group runner, so this does not matter."""
-    with ExitStack() as boards:  # each member's TensorBoard folder, closed when the group is done
+    with ExitStack() as boards:  # each member's TensorBoard folder and checkpoint folder, held to the group's end
         _run_fused(spec, boards)
 
 
@@ -158,8 +161,10 @@ def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
     members, configs, resumed, reports = [], [], {}, {}
     for member in spec.members:
         cfg = TrialConfig.from_dict(member.cfg, source=f"trial {member.trial_key}")
-        try:  # a foreign or broken checkpoint fails its member only
-            history = checkpointed_history(trial_folder(Path(spec.checkpoint_root), member.trial_key), cfg)
+        folder = trial_folder(Path(spec.checkpoint_root), member.trial_key)
+        try:  # a foreign or broken checkpoint, or a folder another process runs in, fails its member only
+            boards.enter_context(checkpoint.claimed(folder))
+            history = checkpointed_history(folder, cfg)
         except ConfigError as err:
             report_failure(member, err)
             continue

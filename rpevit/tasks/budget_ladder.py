@@ -161,16 +161,18 @@ def plan_branches(trunk: TrialConfig, branches: Sequence[Branch], steps_per_epoc
 def write_branches(due: Sequence[Branch], payload: Callable[[TrialConfig], dict[str, Any]],
                    log: Callable[[str], None]) -> None:
     """After the trunk epoch the branches in `due` start from: each rung's checkpoint, holding the trunk's
-    state under the rung's config (never over a checkpoint the rung has meanwhile written itself)."""
+    state under the rung's config (never over a checkpoint the rung has meanwhile written itself, and never
+    while the rung's own trial runs in its folder: checkpoint.claimed, taken without waiting)."""
     for branch in due:
-        try:
-            path = checkpoint.prepare_dir(branch.folder)
+        try:  # the rung's folder held for the write: a rung that is running there keeps it, and runs on its own
+            with checkpoint.claimed(branch.folder, wait_s=0):
+                path = checkpoint.prepare_dir(branch.folder)
+                if path is None or path.exists():
+                    continue
+                checkpoint.save(path, payload(branch.cfg))
         except ConfigError as err:
             log(f"budget ladder: no branch for the {branch.cfg.epochs}-epoch rung ({err}): it runs on its own")
             continue
-        if path is None or path.exists():
-            continue
-        checkpoint.save(path, payload(branch.cfg))
         log(f"budget ladder: wrote the {branch.cfg.epochs}-epoch rung's checkpoint after epoch {branch.epoch} "
             f"({path}); it resumes there and trains its {branch.cfg.epochs - branch.epoch}-epoch cool-down")
 

@@ -38,7 +38,8 @@ class MemberRandom:
         return {"torch": self.cpu_state, "data": self.data.get_state(), "cuda": self.masks.get_state()}
 
     def load(self, state: dict) -> None:
-        """Continue from a checkpoint's states (a CPU checkpoint continued on a GPU has no `cuda`)."""
+        """Continue from a checkpoint's states, written on this device kind (a CPU checkpoint on a GPU, or the
+        other way round, is refused before: rpevit.checkpoint.check_device; their data generators differ)."""
         self.data.set_state(state["data"])
         if self.alone:
             torch.set_rng_state(state["torch"])

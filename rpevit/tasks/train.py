@@ -163,6 +163,9 @@ def train_members(cfgs: list[TrialConfig], opened: list[tuple[Path | None, dict 
     cfgs = [c.resolved() for c in cfgs]  # what runs: the recipe's init, clipping, redraw, ... where left to it
     cfg, k = cfgs[0], len(cfgs)
     device = resolve_device(cfg.device)
+    for path, state in opened:  # before the data load: a checkpoint of another device kind cannot continue here
+        if state is not None:
+            checkpoint.check_device(state, device.type, path)
     outcomes: list[Outcome | None] = [None] * k
     with default_dtype(cfg) as dtype:  # buffers built in float32 follow the parameters
         data = load_splits(cfg.dataset, data_dir=cfg.data_dir or None, device=device,
@@ -310,12 +313,14 @@ def end_epoch(member: Member, i: int, stepper: Stepper, data: Splits, device: to
     member.history.append(row)
     log(f"{member.tag}{epoch_line(row, member.cfg)}")
     optimizer_state, rng = stepper.member_optimizer_state(i), member.random.state()
-    if member.ckpt_path is not None:
-        save_checkpoint(member.ckpt_path, checkpoint_payload(member.model, optimizer_state, stepper.scheduler_for(i),
-                                                             rng, member.history, epoch, member.cfg))
+    # The branches before the trunk's own checkpoint: a kill between the two leaves the trunk at the epoch
+    # before, so its resume writes a missing branch again (plan_branches) instead of having passed it.
     if epoch + 1 in member.due:
         write_branches(member.due[epoch + 1], lambda rung: checkpoint_payload(
             member.model, optimizer_state, stepper.scheduler_for(i), rng, member.history, epoch, rung), log)
+    if member.ckpt_path is not None:
+        save_checkpoint(member.ckpt_path, checkpoint_payload(member.model, optimizer_state, stepper.scheduler_for(i),
+                                                             rng, member.history, epoch, member.cfg))
     if on_epoch is not None:
         on_epoch(i, row, member.ckpt_path.parent if member.ckpt_path is not None else None)
 
