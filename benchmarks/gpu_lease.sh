@@ -149,7 +149,7 @@ if [[ -z ${LEASE_BUDGET_S:-} ]]; then   # no default: a forgotten export planned
        "machine's start), e.g. export LEASE_BUDGET_S=810 (gpu_lease.sh budget prints its plan)" >&2
   exit 2
 fi
-if [[ -n ${LEASE_LEFT_S:-} && ! ${LEASE_LEFT_S} =~ ^[0-9]{1,5}$ ]]; then
+if [[ -n ${LEASE_LEFT_S:-} && ! ${LEASE_LEFT_S} =~ ^(0|[1-9][0-9]{0,4})$ ]]; then
   echo "error: LEASE_LEFT_S has value '$LEASE_LEFT_S'; allowed: whole seconds of device time left as this call" \
        "starts (the last reply's lease.budget_left_s less the seconds since), or unset" >&2
   exit 2
@@ -173,8 +173,8 @@ export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}  # seve
 
 # t0: `first` starts the lease; a later call on this machine keeps its t0, a call on a fresh one starts its own
 STARTED=$(date +%s)   # this call's start (LEASE_LEFT_S counts from it)
-new_t0() { date +%s > "$L/t0"; T0=$(cat "$L/t0"); }
-keep_t0() { [[ -f $L/t0 ]] || date +%s > "$L/t0"; T0=$(cat "$L/t0"); }
+new_t0() { echo "$STARTED" > "$L/t0"; T0=$(cat "$L/t0"); }   # a call that starts t0 starts it at its own start
+keep_t0() { [[ -f $L/t0 ]] || echo "$STARTED" > "$L/t0"; T0=$(cat "$L/t0"); }
 since_t0() { echo $(( $(date +%s) - T0 )); }
 # this call's end from t0: CALL_END_S after its start, and never after the budget's end less the return, nor
 # (LEASE_LEFT_S given) after the device time really left less the return

@@ -293,8 +293,22 @@ def claimed(folder: str | os.PathLike, *, wait_s: float | None = None) -> Iterat
     drops it when the holder exits or is killed, so it is never stale (a second open of the file, even in
     the same process, is a second holder). Never through a link: the folder is opened with O_NOFOLLOW."""
     folder, wait_s = Path(folder), CLAIM_WAIT_S if wait_s is None else wait_s
-    folder.mkdir(parents=True, exist_ok=True)
-    folder_fd = _open_folder(folder)
+    allowed = "a folder (created if missing) that this user can write"
+    if folder.exists() and not folder.is_dir() and not folder.is_symlink():
+        raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which is a file; allowed: {allowed}")
+    if not folder.is_symlink():  # a link (dangling or not) is refused by _open_folder, naming it
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which cannot be created "
+                                  f"({err.strerror or err}); allowed: {allowed}") from err
+    try:
+        folder_fd = _open_folder(folder)
+    except CheckpointError:
+        raise
+    except OSError as err:
+        raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which cannot be opened "
+                              f"({err.strerror or err}); allowed: {allowed}") from err
     try:
         fd = os.open(CLAIM_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder_fd)
     except OSError as err:

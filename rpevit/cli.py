@@ -10,7 +10,7 @@ import argparse
 import json
 import math
 import sys
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import fields
 from pathlib import Path
 
@@ -80,22 +80,24 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint_dir = str(Path(checkpoint_dir).expanduser().resolve())
     extend_epochs = args.pop("extend_epochs")
     given = {k: v for k, v in args.items() if v is not None}
-    try:
-        cfg = TrialConfig.from_dict(given, source="command line").resolved()  # the row says what ran
-        check_runnable(cfg, checkpoint_dir=checkpoint_dir, extend_epochs=extend_epochs)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    registry.load_all()
-    task = registry.TASKS[cfg.task]
-    log = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    extra = {"extend_epochs": True} if extend_epochs else {}
-    try:
-        with checkpoint.claimed(checkpoint_dir) if checkpoint_dir else nullcontext():  # one run in a folder
+    with ExitStack() as held:  # the checkpoint folder held from its first check to the run's end: one run there
+        try:
+            cfg = TrialConfig.from_dict(given, source="command line").resolved()  # the row says what ran
+            if checkpoint_dir:
+                held.enter_context(checkpoint.claimed(checkpoint_dir))
+            check_runnable(cfg, checkpoint_dir=checkpoint_dir, extend_epochs=extend_epochs)
+        except ConfigError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        registry.load_all()
+        task = registry.TASKS[cfg.task]
+        log = None if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+        extra = {"extend_epochs": True} if extend_epochs else {}
+        try:
             row = task(cfg, checkpoint_dir=checkpoint_dir, log=log, **extra)
-    except (DataError, ConfigError) as err:  # ConfigError includes CheckpointError
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
+        except (DataError, ConfigError) as err:  # ConfigError includes CheckpointError
+            print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
     print(json.dumps(_json_safe(row), sort_keys=True))
     return 0
 

@@ -58,6 +58,7 @@ def _hold(folder: str) -> None:  # another process holding a trial's folder unti
         time.sleep(120)
 
 
+@pytest.mark.slow
 def test_one_process_at_a_time_holds_a_checkpoint_folder_and_a_kill_frees_it(tmp_path) -> None:
     holder = multiprocessing.get_context("spawn").Process(target=_hold, args=(str(tmp_path / "trial"),))
     holder.start()
@@ -65,6 +66,7 @@ def test_one_process_at_a_time_holds_a_checkpoint_folder_and_a_kill_frees_it(tmp
         deadline = time.monotonic() + 60
         while not (tmp_path / "trial" / "held").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert (tmp_path / "trial" / "held").exists(), "the holding process did not start within 60 s"
         started = time.monotonic()
         with pytest.raises(CheckpointError, match=rf"is in use by pid {holder.pid} on .*waited 0.3 s.*one run at a "
                                                   rf"time in a checkpoint folder"):
@@ -79,6 +81,21 @@ def test_one_process_at_a_time_holds_a_checkpoint_folder_and_a_kill_frees_it(tmp
         if holder.is_alive():
             holder.kill()
         holder.join(30)
+
+
+def test_a_rung_folder_that_is_a_file_or_a_dangling_link_is_a_branch_not_written(tmp_path) -> None:
+    """One line in the trunk's log, and the trunk goes on (an OSError out of the claim failed the trunk)."""
+    from rpevit.tasks.budget_ladder import write_branches
+
+    rung = TrialConfig.from_dict({**LADDER, "attention": "softmax", "pe": "ape", "epochs": 5})
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    lines: list[str] = []
+    write_branches([Branch(rung, tmp_path / "afile", 4), Branch(rung, tmp_path / "dangling", 4)],
+                   lambda _cfg: {"epoch": 4}, lines.append)
+    assert len(lines) == 2 and all("no branch for the 5-epoch rung" in line for line in lines), lines
+    assert "which is a file" in lines[0] and "is a symbolic link" in lines[1]
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_a_claim_is_never_taken_through_a_link(tmp_path) -> None:
@@ -97,6 +114,7 @@ def test_a_claim_is_never_taken_through_a_link(tmp_path) -> None:
     assert victim.read_text() == "keep"
 
 
+@pytest.mark.slow
 def test_a_trunk_never_writes_the_branch_of_a_rung_whose_trial_is_running(tmp_path) -> None:
     """The rung's trial holds its folder (here: this test, through a second open, as flock counts it): the trunk
     leaves it to run on its own, writes nothing there, and its own row is unchanged."""
@@ -115,6 +133,7 @@ def test_a_trunk_never_writes_the_branch_of_a_rung_whose_trial_is_running(tmp_pa
     assert any("wrote the 5-epoch rung's checkpoint after epoch 4" in line for line in free)
 
 
+@pytest.mark.slow
 def test_the_branch_is_written_before_the_trunks_own_checkpoint(tmp_path, monkeypatch) -> None:
     """A kill between the two then leaves the trunk one epoch back with the branch written (its resume sees it),
     never the trunk past the branch epoch with no branch (the rung then trained from epoch 0)."""
@@ -139,6 +158,7 @@ def test_the_branch_is_written_before_the_trunks_own_checkpoint(tmp_path, monkey
     assert checkpoint.load(tmp_path / "trunk" / CHECKPOINT_NAME)["epoch"] == 3
 
 
+@pytest.mark.slow
 def test_a_trial_holds_its_folder_while_it_runs_and_waits_for_a_holder(tmp_path, monkeypatch) -> None:
     """rpevit.sweep.trainable.run_single (Tune's report replaced by a list): the trial's folder is held from
     before it reads its checkpoint to its end, and a folder another process holds fails the trial in one line."""
@@ -169,16 +189,22 @@ def test_a_trial_holds_its_folder_while_it_runs_and_waits_for_a_holder(tmp_path,
             trainable.run_single(spec, one)
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_a_checkpoint_folder_another_run_holds(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(checkpoint, "CLAIM_WAIT_S", 0.2)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "checkpoint.tmp").write_bytes(b"the holder's save, mid-write")
     with checkpoint.claimed(tmp_path / "run"):
         assert main(["--dataset", "digits", "--dim", "16", "--depth", "1", "--heads", "2", "--train-subset", "100",
                      "--epochs", "1", "--checkpoint-dir", str(tmp_path / "run")]) == 2
     message = capsys.readouterr().err.strip()
     assert message.count("\n") == 0 and "is in use by pid" in message
     assert not (tmp_path / "run" / CHECKPOINT_NAME).exists()
+    # its first check of the folder (which removes a killed save's temp file) waited for the claim too
+    assert (tmp_path / "run" / "checkpoint.tmp").read_bytes() == b"the holder's save, mid-write"
 
 
+@pytest.mark.slow
 def test_a_checkpoint_of_another_device_kind_is_refused_before_any_work(tmp_path) -> None:
     """A run's data order comes from a generator on its device: a CUDA generator's state cannot continue on the
     CPU (torch refused it only after the model and data were loaded, in its own words, on every retry)."""
@@ -211,3 +237,19 @@ def test_a_resume_that_switches_to_or_from_compile_graph_is_refused(tmp_path) ->
         checkpoint.check_matches(graph, cfg.replace(compile="on"), path)
     older = {"epoch": 1, "fingerprint": {k: v for k, v in checkpoint.fingerprint(cfg).items() if k != "random_stream"}}
     checkpoint.check_matches(older, cfg.replace(compile="graph"), path)  # not recorded then: nothing to compare
+
+
+@pytest.mark.slow
+def test_a_fused_member_whose_checkpoint_is_of_another_device_kind_fails_alone(tmp_path) -> None:
+    """As a foreign checkpoint does: the group's other members train and keep their rows."""
+    from rpevit.tasks.train_group import train_group
+
+    cfgs = [TrialConfig.from_dict({**TINY, "attention": "softmax", "pe": "ape", "epochs": 1, "seed": s}) for s in (0, 1)]
+    train_and_evaluate(cfgs[0], log=None, checkpoint_dir=tmp_path / "m0")
+    path = tmp_path / "m0" / CHECKPOINT_NAME
+    state = checkpoint.load(path)
+    state["rng"]["cuda"] = torch.zeros(16, dtype=torch.uint8)  # what a GPU run stores
+    checkpoint.save(path, state)
+    outcomes = train_group(cfgs, checkpoint_dirs=[tmp_path / "m0", tmp_path / "m1"], log=None)
+    assert isinstance(outcomes[0], CheckpointError) and "written on a cuda device" in str(outcomes[0])
+    assert isinstance(outcomes[1], dict) and outcomes[1]["seed"] == 1

@@ -225,3 +225,14 @@ def test_a_pipe_or_newline_in_a_returned_file_cannot_forge_table_columns(tmp_pat
         header = next(h for h in lines[:i][::-1] if h.startswith("| file"))  # the table's own header
         assert unescaped_pipes(lines[i]) == unescaped_pipes(header), f"columns forged: {lines[i]!r}"
     assert "999,999" not in [c.strip() for i in rows for c in lines[i].split(" | ")]
+
+
+def test_a_failed_test_whose_teardown_also_errs_is_not_subtracted_twice_from_the_passes(tmp_path):
+    """pytest writes both <failure> and <error> into one testcase when its call fails and its teardown errs."""
+    both = JUNIT.replace('name="test_b[softmax-ape-off]" time="1"><failure message="x">boom</failure>',
+                         'name="test_b[softmax-ape-off]" time="1"><failure message="x">boom</failure>'
+                         '<error message="z">teardown</error>')
+    (tmp_path / "pytest_gpu.xml").write_text(both)
+    assert run(tmp_path).returncode == 0
+    assert "| pytest_gpu.xml | 4 | 1 | 1 | 2 | 1 | 12 |" in (tmp_path / "SUMMARY.md").read_text()
+

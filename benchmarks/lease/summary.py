@@ -70,7 +70,9 @@ def test_counts(path: Path) -> dict[str, Any]:
     seconds = sum(float(s.get("time", 0) or 0) for s in suites)
     return {"tests": len(cases), "failed": [c.get("name", "?") for c in failed],
             "errors": [c.get("name", "?") for c in errors], "skipped": len(skipped),
-            "passed": len(cases) - len(failed) - len(errors) - len(skipped), "seconds": seconds,
+            # a case is one outcome: a failed test whose teardown also errs has both elements, and counts once
+            "passed": sum(all(c.find(tag) is None for tag in ("failure", "error", "skipped")) for c in cases),
+            "seconds": seconds,
             "names": {c.get("name", "?") for c in cases}, "unnamed": len(every) - len(cases)}
 
 
@@ -208,7 +210,7 @@ def summary(folder: Path) -> str:
                     "|---|---|---|---|---|---|---|---|"]
         for path in xmls:
             c = test_counts(path)
-            failing = ", ".join(cell(n) for n in c["failed"] + c["errors"]) or "-"
+            failing = ", ".join(cell(n) for n in dict.fromkeys(c["failed"] + c["errors"])) or "-"  # each test once
             out.append(f"| {cell(path.name)} | {c['tests']} | {c['passed']} | {len(c['failed'])} | {len(c['errors'])} | "
                        f"{c['skipped']} | {c['seconds']:.0f} | {failing} |")
             if c["unnamed"]:

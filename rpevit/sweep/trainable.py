@@ -161,8 +161,8 @@ def _run_fused(spec: TrialSpec, boards: ExitStack) -> None:
     members, configs, resumed, reports = [], [], {}, {}
     for member in spec.members:
         cfg = TrialConfig.from_dict(member.cfg, source=f"trial {member.trial_key}")
-        folder = trial_folder(Path(spec.checkpoint_root), member.trial_key)
         try:  # a foreign or broken checkpoint, or a folder another process runs in, fails its member only
+            folder = trial_folder(Path(spec.checkpoint_root), member.trial_key)
             boards.enter_context(checkpoint.claimed(folder))
             history = checkpointed_history(folder, cfg)
         except ConfigError as err:

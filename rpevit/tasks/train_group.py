@@ -23,7 +23,7 @@ from rpevit import checkpoint
 from rpevit.config import ConfigError, TrialConfig
 from rpevit.registry import register_group_task
 from rpevit.tasks.grouping import check_group
-from rpevit.tasks.train import MemberEpoch, Outcome, train_members
+from rpevit.tasks.train import MemberEpoch, Outcome, resolve_device, train_members
 
 
 @register_group_task("train")
@@ -39,8 +39,11 @@ def train_group(cfgs: list[TrialConfig], *, checkpoint_dirs: list[str | Path | N
     outcomes: list[Outcome | None] = [None] * len(cfgs)
     opened: dict[int, tuple[Path | None, dict | None]] = {}
     for i, (cfg, folder) in enumerate(zip(cfgs, dirs)):
-        try:
-            opened[i] = checkpoint.open_for_resume(folder, cfg)
+        try:  # a checkpoint of another device kind fails its member only, as a foreign one does
+            path, state = opened_i = checkpoint.open_for_resume(folder, cfg)
+            if state is not None:
+                checkpoint.check_device(state, resolve_device(cfg.device).type, path)
+            opened[i] = opened_i
         except ConfigError as err:
             outcomes[i] = err
     by_start: dict[int, list[int]] = {}
