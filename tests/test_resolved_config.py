@@ -225,6 +225,32 @@ def test_an_epoch_row_is_stored_under_its_trials_key_whatever_the_row_says(tmp_p
     assert set(epochs["trial_key"]) == set(keys) and (epochs["epoch"] == 7).sum() == 1
 
 
+def test_a_migration_killed_between_its_writes_is_finished_by_the_next_run_from_the_originals(tmp_path, monkeypatch):
+    """Killed after it rewrote epochs.parquet and before trials.parquet: the next run reads the originals it kept
+    (it read the re-keyed epochs, dropped every re-keyed trial's epoch rows and overwrote the kept original)."""
+    out, _, old_keys = old_scheme_folder(tmp_path)
+    space = expand_space({"name": "old", "fixed": TINY, "grid": {"seed": [0, 1]}}, source="old.yaml")
+    real_write = migrate.write_table_atomic
+
+    class Killed(Exception):
+        pass
+
+    def killed_at_the_trials(table, path) -> None:
+        if path.name == TRIALS_FILE:
+            raise Killed
+        real_write(table, path)
+
+    monkeypatch.setattr(migrate, "write_table_atomic", killed_at_the_trials)
+    with pytest.raises(Killed):
+        migrate.migrate_folder(out, space)
+    monkeypatch.setattr(migrate, "write_table_atomic", real_write)
+    assert "2 row(s)" in migrate.migrate_folder(out, space)
+    epochs = pd.read_parquet(out / EPOCHS_FILE)
+    assert epochs["trial_key"].tolist() == space.keys and epochs["train_loss"].tolist() == [1.0, 2.0]
+    assert pd.read_parquet(out / (EPOCHS_FILE + migrate.BACKUP_SUFFIX))["trial_key"].tolist() == old_keys
+    assert pd.read_parquet(out / TRIALS_FILE)["trial_key"].tolist() == space.keys
+
+
 def failed_first_folder(tmp_path):
     """old_scheme_folder with seed 0's first spelling failed: its second spelling (batch_size 16 given,
     test_acc 0.7) is the same computation, finished."""

@@ -35,9 +35,9 @@ from rpevit.config import TrialConfig, field_types, recorded_values, resolve_val
 from rpevit.sweep.protocol import OK
 from rpevit.sweep import store
 from rpevit.sweep.results import (EPOCHS_FILE, KEY_SCHEME, SPACE_FILE, STORED_KEY, TRIALS_FILE, DamagedResults,
-                                  atomic_file, check_key_column, epochs_schema, is_missing, read_space_file,
-                                  space_key_scheme, to_table, trial_folder, trials_schema, write_table_atomic,
-                                  write_text_atomic)
+                                  atomic_file, check_key_column, epochs_schema, is_missing, read_results_table,
+                                  read_space_file, space_key_scheme, to_table, trial_folder, trials_schema,
+                                  write_table_atomic, write_text_atomic)
 from rpevit.sweep.space import Space, seeded_keys, trial_key
 
 BACKUP_SUFFIX = ".before-resolved-keys"
@@ -167,8 +167,7 @@ def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
     trials_path, epochs_path = out_dir / TRIALS_FILE, out_dir / EPOCHS_FILE
     try:
         store.compact(out_dir)  # parts a writer left (no space.json yet): the rows below are then all in the files
-        trial_rows = store.read_rows(trials_path) if trials_path.is_file() else []
-        epoch_rows = store.read_rows(epochs_path) if epochs_path.is_file() else []
+        trial_rows, epoch_rows = (original_rows(path) for path in (trials_path, epochs_path))
     except DamagedResults:
         return None  # the driver sets a damaged file aside and rebuilds (rpevit.sweep.results); nothing to migrate
     for path, rows in ((trials_path, trial_rows), (epochs_path, epoch_rows)):  # before anything moves
@@ -192,8 +191,8 @@ def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
     folders = _rename_folders(out_dir, changed)
     if rows_changed or dropped:
         for path in (epochs_path, trials_path):
-            if path.is_file():
-                with open(path, "rb") as source, atomic_file(path.with_name(path.name + BACKUP_SUFFIX)) as copy:
+            if path.is_file() and not backup(path).is_file():  # one made by an interrupted run is the original
+                with open(path, "rb") as source, atomic_file(backup(path)) as copy:
                     shutil.copyfileobj(source, copy)
         task = next((r.get("task") for r in trial_rows if r.get("task")), None) or (space.task if space else "train")
         if epoch_rows:
@@ -212,6 +211,23 @@ def migrate_folder(out_dir: Path, space: Space | None = None) -> str | None:
     return (f"{out_dir}: results of the older key scheme brought to resolved configs: {len(kept)} row(s), "
             f"{len(changed)} key(s) changed, {folders} checkpoint folder(s) renamed{extra} (originals kept as "
             f"*{BACKUP_SUFFIX})")
+
+
+def backup(path: Path) -> Path:
+    """Where the migration keeps a results file's original: `<file>.before-resolved-keys`."""
+    return path.with_name(path.name + BACKUP_SUFFIX)
+
+
+def original_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows a migration starts from: the original an earlier run kept and was killed before its end
+    (it rewrites epochs.parquet, then trials.parquet, then space.json: a kill between them left files
+    already re-keyed beside ones that are not, and a second run that read those dropped the epoch rows of
+    every re-keyed trial and overwrote the kept original with them), else the file's rows (compacted)."""
+    kept = backup(path)
+    if kept.is_file():
+        table = read_results_table(kept, kind=path.name)
+        return table.to_pylist() if table is not None else []
+    return store.read_rows(path) if path.is_file() else []
 
 
 def _differs(new: dict[str, Any], old: dict[str, Any]) -> bool:
