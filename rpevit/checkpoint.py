@@ -15,7 +15,7 @@ Why this module exists:
   (`extend_epochs=True`, `python -m rpevit.cli ... --extend-epochs`), since the cosine schedule
   of the longer run differs from the one the first epochs were trained under. Two things outside the
   config fields are part of the run too and are checked beside it: the device kind its random
-  streams live on (`check_device`) and whether `compile: graph` drew them (`RANDOM_STREAM`).
+  streams live on (`check_device`) and whether `compile: graph` drew them (`random_stream`).
 - One process at a time runs in a checkpoint folder (`claimed`): a budget ladder's trunk writes
   its rungs' checkpoints into their folders, and a rung that starts while its trunk writes there
   would read a half-made state or remove the trunk's temp file mid-write.
@@ -303,9 +303,7 @@ def claimed(folder: str | os.PathLike, *, wait_s: float | None = None) -> Iterat
             raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which cannot be created "
                                   f"({err.strerror or err}); allowed: {allowed}") from err
     try:
-        folder_fd = _open_folder(folder)
-    except CheckpointError:
-        raise
+        folder_fd = _open_folder(folder)  # a link: CheckpointError naming it
     except OSError as err:
         raise CheckpointError(f"checkpoint_dir has value {str(folder)!r}, which cannot be opened "
                               f"({err.strerror or err}); allowed: {allowed}") from err
