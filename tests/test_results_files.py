@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,11 +20,12 @@ from rpevit.config import TrialConfig
 from rpevit.sweep import session, store
 from rpevit.sweep.protocol import EPOCH, SPEC_KEY, SUMMARY, Member, Report, TrialSpec
 from rpevit.sweep.writer import ParquetResults
-from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, current_rows,
+from rpevit.sweep.results import (EPOCHS_FILE, TRIALS_FILE, DamagedResults, current_rows, read_results_table,
                                   epochs_schema, trials_schema)
 from rpevit.sweep.runner import SweepOptions, run_sweep
 from rpevit.sweep.space import expand_space
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY = {"dataset": "digits", "dim": 16, "depth": 1, "heads": 2, "train_subset": 100, "epochs": 1,
         "batch_size": 50, "eval_batch_size": 256, "eval_draws": 0}
 PLACEMENT = {"node_id": "n0", "hostname": "h", "pid": 123, "ray_gpu_ids": "", "cuda_device": -1,
@@ -476,3 +479,48 @@ def test_the_atomic_writer_makes_its_data_and_its_rename_durable(tmp_path, monke
         handle.write(b"rows")
     assert calls == ["data", "rename", "folder"]
     assert (tmp_path / "trials.parquet").read_bytes() == b"rows"
+
+
+READ_AND_EXIT = """import sys
+from pathlib import Path
+from rpevit.sweep.results import TRIALS_FILE, read_results_table
+from rpevit.sweep.store import compacted_through
+path = Path(sys.argv[1])
+compacted_through(path)  # the footer read the store makes before the rows
+assert read_results_table(path, TRIALS_FILE).num_rows == 2
+sys.exit(0)  # at once: the interpreter's exit meets whatever Arrow's threads still hold
+"""
+
+
+@pytest.mark.slow
+def test_a_process_that_reads_results_and_exits_at_once_exits_0(tmp_path, train_rows) -> None:
+    """Arrow reading a Python file object frees its chunks on Arrow's I/O threads; a process that exited
+    right after a read aborted when one of them still held a chunk ('terminate called without an active
+    exception', -6): 8 of 12 such processes in a row here, and CI's `--dry-run` test on 2026-11-30. Ten in a
+    row, each must exit 0 (one at a time: eight at once on two cores never aborted)."""
+    row, epochs = train_rows
+    finished_sweep(tmp_path, "s", row, epochs)
+    path = tmp_path / "s" / TRIALS_FILE
+    assert pq.read_table(path).num_rows == 2  # what the processes read: the file as Arrow reads it by path
+    for attempt in range(10):
+        proc = subprocess.run([sys.executable, "-c", READ_AND_EXIT, str(path)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, (attempt, proc.stderr[-500:])
+
+
+def test_a_results_file_read_from_arrow_memory_equals_arrow_reading_it_by_path(tmp_path, train_rows) -> None:
+    """read_results_table reads the one descriptor it opened into memory Arrow owns (arrow_bytes): the
+    same table as pq.read_table of the path, and a file cut short reads as damaged, not as fewer rows."""
+    row, epochs = train_rows
+    finished_sweep(tmp_path, "s", row, epochs)
+    for kind in (TRIALS_FILE, EPOCHS_FILE):
+        path = tmp_path / "s" / kind
+        plain = pq.read_table(path)
+        read = store.read_table(path)
+        assert read.schema.equals(plain.schema, check_metadata=False)
+        pd.testing.assert_frame_equal(read.to_pandas(), plain.to_pandas())  # NaN where NaN
+        good = path.read_bytes()
+        path.write_bytes(good[: len(good) - 9])  # the footer's length and magic gone
+        with pytest.raises(DamagedResults, match=kind):
+            read_results_table(path, kind)
+        path.write_bytes(good)

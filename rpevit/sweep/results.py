@@ -466,29 +466,29 @@ def read_results_table(path: Path, kind: str | None = None, columns: list[str] |
     try:  # one open file for the footer and the pages: a path is opened twice by pq.read_table, and a driver
         # replacing the file between the two opens (a compaction) gave a torn read (tests/test_sweep_snapshot.py)
         with open_regular(path) as handle:
-            size = os.fstat(handle.fileno()).st_size
-            with pq.ParquetFile(handle) as footer:
-                schema, metadata = footer.schema_arrow, footer.metadata
-                names = schema.names
-                twice = sorted({n for n in names if names.count(n) > 1})
-                if twice:
-                    raise DamagedResults(path, f"column {twice[0]!r} appears more than once; allowed: the file "
-                                               f"sweep.py writes (one column per name)")
-                missing = [c for c in REQUIRED_COLUMNS.get(kind, ()) if c not in names]
-                if missing:
-                    raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
-                wanted = None if columns is None else [c for c in columns if c in names]
-                text = [f.name for f in schema if _is_text(f.type) and (wanted is None or f.name in wanted)]
-                if check_cost(metadata, wanted, set(text), size, path) <= read_budget(size):
-                    text = []  # even decoded plainly it fits: read as it is
-                if kind in REQUIRED_COLUMNS:
-                    check_schema(schema, kind, path, footer)
-            handle.seek(0)
-            with pq.ParquetFile(handle, metadata=metadata, read_dictionary=text or None) as file:
-                table = file.read(columns=wanted, use_pandas_metadata=False)  # no index columns the file names
-            if text or any(pa.types.is_dictionary(f.type) for f in table.schema):
-                table = _decoded(table, schema, size, path)
-            table = without_pandas_metadata(table)
+            data = arrow_bytes(handle)  # read by Arrow from its own memory: no Python object on its threads
+        size = data.size
+        with pq.ParquetFile(pa.BufferReader(data)) as footer:
+            schema, metadata = footer.schema_arrow, footer.metadata
+            names = schema.names
+            twice = sorted({n for n in names if names.count(n) > 1})
+            if twice:
+                raise DamagedResults(path, f"column {twice[0]!r} appears more than once; allowed: the file "
+                                           f"sweep.py writes (one column per name)")
+            missing = [c for c in REQUIRED_COLUMNS.get(kind, ()) if c not in names]
+            if missing:
+                raise DamagedResults(path, f"a Parquet table without the column(s) {', '.join(missing)}")
+            wanted = None if columns is None else [c for c in columns if c in names]
+            text = [f.name for f in schema if _is_text(f.type) and (wanted is None or f.name in wanted)]
+            if check_cost(metadata, wanted, set(text), size, path) <= read_budget(size):
+                text = []  # even decoded plainly it fits: read as it is
+            if kind in REQUIRED_COLUMNS:
+                check_schema(schema, kind, path, footer)
+        with pq.ParquetFile(pa.BufferReader(data), metadata=metadata, read_dictionary=text or None) as file:
+            table = file.read(columns=wanted, use_pandas_metadata=False)  # no index columns the file names
+        if text or any(pa.types.is_dictionary(f.type) for f in table.schema):
+            table = _decoded(table, schema, size, path)
+        table = without_pandas_metadata(table)
     except DamagedResults as err:  # named as what it was read as: a part, or the file itself
         raise DamagedResults(path, err.reason, kind) from None
     except (pa.ArrowException, OSError, ValueError, EOFError) as err:  # ArrowInvalid, thrift errors, ...
@@ -580,6 +580,26 @@ def open_regular(path: Path) -> Iterator[BinaryIO]:
         raise
     with handle:
         yield handle
+
+
+def arrow_bytes(handle: BinaryIO) -> pa.Buffer:
+    """The whole of an open file (`open_regular`'s), copied into memory Arrow owns. Arrow given the Python
+    file object itself reads it on its I/O threads (RandomAccessFile::ReadAsync) and frees each chunk there,
+    which takes the GIL; a process that exits right after a read can find such a thread still holding one,
+    and that thread's exit then unwinds through a destructor that may not throw: the process aborts
+    ('terminate called without an active exception', exit -6; 18 of 30 processes that read one trials.parquet
+    and exited did, pyarrow 26.0.1, and CI's dry-run test once). Read from its own memory, Arrow holds no
+    Python object. One copy of the file, which the read needs anyway (the decoded table is bounded by
+    check_cost); read through the one descriptor opened, so the footer and the pages are of one file."""
+    size = os.fstat(handle.fileno()).st_size
+    buffer = pa.allocate_buffer(size)
+    view, done = memoryview(buffer), 0
+    while done < size:  # a raw (unbuffered) file may return less than asked
+        got = handle.readinto(view[done:])
+        if not got:  # shorter than fstat said (truncated meanwhile): what is there, which the footer check judges
+            return buffer.slice(0, done)
+        done += got
+    return buffer
 
 
 _LINK_REFUSED = "it is a symbolic link, not a regular file (a link is never read through); allowed: a regular file"

@@ -66,9 +66,9 @@ import pyarrow.parquet as pq
 
 from rpevit.sweep.protocol import OK
 from rpevit.sweep.results import (EPOCHS_FILE, TIMESTAMP, TRIALS_FILE, TRIALS_LOST,
-                                  DamagedResults, arrow_column, check_key_column, declared_types, epochs_schema,
-                                  frame_of, open_regular, read_results_table, read_space_file, remove_stale_temps,
-                                  set_aside, temp_pattern, trials_schema, write_table_atomic)
+                                  DamagedResults, arrow_bytes, arrow_column, check_key_column, declared_types,
+                                  epochs_schema, frame_of, open_regular, read_results_table, read_space_file,
+                                  remove_stale_temps, set_aside, temp_pattern, trials_schema, write_table_atomic)
 
 PARTS_DIR = "parts"
 KINDS = (EPOCHS_FILE, TRIALS_FILE)  # compaction and flush order: a trial's row lands after its epochs
@@ -139,7 +139,9 @@ def compacted_through(path: Path) -> int:
     try:
         if not os.path.lexists(path):
             return 0
-        with open_regular(path) as handle, pq.ParquetFile(handle) as file:
+        with open_regular(path) as handle:
+            data = arrow_bytes(handle)  # not the Python file: Arrow's threads would hold its chunks (arrow_bytes)
+        with pq.ParquetFile(pa.BufferReader(data)) as file:
             return parts_through(file.schema_arrow)
     except (pa.ArrowException, OSError, ValueError):  # DamagedResults is a ValueError
         return 0
@@ -449,7 +451,7 @@ def compact(folder: Path, order: Mapping[str, int] | None = None, task: str | No
     for kind in KINDS:
         path = folder / kind
         listed = listed_parts(folder, kind)
-        through = compacted_through(path)  # the footer alone: a folder without parts is not read
+        through = compacted_through(path)  # its footer alone parsed: a folder without parts is not decoded
         live = live_parts(listed, through)
         if not live:
             if kind in keep_empty and not os.path.lexists(path) and task is not None:
