@@ -40,6 +40,21 @@ def start(space_file: Path, results: Path, *flags: str) -> tuple[subprocess.Pope
     return proc, Output(proc)
 
 
+def wait_catching(proc: subprocess.Popen, signum: int, timeout: float = 30) -> None:
+    """Until the process catches `signum` (its bit in /proc's SigCgt: sweep.py's first statement installs
+    rpevit.sigterm's handler). A fixed 0.3 s wait could send SIGTERM before that on a stalled machine: -15
+    and no line, not the 143 the test is about (exec to install() took up to 162 ms here, loaded)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        caught = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:"))
+        if int(caught.split()[1], 16) >> (signum - 1) & 1:
+            return
+        time.sleep(0.005)
+    pytest.fail(f"pid {proc.pid} did not install a handler of signal {signum} within {timeout} s "
+                f"(exit code {proc.poll()})")
+
+
 def family(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)
@@ -204,8 +219,8 @@ def test_sigterm_at_any_moment_exits_143_in_one_line(tmp_path, moment):
     else:
         proc, lines = start(space_file, results, "--no-dashboard")
     seen: list[psutil.Process] = []
-    if moment == "imports":
-        time.sleep(0.3)  # python is importing torch, pandas, rpevit
+    if moment == "imports":  # python is importing torch, pandas, rpevit (~2.5 s of CPU) once its handler is in
+        wait_catching(proc, signal.SIGTERM)
     elif moment == "tune":
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None and not list(results.glob("locked/trials/*/checkpoint.pt")):
