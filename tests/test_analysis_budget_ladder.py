@@ -228,13 +228,34 @@ def test_a_pair_that_differs_before_the_cool_down_is_named_and_one_after_it_is_n
     # epoch 3 is before every rung's cool-down (5 epochs: 4); epoch 9 is in the 10-epoch rung's own cool-down
     nudged = [ladder_epoch_rows(r, {3: 0.01, 9: 5.0} if i == rung else None) for i, r in enumerate(ladder)]
     text = budget_ladder.build(write_sweep(tmp_path / "differ", "differ", ladder, epochs=nudged))
-    assert "36 pair(s), 192 epoch rows. 2 pair(s) differ (largest |difference| 0.01)" in text
+    assert "36 pair(s), 192 epoch rows. 2 pair(s) differ (largest |difference| 0.01; largest first)" in text
     assert "favor+rope seed 1: 5 vs 10 epochs (epochs 1-4, largest |difference| 0.01)" in text
     assert "favor+rope seed 1: 10 vs 20 epochs (epochs 1-8, largest |difference| 0.01)" in text
     assert "5 vs 20" not in text and "not one run up to their cool-down" in text
     only_after = [ladder_epoch_rows(r, {9: 5.0} if i == rung else None) for i, r in enumerate(ladder)]
     assert "Identical in every one" in budget_ladder.build(write_sweep(tmp_path / "after", "after", ladder,
                                                                        epochs=only_after))
+
+
+def test_pairs_that_differ_only_by_rounding_are_told_apart_from_the_rest_and_the_largest_come_first(tmp_path):
+    """A reviewer read a pair at 1.7e-07 (float32 rounding of a loss, every accuracy equal) named first, as
+    "weaker pairing" as one at 0.009: the pairs are listed largest first, and those below ROUNDING_ONLY are
+    counted apart."""
+    ladder = rows()
+    at = {(r["attention"], r["pe"], r["seed"], r["epochs"]): i for i, r in enumerate(ladder)}
+    tiny, big = at[("favor", "ape", 0, 5)], at[("favor", "rope", 1, 10)]
+    nudged = [ladder_epoch_rows(r, {2: 1e-7} if i == tiny else {3: 0.01} if i == big else None)
+              for i, r in enumerate(ladder)]
+    out = write_sweep(tmp_path / "mixed", "mixed", ladder, epochs=nudged)
+    check = budget_ladder.shared_epochs(budget_ladder.ladder_rows(pd.DataFrame(ladder).assign(
+        sweep="mixed", trial_key=[trial_key(r) for r in ladder])), budget_ladder.trial_epoch_curves(out))
+    assert check.differences == pytest.approx((0.01, 0.01, 1e-7, 1e-7))
+    assert [d.split(":")[0] for d in check.differing] == ["favor+rope seed 1"] * 2 + ["favor+ape seed 0"] * 2
+    assert check.rounding_only == 2
+    text = budget_ladder.shared_epochs_text(check)
+    assert "4 pair(s) differ (largest |difference| 0.01; largest first): favor+rope seed 1: 5 vs 10" in text
+    assert "Of these, 2 differ only by float rounding" in text and "the other 2 share their seed's" in text
+    assert text.index("favor+rope seed 1") < text.index("favor+ape seed 0")
 
 
 def test_rungs_of_another_configuration_are_not_paired_and_missing_epoch_rows_are_counted(tmp_path):

@@ -106,7 +106,8 @@ def test_a_ladder_says_whether_each_seeds_rungs_are_one_run_up_to_their_cool_dow
     assert (p.shared.pairs, p.shared.epochs) == (12, 4 * (8 + 8 + 16))  # 2 attentions x 2 seeds x 3 pairs
     assert p.shared.differing == ("favor+ape seed 6: 20 vs 40 epochs (epochs 1-16, largest |difference| 1e-06)",)
     text = progress.progress_text(p, "ladder")
-    assert "1 pair(s) differ (largest |difference| 1e-06): favor+ape seed 6: 20 vs 40 epochs" in text
+    assert "1 pair(s) differ (largest |difference| 1e-06; largest first): favor+ape seed 6: 20 vs 40 epochs" in text
+    assert "Every one differs only by float rounding" in text and "weaker" not in text
     # epoch 12 is after the 10-epoch rung's cool-down start (8): its pair with the trunk is not touched
     assert "10 vs 40" not in text
 

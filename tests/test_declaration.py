@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from rpevit.analysis import confirmatory
+from rpevit.analysis import confirmatory, stats
 from rpevit.analysis.common import fmt
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import DeclarationError, parse
@@ -143,10 +144,27 @@ def declared_without(tmp_path, pe: str, seed: int):
 def test_an_incomplete_cell_gets_no_verdict(tmp_path):
     _, (ape, rope) = declared_without(tmp_path, "ape", 2)
     assert not ape.complete and not ape.resolved and ape.verdict(3).startswith("incomplete: 2 and 2 of the 3")
-    # the complete item's "not resolved" may change once its family is complete (the incomplete one counts at
-    # p = 1 in the Holm steps): said, where a study still running shows it (an independent review)
-    assert rope.complete and rope.verdict(3) == ("not resolved with 3 seeds (for now: 1 item of its family "
-                                                 "incomplete, counted as not rejected)")
+    # the complete item's "not resolved" could change once its family is complete only if its interval at the
+    # nominal level (alpha: the least strict Holm step) excludes 0; this one's does not, so it is final (a
+    # review read "for now" on items no later step could resolve)
+    assert rope.complete and not rope.nominal.excludes(0.0)
+    assert rope.verdict(3) == ("not resolved with 3 seeds (final whatever the 1 incomplete item of its family "
+                               "gives: its interval includes 0 even at the nominal level, the least strict Holm step)")
+
+
+def test_a_not_resolved_item_reads_for_now_only_where_a_later_holm_step_could_resolve_it():
+    """k = 4 with 2 items incomplete: an item whose 95% interval excludes 0 but whose Holm interval does not
+    may be resolved once the others are judged (they may take the earlier steps); one whose 95% interval
+    includes 0 never can."""
+    holm = stats.Interval(1.0, -0.2, 2.2, (5, 5), 0.9875, 0.04, 8.0)
+    kw = dict(family="gap", a="a", b="b", values_a=(), values_b=(), holm=holm, k=4, complete=True, pending=2)
+    could = confirmatory.Outcome(nominal=stats.Interval(1.0, 0.05, 1.95, (5, 5), 0.95, 0.04, 8.0), **kw)
+    never = confirmatory.Outcome(nominal=stats.Interval(1.0, -0.05, 2.05, (5, 5), 0.95, 0.06, 8.0), **kw)
+    assert could.verdict(5) == ("not resolved with 5 seeds (for now: 2 items of its family incomplete, counted as "
+                                "not rejected)")
+    assert never.verdict(5) == ("not resolved with 5 seeds (final whatever the 2 incomplete items of its family "
+                                "give: its interval includes 0 even at the nominal level, the least strict Holm step)")
+    assert replace(never, pending=0).verdict(5) == "not resolved with 5 seeds"
 
 
 def test_an_incomplete_item_shows_no_interim_estimate_and_a_resolved_one_says_its_level_may_fall(tmp_path):

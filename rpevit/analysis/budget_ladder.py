@@ -355,6 +355,8 @@ def summary(results_dir: Path) -> str | None:
 
 SHARED_MEASURES = ("train_loss", "val_loss", "val_acc")  # what an epoch row records of the run itself
 LISTED_PAIRS = 10  # pairs that differ named in the text; the rest counted
+ROUNDING_ONLY = 1e-5  # a pair whose largest |difference| is below this differs only in its losses' 6th digit or
+# beyond: every validation accuracy is equal (one image of a 5,000-image split is 2e-4)
 
 
 @dataclass(frozen=True)
@@ -368,8 +370,14 @@ class SharedEpochs:
     pairs: int  # pairs compared
     epochs: int  # epoch rows compared, over all pairs
     largest: float
-    differing: tuple[str, ...]  # one label per pair that differs, in order
+    differing: tuple[str, ...]  # one label per pair that differs, the largest difference first
     without_rows: int  # pairs whose shared epochs are not all in the epoch rows (not compared)
+    differences: tuple[float, ...] = ()  # each differing pair's largest |difference|, in `differing`'s order
+
+    @property
+    def rounding_only(self) -> int:
+        """Differing pairs whose every difference is below ROUNDING_ONLY (the last ones of `differing`)."""
+        return sum(d < ROUNDING_ONLY for d in self.differences)
 
 
 def trial_epoch_curves(results_dir: Path) -> pd.DataFrame:
@@ -391,7 +399,7 @@ def shared_epochs(rows: pd.DataFrame, curves: pd.DataFrame) -> SharedEpochs:
                 for key, g in curves.groupby(["sweep", "trial_key"])}
     pairs = compared = without = 0
     largest = math.nan
-    differing: list[str] = []
+    differing: list[tuple[float, str]] = []
     for _, group in wsd.assign(_config=wsd[keys].astype(str).agg("\x1f".join, axis=1)).groupby("_config"):
         group = group.sort_values("epochs")
         for (_, short), (_, long) in itertools.combinations(group.iterrows(), 2):
@@ -410,10 +418,12 @@ def shared_epochs(rows: pd.DataFrame, curves: pd.DataFrame) -> SharedEpochs:
             pairs, compared = pairs + 1, compared + len(shared)
             largest = diff if math.isnan(largest) else max(largest, diff)
             if diff > 0:
-                differing.append(f"{short['attention']}+{short['pe']} seed {int(short['seed'])}: "
-                                 f"{int(short['epochs'])} vs {int(long['epochs'])} epochs "
-                                 f"(epochs 1-{shared[-1]}, largest |difference| {fmt(diff, 3)})")
-    return SharedEpochs(pairs, compared, largest, tuple(differing), without)
+                differing.append((diff, f"{short['attention']}+{short['pe']} seed {int(short['seed'])}: "
+                                        f"{int(short['epochs'])} vs {int(long['epochs'])} epochs "
+                                        f"(epochs 1-{shared[-1]}, largest |difference| {fmt(diff, 3)})"))
+    differing.sort(key=lambda d: -d[0])  # stable: pairs of equal difference keep the rows' order
+    return SharedEpochs(pairs, compared, largest, tuple(label for _, label in differing), without,
+                        tuple(d for d, _ in differing))
 
 
 def _measure_difference(a: pd.Series, b: pd.Series) -> float:
@@ -440,10 +450,21 @@ def shared_epochs_text(check: SharedEpochs) -> str:
                 f"pairing by seed assumes.{skipped}")
     listed = "; ".join(check.differing[:LISTED_PAIRS])  # names as the rows hold them: inert (untrusted_names)
     more = f"; and {len(check.differing) - LISTED_PAIRS} more" if len(check.differing) > LISTED_PAIRS else ""
-    return (f"{head} {len(check.differing)} pair(s) differ (largest |difference| {fmt(check.largest, 3)}): "
-            f"{listed}{more}. Those rungs share their seed's initialisation and data order but are not one run "
-            f"up to their cool-down (a run not reproduced exactly: a trunk trained again, or other hardware), "
-            f"so their pairing by seed is weaker than the others'.{skipped}")
+    rounding = check.rounding_only
+    beyond = len(check.differing) - rounding
+    weaker = ("share their seed's initialisation and data order but are not one run up to their cool-down (a run "
+              "not reproduced exactly: a trunk trained again, or other hardware), so their pairing by seed is weaker "
+              "than the others'")
+    floor = (f"only by float rounding (largest |difference| below {fmt(ROUNDING_ONLY)}: every validation accuracy "
+             f"equal, the losses within {fmt(ROUNDING_ONLY)})")
+    if not rounding:
+        tail = f" Those rungs {weaker}."
+    elif beyond:
+        tail = f" Of these, {rounding} differ {floor}, effectively one run; the other {beyond} {weaker}."
+    else:
+        tail = f" Every one differs {floor}: effectively one run, as the pairing by seed assumes."
+    return (f"{head} {len(check.differing)} pair(s) differ (largest |difference| {fmt(check.largest, 3)}; largest "
+            f"first): {listed}{more}.{tail}{skipped}")
 
 
 def budget_label(epochs: int, images: float) -> str:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis import budget_ladder, stats
+from rpevit.analysis import budget_ladder, seed_pairing, stats
 from rpevit.analysis.common import column, fmt, judged_accuracy, markdown_table, md_text, read_trials
 from rpevit.sweep.declaration import (AFTER_TRIALS, DECLARATION_FILE, Declaration, DeclarationError, Family, Pair,
                                       Trend, cell_of, read_record, redeclarations, utc_text)
@@ -56,16 +56,18 @@ PENALTY_OF_KIND = {  # what the side-by-side table's last column is, per kind of
 }
 INCOMPLETE_P = 1.0  # an incomplete comparison still counts in its family's k, as if not rejected (conservative)
 KIND_METHOD = {
-    "comparison": "a − b of the metric, Welch's interval (independent cells)",
-    "contrast": "(a1 − b1) − (a2 − b2), the difference of two gaps: a contrast of four independent cell means with "
-                "the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast). The gaps are signed: a positive "
+    "comparison": "a − b of the metric, Welch's interval, as declared (it treats the two cells as independent "
+                  "samples, though both run under the declared seeds: the seed-pairing line below checks how much "
+                  "the verdicts lean on that)",
+    "contrast": "(a1 − b1) − (a2 − b2), the difference of two gaps: a contrast of four cell means taken as independent, as "
+                "declared (the seed-pairing line below checks that), with the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast). The gaps are signed: a positive "
                 "contrast is a smaller gap 2, which is a narrower one while gap 2 is not negative (each gap is shown "
                 "beside it, with its sign)",
     "trend": "per seed, (a − b) at the longer budget minus (a − b) at the shorter; a one-sample t interval over seeds. "
              "Paired by seed because the rungs of one seed share its initialisation and data order (and, in a study "
              "that branches its rungs, `branch: epochs`, its trunk: the shorter run resumes the longer run's "
              "checkpoint at its cool-down start), so they are not independent. The gap at each end is shown with "
-             "Welch's interval (its two cells are independent runs, as in the comparisons), over the seeds the "
+             "Welch's interval (as in the comparisons), over the seeds the "
              "change uses. The gap is signed: a falling gap is a shrinking one only while it stays above 0 (the "
              "verdict says where it ends below 0, its second cell ahead)",
 }
@@ -96,6 +98,8 @@ class Outcome:
     # shorter budget (each Welch, 95%, signed a − b)
     pending: int = 0  # items of its family still incomplete: counted at p = 1, so a "not resolved" may change
     where: str = ""  # the family's name with its for_each value (and trend), without the metric
+    by_seed: tuple[tuple[float, dict[int, float]], ...] = ()  # a comparison or contrast: (coefficient, seed ->
+    # value) per cell, for the seed-paired check beside the declared test (seed_pairing)
 
     @property
     def resolved(self) -> bool:
@@ -133,8 +137,15 @@ class Outcome:
         if not self.complete:
             return f"incomplete: {self.counts_text(n_declared)} (no verdict before n is reached)"
         if not self.resolved:
-            later = (f" (for now: {self.pending} item{'s' if self.pending != 1 else ''} of its family incomplete, "
-                     f"counted as not rejected)" if self.pending else "")
+            s = "s" if self.pending != 1 else ""
+            if not self.pending:
+                later = ""
+            elif self.nominal.excludes(0.0):  # its 95% interval excludes 0: a later Holm step could resolve it
+                later = f" (for now: {self.pending} item{s} of its family incomplete, counted as not rejected)"
+            else:  # alpha itself is the least strict Holm level: whatever the incomplete items give, it stays
+                later = (f" (final whatever the {self.pending} incomplete item{s} of its family "
+                         f"give{'' if s else 's'}: its interval includes 0 even at the nominal level, the least strict "
+                         f"Holm step)")
             return f"not resolved with {stats.seeds_text(self.holm.n)}{later}"
         up = self.holm.point > 0
         if self.pending:  # an incomplete item judged later can only take a Holm step before this one:
@@ -244,7 +255,8 @@ def comparison_item(records: list[dict], values: pd.Series, pair: Pair, fixed: d
     return (lambda level: stats.welch(np.array(va) * 100, np.array(vb) * 100, level),
             len(va) == len(vb) == n,
             {"a": side_label(pair[0]), "b": side_label(pair[1]), "a_short": short_label(pair[0]),
-             "b_short": short_label(pair[1]), "values_a": va, "values_b": vb, "counts": (len(va), len(vb))})
+             "b_short": short_label(pair[1]), "values_a": va, "values_b": vb, "counts": (len(va), len(vb)),
+             "by_seed": ((1.0, a), (-1.0, b))})
 
 
 def contrast_item(records: list[dict], values: pd.Series, contrast: tuple[Pair, Pair], fixed: dict[str, Any],
@@ -253,11 +265,12 @@ def contrast_item(records: list[dict], values: pd.Series, contrast: tuple[Pair, 
     coefficients summed (stats.contrast)."""
     sides = [contrast[0][0], contrast[0][1], contrast[1][0], contrast[1][1]]
     coefficients: dict[str, float] = {}
-    groups: dict[str, tuple[float, ...]] = {}
+    by_seed: dict[str, dict[int, float]] = {}
     for side, c in zip(sides, (1.0, -1.0, -1.0, 1.0)):
         key = json.dumps(side, sort_keys=True, default=str)
         coefficients[key] = coefficients.get(key, 0.0) + c
-        groups[key] = tuple(cell_values(records, values, side, fixed).values())
+        by_seed[key] = cell_values(records, values, side, fixed)
+    groups = {key: tuple(cell.values()) for key, cell in by_seed.items()}
     used = [k for k in groups if coefficients[k] != 0]
     counts = tuple(len(groups[k]) for k in used)
     gap = [tuple(len(cell_values(records, values, s, fixed)) for s in pair) for pair in contrast]
@@ -268,7 +281,8 @@ def contrast_item(records: list[dict], values: pd.Series, contrast: tuple[Pair, 
                                          level),
             all(c == n for c in counts),
             {"a": md_text(labels[0]), "b": md_text(labels[1]), "a_short": labels[0], "b_short": labels[1],
-             "values_a": (), "values_b": (), "counts": tuple(c for pair in gap for c in pair), "gaps": gaps})
+             "values_a": (), "values_b": (), "counts": tuple(c for pair in gap for c in pair), "gaps": gaps,
+             "by_seed": tuple((coefficients[k], by_seed[k]) for k in used)})
 
 
 def trend_item(records: list[dict], values: pd.Series, pair: Pair, fixed: dict[str, Any], trend: Trend,
@@ -442,6 +456,7 @@ def build(results_dir: Path) -> str:
               f"on, every item is shown at that step's level (Holm stops there, so each of those intervals "
               f"includes 0). An incomplete item counts in k as not rejected and shows no estimate before its n "
               f"is reached.",
+              *([f"- {pairing}"] if (pairing := seed_pairing.text(families, decl.alpha)) else []),
               "- Rows set aside: " + (", ".join(f"{v} ({k})" for k, v in set_aside.items() if v) or "none") + ".",
               "- Everything else reported about this study is exploratory.", ""]
     for i, (name, outcomes) in enumerate(families):

@@ -127,8 +127,9 @@ def progress_text(p: Progress, name: str) -> str:
              f"{p.ok} ok and {p.failed} failed row(s){planned}"
              + (f", the last finished {p.last_finished}" if p.last_finished else "") + ". "
              f"{p.complete_cells} of {len(p.cells) * len(p.rungs)} cell x rung entries hold every declared seed "
-             f"({', '.join(map(str, p.seeds))}); a comparison is judged once both its cells do, until then "
-             f"`confirmatory.md` reads it \"incomplete\"."
+             f"({', '.join(map(str, p.seeds))}); an item is judged once every cell it uses does (a gap: its two "
+             f"cells; a contrast of gaps: its four; a trend: its two cells at both ends), until then `confirmatory.md` "
+             f"reads it \"incomplete\"."
              + (f" Rows not counted (confirmatory.usable_rows): {aside}." if aside else ""), "",
              "Each entry: the declared seeds with a row the verdicts will use.", "",
              markdown_table(["cell", *map(rung_name, p.rungs)],
