@@ -4,6 +4,7 @@ which widens with seed noise and holds the figure printed with it, and a highest
 is tied with (Holm over its k - 1 differences to the others)."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 
@@ -11,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rpevit.analysis import budget_ladder
+from rpevit.analysis import budget_ladder, stats
 from rpevit.analysis.common import fmt
 from rpevit.sweep.space import trial_key
 from tests.analysis_rows import config_row, ladder_epoch_rows, png_ok, write_sweep
@@ -80,6 +81,23 @@ def test_the_tau_interval_is_over_seeds_and_widens_with_seed_noise():
     # without the rows there is no per-seed figure, only the tau of the means
     bare = budget_ladder.tau_interval(budget_ladder.per_budget(noisy), 5, 10)
     assert math.isnan(bare.per_seed.point) and math.isfinite(bare.of_means)
+
+
+def test_a_tau_interval_clipped_to_its_range_says_what_it_was():
+    """A review: ANSWERS' preamble says every interval is printed as computed, and '0.906 [0.763, 1]' was a t
+    interval whose upper bound, 1.05, had been clipped to tau's range without a word."""
+    iv = stats.Interval(0.9, 0.75, 1.05, (3,))
+    clipped = budget_ladder.LadderTau(dataclasses.replace(iv, hi=1.0), 0.9, 4, None, iv)
+    assert budget_ladder.per_seed_text(clipped) == ("0.9 [0.75, 1] (n=3 seeds; the t interval [0.75, 1.05] clipped "
+                                                    "to tau's range [-1, 1])")
+    inside = budget_ladder.LadderTau(stats.Interval(0.9, 0.8, 0.95, (3,)), 0.9, 4)
+    assert budget_ladder.per_seed_text(inside) == "0.9 [0.8, 0.95] (n=3 seeds)"
+    quiet_rows = budget_ladder.ladder_rows(pd.DataFrame(noisy_rows(0.001)))
+    assert budget_ladder.tau_interval(budget_ladder.per_budget(quiet_rows), 5, 10, quiet_rows).unclipped is None
+    loud_rows = budget_ladder.ladder_rows(pd.DataFrame(noisy_rows(0.06)))
+    loud = budget_ladder.tau_interval(budget_ladder.per_budget(loud_rows), 5, 10, loud_rows)
+    raw = stats.mean_interval(list(budget_ladder.seed_taus(loud_rows, 5, 10).values()))
+    assert (loud.unclipped is not None) == (raw.lo < -1 or raw.hi > 1)
 
 
 def test_the_highest_mean_names_the_variants_it_is_not_resolved_from(tmp_path):
@@ -301,9 +319,9 @@ def test_every_seeds_tau_ranks_the_same_variants_where_a_variant_misses_seeds(tm
     assert tau.variants == 4 and tau.of_means == pytest.approx(1.0) and tau.per_seed.n == (5,)
     assert tau.per_seed.point == pytest.approx((4 + 4 / 6) / 5)
     out = write_sweep(tmp_path / "partial", "partial", partial_rows())
-    assert ("| 5 → 10 epochs | 0.933 [0.748, 1] (n=5 seeds) | 0: 1, 1: 1, 2: 1, 3: 0.667, 4: 1 | 1 | "
+    assert ("| 5 → 10 epochs | 0.933 [0.748, 1] (n=5 seeds; the t interval [0.748, 1.12] clipped to tau's range [-1, 1]) | 0: 1, 1: 1, 2: 1, 3: 0.667, 4: 1 | 1 | "
             "4 (relu+ape left out: seeds 3, 4 missing) |") in budget_ladder.build(out)
-    assert ("5 → 10 epochs 0.933 [0.748, 1] (n=5 seeds), the rankings of the means: tau 1 (4 variants, relu+ape "
+    assert ("5 → 10 epochs 0.933 [0.748, 1] (n=5 seeds; the t interval [0.748, 1.12] clipped to tau's range [-1, 1]), the rankings of the means: tau 1 (4 variants, relu+ape "
             "left out: seeds 3, 4 missing; 4 pairs swap order") in budget_ladder.summary(out)  # relu+ape's, Welch
 
 

@@ -49,7 +49,7 @@ def test_effect_phrases_never_say_closes_and_name_why_a_gain_is_no_G():
 
     assert not any("closes" in phrase for phrase in EFFECT_PHRASE.values())
     assert effect_phrase("narrows (G = 1 not excluded)", "favor") == \
-        "narrows it (closing it fully, G = 1, not excluded at its Holm level)"
+        "narrows it (G = 1, full closure, not excluded at its Holm level)"
     assert effect_phrase("narrows (not fully)", "favor") == "narrows it (not fully: G below 1 at its Holm level)"
     assert effect_phrase("narrows (overshoots)", "favor") == "narrows it (overshoots: G above 1 at its Holm level)"
     unbounded = judged(3.0, -math.inf, math.inf)
@@ -77,10 +77,10 @@ def test_a_G_interval_reaching_1_narrows_the_gap_and_is_never_worded_as_closing_
     rope = a.closures["rope"]
     assert a.gap.state == "resolved" and rope.G_holm.interval.lo > 0 and rope.G_holm.interval.hi > 1
     verdict = words.effect_list(a, "favor")
-    assert "narrows it (closing it fully, G = 1, not excluded at its Holm level): rope (G 0.8 [0.602, 1.03]" in verdict
+    assert "narrows it (G = 1, full closure, not excluded at its Holm level): rope (G 0.8 [0.602, 1.03]" in verdict
     assert "closes" not in verdict
     table = words.gap_table({CONFIG: a})
-    assert "| narrows it, closing it fully, G = 1, not excluded at its Holm level (k=2) |" in table
+    assert "| narrows it, G = 1, full closure, not excluded at its Holm level (k=2) |" in table
     assert "closes" not in table
 
 

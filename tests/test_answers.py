@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpevit.analysis import answers, confirmatory, gap_closure, stats
+from rpevit.analysis import answers, confirmatory, gap_closure, stats, token_scaling
 from rpevit.sweep.results import LinkRefused
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.sweep import declaration
@@ -213,8 +213,39 @@ def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     lines = answers.declared_section(answers.Sources(results), detail=True)
     assert lines[0].startswith("No published study declared its comparisons")
     (running,) = [line for line in lines if "in_progress/headline" in line]
-    assert running.startswith("- Running, declared before its first trial:") and "no comparison is judged" in running
+    assert running.startswith("- Running, declared before its first trial:")
+    # its items complete so far are judged in its own confirmatory.md, and the line says how many and where
+    decl, _, families, _ = confirmatory.judge(results / answers.IN_PROGRESS / "headline")
+    complete = sum(o.complete for _, outcomes in families for o in outcomes)
+    assert complete == 2 and f"{complete} of the 2 are so far, in `in_progress/headline/confirmatory.md`" in running
     assert not any(line.startswith("  - ") or "resolved" in line for line in lines)  # no comparison lines
+
+
+def test_every_exploratory_line_a_declared_study_answers_ends_with_its_declared_counts(tmp_path):
+    """A review found exploratory lines (the gains, the same-encoding gaps, ReLU) contradicted by declared studies
+    with no note: only softmax+ape − favor+ape was looked up. declared_brief counts each declared pair's verdicts
+    per family; a pair no declared study names is left out, and so is a study of another dataset."""
+    results = tmp_path / "results"
+    study(results, "headline", declared=True)
+    sources = answers.Sources(results)
+    decl, _, families, _ = confirmatory.judge(results / "headline")
+    (name, (ape, rope)), = families
+    assert ape.resolved and ape.holm.point > 0 and rope.complete  # the rows of tests.test_declaration
+    rope_word = ("softmax+rope ahead" if rope.resolved and rope.holm.point > 0 else "favor+rope ahead"
+                 if rope.resolved else "not resolved")
+    brief = answers.declared_brief(sources, "digits", [("softmax+ape", "favor+ape"), ("softmax+rope", "favor+rope"),
+                                                       ("favor+rope", "favor+ape")])
+    assert brief == ("`headline`: softmax+ape − favor+ape: softmax+ape ahead in 1 of 1 declared family; "
+                     f"softmax+rope − favor+rope: {rope_word} in 1 of 1 declared family")
+    assert answers.declared_brief(sources, "mnist", [("softmax+ape", "favor+ape")]) == ""
+    assert answers.declared_brief(sources, "digits", [("favor+rope", "favor+ape")]) == ""
+
+
+def test_the_published_exploratory_lines_carry_the_declared_counts_where_a_declared_study_answers():
+    text = (RESULTS / answers.ANSWERS_FILE).read_text(encoding="utf-8")
+    lines = [line for line in text.splitlines() if line.startswith(("  - On favor+ape (gain)", "  - Same encoding",
+                                                                    "  - ReLU"))]
+    assert len(lines) == 6 and all("declared famil" in line for line in lines)
 
 
 def test_a_published_declared_ladder_gets_its_ranking_line_labelled_exploratory(tmp_path):
@@ -411,3 +442,31 @@ def test_names_read_from_files_reach_the_generated_blocks_as_text(tmp_path):
         answers.gpu_packing_block(answers.Sources(results))
     # a backtick in a folder name cannot close its code span early
     assert answers.exploratory(["a`<b>"], results) == "_Exploratory: ``a`<b>`` declared no comparisons before it ran._"
+
+
+def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin_fits_out_of_its_spans():
+    """A review: the summary said the linear variants overtake softmax from N = 300-1,824 while luo_rpe on a linear
+    backend is slower than softmax+luo_rpe at every measured N, and the span's lower end came from a fit on 2
+    sizes; and the bench tables' redraw column read as a timed cost."""
+    import pandas as pd
+
+    cross = pd.DataFrame({"variant": ["favor+ape", "favor+luo_rpe (dense)", "relu+luo_rpe (fft)"],
+                          "against": ["softmax+ape", "softmax+luo_rpe", "softmax+luo_rpe"],
+                          "how": ["measured", "not reached", "not reached"], "ratio at largest N": [0.2, 1.4, 1.79],
+                          "largest N": [4096, 4096, 4096]})
+    assert answers.not_overtaking_text(cross) == ("slower than softmax+luo_rpe at every measured N (favor+luo_rpe "
+                                                  "(dense) 1.4, relu+luo_rpe (fft) 1.79 times its step at N = 4,096)")
+    assert answers.not_overtaking_text(cross[cross["how"] == "measured"]) == ""
+    sources = answers.Sources(RESULTS)
+    facts = answers.scaling_facts(sources)
+    exps = token_scaling.exponents(sources.scaling)
+    thin = exps[exps["sizes in the fit"] < answers.MIN_FIT_SIZES]
+    assert len(facts["thin fits"]) == len(thin)
+    text = (RESULTS / answers.ANSWERS_FILE).read_text(encoding="utf-8")
+    summary, = [line for line in text.splitlines() if line.startswith("- Cost (measurements")]
+    for variant in thin["variant"]:
+        assert f"{variant} (" in summary.split("left out, fitted on fewer than")[1]
+    slower = facts["crossovers"]
+    for variant in slower.loc[slower["how"] == "not reached", "variant"]:
+        assert variant in summary.split("except these, ")[1]
+    assert answers.REDRAW_NOT_TIMED in text

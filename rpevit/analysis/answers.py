@@ -254,7 +254,7 @@ def config_name(config: Config) -> str:
 # ---------------------------------------------------------------- sentences of the gap-closure answers
 EFFECT_WORDS = {"narrows (overshoots)": "narrows the gap (overshoots: G above 1 at its Holm level)",
                 "narrows (G = 1 not excluded)":
-                    "narrows the gap (closing it fully, G = 1, not excluded at its Holm level)",
+                    "narrows the gap (G = 1, full closure, not excluded at its Holm level)",
                 "narrows (not fully)": "narrows the gap (not fully: G below 1 at its Holm level)",
                 "widens": "widens the gap (G interval at its Holm level below 0)", "raises": "raises {b}+ape",
                 "lowers": "lowers {b}+ape"}
@@ -428,8 +428,9 @@ def status_of(folder: Path) -> str:
 
 
 def running_lines(results_dir: Path) -> list[str]:
-    """One line per declared study still running: what it declared, and that no comparison is judged yet
-    (its verdicts appear once it is complete and published out of results/in_progress/)."""
+    """One line per declared study still running: what it declared, how many of its items are judged so far (an
+    item is judged once every cell it uses is complete: its `confirmatory.md` in results/in_progress/, which a
+    review found readers were not pointed to), and its rows so far."""
     lines = []
     published = {f.relative_to(results_dir).as_posix() for f in confirmatory_studies(results_dir)}
     for folder in confirmatory_studies(results_dir, running=True):
@@ -440,13 +441,17 @@ def running_lines(results_dir: Path) -> list[str]:
                                f"(git rm -r) once its rows are there")
         decl, _, families, _ = confirmatory.judge(folder)
         items = sum(len(outcomes) for _, outcomes in families)
+        complete = sum(o.complete for _, outcomes in families for o in outcomes)
         status = status_of(folder) or "declared before its first trial"
         name = folder.relative_to(results_dir).as_posix()
         so_far = progress.progress(folder)
         planned = f" of {so_far.planned} trials" if so_far.planned is not None else ""
         lines.append(f"- Running, {status}: {code_span(name)} "
                      f"({confirmatory.question_text(decl)}; {items} judged items in {len(families)} families, "
-                     f"n = {len(decl.seeds)} declared seeds): no comparison is judged before it is complete. "
+                     f"n = {len(decl.seeds)} declared seeds): an item is judged once every cell it uses holds "
+                     f"every declared seed; {complete} of the {items} are so far, in "
+                     f"{code_span(f'{name}/confirmatory.md')} (a verdict beside an incomplete item of its family says "
+                     f"how it may still change). "
                      f"Rows so far: {so_far.ok} ok{planned}, {so_far.complete_cells} of "
                      f"{len(so_far.cells) * len(so_far.rungs)} cell x rung entries complete "
                      f"({code_span(f'{name}/{progress.PROGRESS_FILE}')}).")
@@ -773,12 +778,41 @@ def scaling_facts(sources: Sources) -> dict[str, object]:
     table = sources.scaling
     exps = token_scaling.exponents(table)
     time_exp, mem_exp = (f"{label} exponent" for label in (token_scaling.COSTS[0][1], token_scaling.COSTS[2][1]))
-    linear = exps[~exps["variant"].str.startswith("softmax") & ~exps["variant"].str.contains(r"\(dense\)")]
-    soft = exps[exps["variant"].str.startswith("softmax")]
+    thin = exps["sizes in the fit"] < MIN_FIT_SIZES  # a top-decade fit on 2 sizes: a slope, left out of spans
+    linear_all = exps[~exps["variant"].str.startswith("softmax") & ~exps["variant"].str.contains(r"\(dense\)")]
+    linear = linear_all[~thin.loc[linear_all.index]]
+    soft = exps[exps["variant"].str.startswith("softmax") & ~thin]
     span = lambda frame, name: f"{fmt(frame[name].min(), 3)}–{fmt(frame[name].max(), 3)}"  # noqa: E731
+    left_out = [f"{v} ({int(n)} sizes, {top}: {fmt(e, 3)})" for v, n, top, e in
+                exps.loc[thin, ["variant", "sizes in the fit", "top decade", time_exp]].itertuples(index=False)]
     return {"linear time": span(linear, time_exp), "linear memory": span(linear, mem_exp),
             "softmax time": span(soft, time_exp), "softmax memory": span(soft, mem_exp),
+            "thin fits": left_out,
             "crossovers": token_scaling.crossovers(table, exps), "paths": token_scaling.luo_path_table(table)}
+
+
+MIN_FIT_SIZES = 3  # an exponent quoted in a span is fitted on at least this many sizes of its top decade
+
+
+def thin_fits_text(facts: dict[str, object]) -> str:
+    """' (left out: fitted on fewer than 3 sizes, relu+luo_rpe (fft) (2 sizes, 2304..4096: 0.924))' or ''."""
+    thin = facts["thin fits"]
+    return (f" (left out, fitted on fewer than {MIN_FIT_SIZES} sizes of their top decade: {', '.join(thin)})"
+            if thin else "")
+
+
+def not_overtaking_text(cross: pd.DataFrame) -> str:
+    """'slower than softmax+luo_rpe at every measured N (favor+luo_rpe (dense) 1.4, ... times its step at
+    N = 4,096)' (the linear variants that stay slower than their softmax
+    counterpart at every measured N, per counterpart), or ''."""
+    slower = cross[cross["how"] == "not reached"]
+    if slower.empty:
+        return ""
+    groups = []
+    for (against, largest), g in slower.groupby(["against", "largest N"]):
+        items = ", ".join(f"{v} {fmt(r, 3)}" for v, r in zip(g["variant"], g["ratio at largest N"]))
+        groups.append(f"slower than {against} at every measured N ({items} times its step at N = {int(largest):,})")
+    return "; ".join(groups)
 
 
 def luo_path_text(kind: str, entry: dict) -> str:
@@ -795,8 +829,9 @@ def scaling_summary(sources: Sources) -> str:
     cross = facts["crossovers"]
     measured = cross[cross["how"] == "measured"]
     return (f"over the top decade of N the O(N) variants' training step grows as N^{facts['linear time']}, softmax's "
-            f"as N^{facts['softmax time']}; the linear variants overtake softmax from N = "
-            f"{measured['overtakes from N'].min():,.0f}–{measured['overtakes from N'].max():,.0f} tokens; "
+            f"as N^{facts['softmax time']}{thin_fits_text(facts)}; the linear variants overtake softmax from "
+            f"N = {measured['overtakes from N'].min():,.0f}–{measured['overtakes from N'].max():,.0f} tokens"
+            + (f", except these, {slower}" if (slower := not_overtaking_text(cross)) else "") + "; "
             + "; ".join(luo_path_text(k, e) for k, e in facts["paths"].items()) + ".")
 
 
@@ -825,11 +860,13 @@ def cost_section(sources: Sources) -> list[str]:
              f"- Over each variant's top decade of N, the O(N) variants' training-step exponents span "
              f"{facts['linear time']} and their step-memory exponents {facts['linear memory']}; softmax's "
              f"training-step exponents span {facts['softmax time']} and its step-memory exponents "
-             f"{facts['softmax memory']}."]
+             f"{facts['softmax memory']}{thin_fits_text(facts)}."]
     cross = facts["crossovers"]
     for against, g in cross[cross["how"] == "measured"].groupby("against"):
         lines.append(f"- Against {against}, the linear variants overtake from N = "
                      + ", ".join(f"{n:,.0f} ({v})" for v, n in zip(g["variant"], g["overtakes from N"])) + ".")
+    if slower := not_overtaking_text(cross):
+        lines.append(f"- Not overtaking within the measured N: {slower}.")
     lines += [f"- {luo_path_text(k, e)}; `luo_path: auto` reads this (`rpevit/pe/luo_crossover.json`)."
               for k, e in facts["paths"].items()]
     lines.append("")
@@ -846,7 +883,18 @@ def cost_section(sources: Sources) -> list[str]:
                       f"{fmt(soft_ape['N'].iloc[0])} tokens, "
                       f"batch {fmt(soft_ape['batch'].iloc[0])}):", "",
                       markdown_table(["variant", "redraw", "train step x softmax+ape"], rows), ""]
+    if any(line.startswith("Training step relative to softmax+ape") for line in lines):
+        lines += [REDRAW_NOT_TIMED, ""]
     return lines
+
+
+# A bench trial (rpevit/tasks/bench.py) times forward and backward steps and never redraws (redraws are the training
+# loop's, rpevit/tasks/train.py): a review read the tables' redraw column as a measured cost.
+REDRAW_NOT_TIMED = ("`redraw`: the schedule the variant trains with, not a timed cost: a bench trial "
+                    "(`rpevit/tasks/bench.py`) times its steps without advancing the redraw schedule (the training "
+                    "loop's `advance_random_features` draws new features), so a redraw's cost (a new feature matrix "
+                    "per layer every `redraw_interval` steps) is in none of these ratios, and rows that differ only "
+                    "in `redraw` ran the same computation.")
 
 
 # ---------------------------------------------------------------- the README's short answers
@@ -974,6 +1022,53 @@ def declared_verdicts(sources: Sources, dataset: str, a: str, b: str, config: Co
     return "; ".join(found)
 
 
+def declared_brief(sources: Sources, dataset: str, pairs: Sequence[tuple[str, str]],
+                   config: Config | None = None) -> str:
+    """How the declared studies on `dataset` judged each a − b of `pairs` (variants as prose names them), on
+    their primary metric, counted over the families that declared it (one per rung in a ladder): "`cifar10_ladder_cpu`:
+    favor+luo_rpe − favor+ape: favor+luo_rpe ahead in 3 of 3 declared families; favor+rope − favor+ape: favor+ape
+    ahead in 3 of 3". Empty where none declared any of them. An exploratory line that a declared study also
+    answers ends with this, so a reader sees where the two disagree (a review found them contradicting with no
+    note: only the FAVOR+ APE gap was looked up). With `config`, each study names the settings its rows of these
+    variants ran that differ from the exploratory rows' (protocol_differences), as declared_verdicts does."""
+    variants = sorted({v for pair in pairs for v in pair})
+    train = sources.train.frame
+    before = cell_rows(train[train["dataset"].astype(str) == dataset], variants) \
+        if config is not None and not train.empty else None
+    found = []
+    for folder in confirmatory_studies(sources.results_dir):
+        frame = read_trials(folder, ["train"]).frame
+        if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
+            continue
+        decl, _, families, _ = confirmatory.judge(folder)
+        parts = []
+        for a, b in pairs:
+            judged = [o for _, outcomes in families for o in outcomes if o.kind == "comparison"
+                      and (o.a_short, o.b_short) == (a, b) and o.metric == decl.metric]
+            if not judged:
+                continue
+            words: dict[str, int] = {}
+            for o in judged:
+                word = ("incomplete" if not o.complete else f"{a} ahead" if o.resolved and o.holm.point > 0
+                        else f"{b} ahead" if o.resolved else "not resolved")
+                words[word] = words.get(word, 0) + 1
+            counts = ", ".join(f"{w} in {n}" for w, n in words.items())
+            parts.append(f"{a} − {b}: {counts} of {len(judged)} declared famil{'y' if len(judged) == 1 else 'ies'}")
+        if not parts:
+            continue
+        differs = ""
+        if before is not None:
+            changed = protocol_differences(before, cell_rows(frame, variants), config[3])
+            differs = f" (settings that differ from these rows: {changed})" if changed else " (the same settings)"
+        found.append(f"{code_span(folder.name)}{', redeclared' if status_of(folder) else ''}{differs}: "
+                     f"{'; '.join(parts)}")
+    return "; ".join(found)
+
+
+SUPERSEDED = ("superseded by the declared studies that ask the same questions at the settings chosen on validation "
+              "(not a rerun of these trials; each a − b at its Holm level per declared family): ")
+
+
 HOW_TO_READ = ("How to read: mean or difference [95% interval] (n seeds of each group), t-based (Welch, "
                "Welch-Satterthwaite for a contrast; `rpevit/analysis/stats.py`); \"at its Holm level\" is the same "
                "interval corrected by Holm within its family. An effect is claimed only where that interval excludes 0; "
@@ -983,9 +1078,13 @@ HOW_TO_READ = ("How to read: mean or difference [95% interval] (n seeds of each 
 
 def readme_block(sources: Sources) -> str:
     """The README's "Answers so far" (issue 58, item 8): the headline figure and table (rpevit.analysis.headline),
-    how to read them, and the link to results/ANSWERS.md, which keeps every line of the summary."""
+    the line of each declared study still running (running_lines: a review found the README silent about the
+    declared study of its own question), how to read them, and the link to results/ANSWERS.md, which keeps every
+    line of the summary."""
     found = headline.headline(sources.results_dir, lambda f: is_published(sources.results_dir, f))
-    lines = [*headline.readme_lines(found, f"results/{headline.FIGURE}"), "", HOW_TO_READ + " Every other answer "
+    running = running_lines(sources.results_dir)  # a declared study of the question still running: where it stands
+    lines = [*headline.readme_lines(found, f"results/{headline.FIGURE}"), *([""] + running if running else []),
+             "", HOW_TO_READ + " Every other answer "
              f"(MNIST, STRING, rotation, validation choices, cost), each declared comparison and every configuration: "
              f"[results/{ANSWERS_FILE}](results/{ANSWERS_FILE}); the tables: [results/report.md](results/report.md)."]
     return "\n".join(lines)
@@ -1013,10 +1112,19 @@ def summary_lines(sources: Sources) -> list[str]:
         if declared := declared_verdicts(sources, dataset, "softmax+ape", "favor+ape", config):
             gap += (f"; superseded by the declared studies that ask the same question (softmax+ape − favor+ape) at "
                     f"the settings chosen on validation, not a rerun of these trials: {declared}")
-        lines += [gap + ".", f"  - On favor+ape (gain): {grouped_effects(a, 'favor')}.",
-                  f"  - Same encoding, softmax+pe − favor+pe: {grouped_same(a, 'favor')}."]
-        relu = assessed[find_config(assessed, dataset, "relu")]
-        lines.append(f"  - ReLU: {short_gap(relu.gap, 'relu')}; on relu+ape: {grouped_effects(relu, 'relu')}.")
+        pes = list(a.closures)
+        later = lambda pairs, c=config: (f"; {SUPERSEDED}{d}"  # noqa: E731
+                                         if (d := declared_brief(sources, dataset, pairs, c)) else "")
+        lines += [gap + ".", f"  - On favor+ape (gain): {grouped_effects(a, 'favor')}"
+                  + later([(f"favor+{pe}", "favor+ape") for pe in pes]) + ".",
+                  f"  - Same encoding, softmax+pe − favor+pe: {grouped_same(a, 'favor')}"
+                  + later([(f"softmax+{pe}", f"favor+{pe}") for pe in pes]) + "."]
+        relu_config = find_config(assessed, dataset, "relu")
+        relu = assessed[relu_config]
+        relu_pes = list(relu.closures)
+        lines.append(f"  - ReLU: {short_gap(relu.gap, 'relu')}; on relu+ape: {grouped_effects(relu, 'relu')}"
+                     + later([("softmax+ape", "relu+ape"), *((f"relu+{pe}", "relu+ape") for pe in relu_pes)],
+                             relu_config) + ".")
     for dataset in sorted(sources.strings, key=lambda d: (d != "mnist", d)):
         table, _ = sources.strings[dataset]
         judged = [r["holm"] for r in string_study.distinct(table)]
@@ -1055,7 +1163,8 @@ def answers_file(sources: Sources) -> str:
              "How to read the figures: mean or difference [95 % interval] (n seeds of each group). Intervals are "
              "t-based (Welch for differences, Fieller for the gap closure G; `rpevit/analysis/stats.py`). A t or "
              "Welch interval is symmetric about its estimate and is not cut at the range an accuracy (0-100) or a "
-             "difference of two (±100) can take: where seeds disagree widely a bound passes it, printed as computed. "
+             "difference of two (±100) can take: where seeds disagree widely a bound passes it, printed as computed (a "
+             "Kendall's tau interval, clipped to tau's range [-1, 1], says where it was). "
              "A verdict "
              "family is corrected by Holm; each comparison is also shown at its Holm level (with k, the family's "
              "size), and an effect is claimed only where that interval excludes 0; otherwise the text says \"not "

@@ -176,6 +176,7 @@ class LadderTau:
     of_means: float
     variants: int
     block: PairedBlock | None = None
+    unclipped: stats.Interval | None = None  # the t interval as computed, where a bound passed [-1, 1]
 
     def variants_text(self) -> str:
         """The variants column: the count, with the variants or seeds left out and why (PairedBlock.text)."""
@@ -199,9 +200,11 @@ def tau_interval(table: pd.DataFrame, first: int, second: int, rows: pd.DataFram
         return LadderTau(stats.Interval(math.nan, n=(0,)), math.nan, len(common))
     of_means = kendall_tau(a.loc[common, "mean"].to_numpy(), b.loc[common, "mean"].to_numpy())
     per_seed = stats.mean_interval(list(seed_taus(rows, first, second).values()) if rows is not None else [], LEVEL)
-    if per_seed.bounded:
+    unclipped = None
+    if per_seed.bounded and (per_seed.lo < -1.0 or per_seed.hi > 1.0):
+        unclipped = per_seed
         per_seed = dataclasses.replace(per_seed, lo=max(-1.0, per_seed.lo), hi=min(1.0, per_seed.hi))
-    return LadderTau(per_seed, of_means, len(common), block)
+    return LadderTau(per_seed, of_means, len(common), block, unclipped)
 
 
 def taus(table: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[tuple[int, int, LadderTau]]:
@@ -212,14 +215,19 @@ def taus(table: pd.DataFrame, rows: pd.DataFrame | None = None) -> list[tuple[in
 
 
 def per_seed_text(tau: LadderTau) -> str:
-    """'0.876 [0.864, 0.888] (n=3 seeds)': the mean of the per-seed taus, its interval and its seeds."""
+    """'0.876 [0.864, 0.888] (n=3 seeds)': the mean of the per-seed taus, its interval and its seeds; where the
+    t interval passed tau's range, what it was before the clip ('[0.763, 1] (n=3 seeds; the t interval [0.763,
+    1.05] clipped to tau's range)'): every other interval these pages print is as computed, so this one says so."""
     iv = tau.per_seed
     seeds = f"n={iv.n[0]} seed{'' if iv.n[0] == 1 else 's'}"
     if not math.isfinite(iv.point):
         return "no per-seed tau (no seed has 3 variants at both budgets)"
     if not iv.bounded:
         return f"{fmt(iv.point, 3)} (no interval, {seeds})"
-    return f"{fmt(iv.point, 3)} [{fmt(iv.lo, 3)}, {fmt(iv.hi, 3)}] ({seeds})"
+    raw = tau.unclipped
+    clip = (f"; the t interval [{fmt(raw.lo, 3)}, {fmt(raw.hi, 3)}] clipped to tau's range [-1, 1]"
+            if raw is not None else "")
+    return f"{fmt(iv.point, 3)} [{fmt(iv.lo, 3)}, {fmt(iv.hi, 3)}] ({seeds}{clip})"
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ NO_INTERVAL = "no interval (one seed)"
 # its Holm level narrows the gap; against 1 it says only whether G = 1 is excluded there: no test of "closes
 # it" is defined, so not excluding 1 is never worded as closing the gap.
 EFFECT_PHRASE = {"narrows (overshoots)": "narrows it (overshoots: G above 1 at its Holm level)",
-                 "narrows (G = 1 not excluded)": "narrows it (closing it fully, G = 1, not excluded at its Holm level)",
+                 "narrows (G = 1 not excluded)": "narrows it (G = 1, full closure, not excluded at its Holm level)",
                  "narrows (not fully)": "narrows it (not fully: G below 1 at its Holm level)",
                  "widens": "widens it (G interval at its Holm level below 0)",
                  "raises": "raises {b}+ape ({why})",
