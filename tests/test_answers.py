@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rpevit.analysis import answers, confirmatory, gap_closure, stats, token_scaling
+from rpevit.analysis.common import fmt
 from rpevit.sweep.results import LinkRefused
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.sweep import declaration
@@ -217,8 +218,18 @@ def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     # its items complete so far are judged in its own confirmatory.md, and the line says how many and where
     decl, _, families, _ = confirmatory.judge(results / answers.IN_PROGRESS / "headline")
     complete = sum(o.complete for _, outcomes in families for o in outcomes)
-    assert complete == 2 and f"{complete} of the 2 are so far, in `in_progress/headline/confirmatory.md`" in running
+    assert complete == 2 and "2 of the 2 are judged so far, in `in_progress/headline/confirmatory.md`" in running
     assert not any(line.startswith("  - ") or "resolved" in line for line in lines)  # no comparison lines
+
+
+def test_a_running_study_line_counts_only_the_items_whose_cells_are_complete(tmp_path):
+    results = tmp_path / "results"
+    folder = results / answers.IN_PROGRESS / "ladder"
+    folder.mkdir(parents=True)
+    declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "ladder", [r for r in rows(time.time() + 10) if (r["pe"], r["seed"]) != ("rope", 2)])
+    (line,) = answers.running_lines(results)
+    assert "1 of the 2 are judged so far" in line  # softmax+ape − favor+ape complete, the rope pair short of seed 2
 
 
 def test_every_exploratory_line_a_declared_study_answers_ends_with_its_declared_counts(tmp_path):
@@ -239,6 +250,9 @@ def test_every_exploratory_line_a_declared_study_answers_ends_with_its_declared_
                      f"softmax+rope − favor+rope: {rope_word} in 1 of 1 declared family")
     assert answers.declared_brief(sources, "mnist", [("softmax+ape", "favor+ape")]) == ""
     assert answers.declared_brief(sources, "digits", [("favor+rope", "favor+ape")]) == ""
+    # a pair asked the other way round than declared: the same counts, the word still names the variant ahead
+    assert answers.declared_brief(sources, "digits", [("favor+ape", "softmax+ape")]) == (
+        "`headline`: favor+ape − softmax+ape: softmax+ape ahead in 1 of 1 declared family")
 
 
 def test_the_published_exploratory_lines_carry_the_declared_counts_where_a_declared_study_answers():
@@ -454,14 +468,20 @@ def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin
                           "against": ["softmax+ape", "softmax+luo_rpe", "softmax+luo_rpe"],
                           "how": ["measured", "not reached", "not reached"], "ratio at largest N": [0.2, 1.4, 1.79],
                           "largest N": [4096, 4096, 4096]})
-    assert answers.not_overtaking_text(cross) == ("slower than softmax+luo_rpe at every measured N (favor+luo_rpe "
-                                                  "(dense) 1.4, relu+luo_rpe (fft) 1.79 times its step at N = 4,096)")
+    assert answers.not_overtaking_text(cross) == ("still slower than softmax+luo_rpe at the largest measured N "
+                                                  "(favor+luo_rpe (dense) 1.4, relu+luo_rpe (fft) 1.79 times its step "
+                                                  "at N = 4,096)")
     assert answers.not_overtaking_text(cross[cross["how"] == "measured"]) == ""
     sources = answers.Sources(RESULTS)
     facts = answers.scaling_facts(sources)
     exps = token_scaling.exponents(sources.scaling)
     thin = exps[exps["sizes in the fit"] < answers.MIN_FIT_SIZES]
     assert len(facts["thin fits"]) == len(thin)
+    linear = exps[~exps["variant"].str.startswith("softmax") & ~exps["variant"].str.contains(r"\(dense\)")]
+    kept = linear[linear["sizes in the fit"] >= answers.MIN_FIT_SIZES]["train step ms / image exponent"]
+    low, high = facts["linear time"].split("–")
+    assert (low, high) == (fmt(kept.min(), 3), fmt(kept.max(), 3))
+    assert low != fmt(linear["train step ms / image exponent"].min(), 3)  # the thin fit's 0.924 is out
     text = (RESULTS / answers.ANSWERS_FILE).read_text(encoding="utf-8")
     summary, = [line for line in text.splitlines() if line.startswith("- Cost (measurements")]
     for variant in thin["variant"]:

@@ -144,27 +144,59 @@ def declared_without(tmp_path, pe: str, seed: int):
 def test_an_incomplete_cell_gets_no_verdict(tmp_path):
     _, (ape, rope) = declared_without(tmp_path, "ape", 2)
     assert not ape.complete and not ape.resolved and ape.verdict(3).startswith("incomplete: 2 and 2 of the 3")
-    # the complete item's "not resolved" could change once its family is complete only if its interval at the
-    # nominal level (alpha: the least strict Holm step) excludes 0; this one's does not, so it is final (a
-    # review read "for now" on items no later step could resolve)
-    assert rope.complete and not rope.nominal.excludes(0.0)
-    assert rope.verdict(3) == ("not resolved with 3 seeds (final whatever the 1 incomplete item of its family "
-                               "gives: its interval includes 0 even at the nominal level, the least strict Holm step)")
+    # the complete item's "not resolved" could change once its family is complete only if Holm would resolve it
+    # were the incomplete item to come in at p = 0 (a review read "for now" on items no later step could resolve)
+    best = stats.holm([rope.nominal.p, 0.0])[0]
+    assert rope.complete and rope.could_resolve == (best <= 0.05)
+    assert rope.verdict(3) == ("not resolved with 3 seeds (for now: 1 item of its family incomplete, counted as not "
+                               "rejected)" if best <= 0.05 else "not resolved with 3 seeds (final whatever the 1 "
+                               "incomplete item of its family gives: Holm would not resolve it even were it to take "
+                               "the first steps)")
 
 
-def test_a_not_resolved_item_reads_for_now_only_where_a_later_holm_step_could_resolve_it():
-    """k = 4 with 2 items incomplete: an item whose 95% interval excludes 0 but whose Holm interval does not
-    may be resolved once the others are judged (they may take the earlier steps); one whose 95% interval
-    includes 0 never can."""
-    holm = stats.Interval(1.0, -0.2, 2.2, (5, 5), 0.9875, 0.04, 8.0)
-    kw = dict(family="gap", a="a", b="b", values_a=(), values_b=(), holm=holm, k=4, complete=True, pending=2)
-    could = confirmatory.Outcome(nominal=stats.Interval(1.0, 0.05, 1.95, (5, 5), 0.95, 0.04, 8.0), **kw)
-    never = confirmatory.Outcome(nominal=stats.Interval(1.0, -0.05, 2.05, (5, 5), 0.95, 0.06, 8.0), **kw)
-    assert could.verdict(5) == ("not resolved with 5 seeds (for now: 2 items of its family incomplete, counted as "
+def test_a_not_resolved_item_reads_for_now_only_where_holm_would_resolve_it_in_the_best_case():
+    """k = 3, one item incomplete. Best case: it comes in at p = 0 and takes Holm's first step; the next level is
+    alpha/2. p = 0.02 is then resolved (for now); p = 0.03 and 0.04, though each 95% interval excludes 0, are not
+    (0.03 > 0.025): final. A review found the 95%-interval rule printing "for now" on such items."""
+    def family(ps):
+        return stats.holm([*ps, 0.0])
+
+    assert family([0.03, 0.04])[:2] == pytest.approx([0.06, 0.06])  # neither can ever be rejected
+    assert family([0.02, 0.04])[0] == pytest.approx(0.04)  # rejected in the best case
+    holm = stats.Interval(1.0, -0.2, 2.2, (5, 5), 0.9833, 0.03, 8.0)
+    kw = dict(family="gap", a="a", b="b", values_a=(), values_b=(), holm=holm, k=3, complete=True, pending=1,
+              nominal=stats.Interval(1.0, 0.05, 1.95, (5, 5), 0.95, 0.03, 8.0))
+    never = confirmatory.Outcome(could_resolve=False, **kw)
+    could = confirmatory.Outcome(could_resolve=True, **kw)
+    assert could.verdict(5) == ("not resolved with 5 seeds (for now: 1 item of its family incomplete, counted as "
                                 "not rejected)")
-    assert never.verdict(5) == ("not resolved with 5 seeds (final whatever the 2 incomplete items of its family "
-                                "give: its interval includes 0 even at the nominal level, the least strict Holm step)")
+    assert never.verdict(5) == ("not resolved with 5 seeds (final whatever the 1 incomplete item of its family "
+                                "gives: Holm would not resolve it even were it to take the first steps)")
+    assert replace(never, pending=2).verdict(5).endswith("items of its family give: Holm would not resolve it even "
+                                                         "were they to take the first steps)")
     assert replace(never, pending=0).verdict(5) == "not resolved with 5 seeds"
+
+
+def test_judge_family_sets_could_resolve_from_the_best_case_of_the_incomplete_items(tmp_path):
+    """Through judge on written rows: two complete items and one cell short of a seed. Each complete item's
+    could_resolve equals Holm's verdict over its family with the incomplete item at p = 0."""
+    folder = tmp_path / "d"
+    folder.mkdir()
+    three = {**DECLARE, "families": [{"name": "gap", "comparisons": [
+        [{"attention": "softmax", "pe": "ape"}, {"attention": "favor", "pe": "ape"}],
+        [{"attention": "softmax", "pe": "rope"}, {"attention": "favor", "pe": "rope"}],
+        [{"attention": "softmax", "pe": "ape"}, {"attention": "softmax", "pe": "rope"}]]}]}
+    declaration.record(folder, parse(three, "x"), rows_exist=False, redeclare=False)
+    write_sweep(folder, "d", [r for r in rows(time.time() + 10)
+                              if not (r["attention"], r["pe"], r["seed"]) == ("softmax", "rope", 2)])
+    _, _, families, _ = confirmatory.judge(folder)
+    (_, items), = families
+    assert [o.complete for o in items] == [True, False, False]
+    ape = items[0]
+    best = stats.holm([ape.nominal.p, 0.0, 0.0])[0]
+    assert ape.could_resolve == (best <= 0.05)
+    assert ape.verdict(3).startswith("resolved") or ("for now" in ape.verdict(3)) == (best <= 0.05)
+    assert ape.pending == 2
 
 
 def test_an_incomplete_item_shows_no_interim_estimate_and_a_resolved_one_says_its_level_may_fall(tmp_path):

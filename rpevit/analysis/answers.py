@@ -449,7 +449,7 @@ def running_lines(results_dir: Path) -> list[str]:
         lines.append(f"- Running, {status}: {code_span(name)} "
                      f"({confirmatory.question_text(decl)}; {items} judged items in {len(families)} families, "
                      f"n = {len(decl.seeds)} declared seeds): an item is judged once every cell it uses holds "
-                     f"every declared seed; {complete} of the {items} are so far, in "
+                     f"every declared seed; {complete} of the {items} are judged so far, in "
                      f"{code_span(f'{name}/confirmatory.md')} (a verdict beside an incomplete item of its family says "
                      f"how it may still change). "
                      f"Rows so far: {so_far.ok} ok{planned}, {so_far.complete_cells} of "
@@ -779,12 +779,18 @@ def scaling_facts(sources: Sources) -> dict[str, object]:
     exps = token_scaling.exponents(table)
     time_exp, mem_exp = (f"{label} exponent" for label in (token_scaling.COSTS[0][1], token_scaling.COSTS[2][1]))
     thin = exps["sizes in the fit"] < MIN_FIT_SIZES  # a top-decade fit on 2 sizes: a slope, left out of spans
-    linear_all = exps[~exps["variant"].str.startswith("softmax") & ~exps["variant"].str.contains(r"\(dense\)")]
-    linear = linear_all[~thin.loc[linear_all.index]]
-    soft = exps[exps["variant"].str.startswith("softmax") & ~thin]
-    span = lambda frame, name: f"{fmt(frame[name].min(), 3)}–{fmt(frame[name].max(), 3)}"  # noqa: E731
+    softmax = exps["variant"].str.startswith("softmax")
+    in_spans = softmax | ~exps["variant"].str.contains(r"\(dense\)")  # the dense luo_rpe paths are quoted apart
+    linear, soft = exps[~softmax & in_spans & ~thin], exps[softmax & ~thin]
+
+    def span(frame: pd.DataFrame, name: str) -> str:
+        if frame.empty:
+            return f"(none fitted on {MIN_FIT_SIZES} or more sizes)"
+        return f"{fmt(frame[name].min(), 3)}–{fmt(frame[name].max(), 3)}"
+
     left_out = [f"{v} ({int(n)} sizes, {top}: {fmt(e, 3)})" for v, n, top, e in
-                exps.loc[thin, ["variant", "sizes in the fit", "top decade", time_exp]].itertuples(index=False)]
+                exps.loc[in_spans & thin, ["variant", "sizes in the fit", "top decade", time_exp]]
+                .itertuples(index=False)]
     return {"linear time": span(linear, time_exp), "linear memory": span(linear, mem_exp),
             "softmax time": span(soft, time_exp), "softmax memory": span(soft, mem_exp),
             "thin fits": left_out,
@@ -811,7 +817,8 @@ def not_overtaking_text(cross: pd.DataFrame) -> str:
     groups = []
     for (against, largest), g in slower.groupby(["against", "largest N"]):
         items = ", ".join(f"{v} {fmt(r, 3)}" for v, r in zip(g["variant"], g["ratio at largest N"]))
-        groups.append(f"slower than {against} at every measured N ({items} times its step at N = {int(largest):,})")
+        groups.append(f"still slower than {against} at the largest measured N ({items} times its step at "
+                      f"N = {int(largest):,})")
     return "; ".join(groups)
 
 
@@ -1044,13 +1051,13 @@ def declared_brief(sources: Sources, dataset: str, pairs: Sequence[tuple[str, st
         parts = []
         for a, b in pairs:
             judged = [o for _, outcomes in families for o in outcomes if o.kind == "comparison"
-                      and (o.a_short, o.b_short) == (a, b) and o.metric == decl.metric]
+                      and {(o.a_short, o.b_short), (o.b_short, o.a_short)} & {(a, b)} and o.metric == decl.metric]
             if not judged:
                 continue
             words: dict[str, int] = {}
-            for o in judged:
-                word = ("incomplete" if not o.complete else f"{a} ahead" if o.resolved and o.holm.point > 0
-                        else f"{b} ahead" if o.resolved else "not resolved")
+            for o in judged:  # declared either way round: the word names the variant ahead
+                word = ("incomplete" if not o.complete else "not resolved" if not o.resolved
+                        else f"{o.a_short if o.holm.point > 0 else o.b_short} ahead")
                 words[word] = words.get(word, 0) + 1
             counts = ", ".join(f"{w} in {n}" for w, n in words.items())
             parts.append(f"{a} − {b}: {counts} of {len(judged)} declared famil{'y' if len(judged) == 1 else 'ies'}")

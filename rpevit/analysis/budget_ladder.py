@@ -468,7 +468,8 @@ def shared_epochs_text(check: SharedEpochs) -> str:
     if not rounding:
         tail = f" Those rungs {weaker}."
     elif beyond:
-        tail = f" Of these, {rounding} differ {floor}, effectively one run; the other {beyond} {weaker}."
+        tail = (f" Of these, {rounding} differ{'s' if rounding == 1 else ''} {floor}, effectively one run; the "
+                f"other {beyond} {weaker}.")
     else:
         tail = f" Every one differs {floor}: effectively one run, as the pairing by seed assumes."
     return (f"{head} {len(check.differing)} pair(s) differ (largest |difference| {fmt(check.largest, 3)}; largest "

@@ -57,10 +57,11 @@ PENALTY_OF_KIND = {  # what the side-by-side table's last column is, per kind of
 INCOMPLETE_P = 1.0  # an incomplete comparison still counts in its family's k, as if not rejected (conservative)
 KIND_METHOD = {
     "comparison": "a − b of the metric, Welch's interval, as declared (it treats the two cells as independent "
-                  "samples, though both run under the declared seeds: the seed-pairing line below checks how much "
-                  "the verdicts lean on that)",
+                  "samples, though both run under the declared seeds: the seed-pairing line below, once an item is "
+                  "complete, checks how much the verdicts lean on that)",
     "contrast": "(a1 − b1) − (a2 − b2), the difference of two gaps: a contrast of four cell means taken as independent, as "
-                "declared (the seed-pairing line below checks that), with the Welch-Satterthwaite interval (rpevit.analysis.stats.contrast). The gaps are signed: a positive "
+                "declared (the seed-pairing line below, once an item is complete, checks that), with the "
+                "Welch-Satterthwaite interval (rpevit.analysis.stats.contrast). The gaps are signed: a positive "
                 "contrast is a smaller gap 2, which is a narrower one while gap 2 is not negative (each gap is shown "
                 "beside it, with its sign)",
     "trend": "per seed, (a − b) at the longer budget minus (a − b) at the shorter; a one-sample t interval over seeds. "
@@ -97,6 +98,8 @@ class Outcome:
     gaps: tuple[stats.Interval, ...] = ()  # a contrast: gap 1 and gap 2; a trend: its gap at the longer and the
     # shorter budget (each Welch, 95%, signed a − b)
     pending: int = 0  # items of its family still incomplete: counted at p = 1, so a "not resolved" may change
+    could_resolve: bool = False  # not resolved now, but Holm would resolve it were every incomplete item of its
+    # family to come in at p = 0 (its best case: they take the first steps): its "not resolved" reads "for now"
     where: str = ""  # the family's name with its for_each value (and trend), without the metric
     by_seed: tuple[tuple[float, dict[int, float]], ...] = ()  # a comparison or contrast: (coefficient, seed ->
     # value) per cell, for the seed-paired check beside the declared test (seed_pairing)
@@ -140,12 +143,12 @@ class Outcome:
             s = "s" if self.pending != 1 else ""
             if not self.pending:
                 later = ""
-            elif self.nominal.excludes(0.0):  # its 95% interval excludes 0: a later Holm step could resolve it
+            elif self.could_resolve:  # Holm resolves it in the best case of the incomplete items (judge_family)
                 later = f" (for now: {self.pending} item{s} of its family incomplete, counted as not rejected)"
-            else:  # alpha itself is the least strict Holm level: whatever the incomplete items give, it stays
+            else:  # not even in that best case: whatever the incomplete items give, it stays
                 later = (f" (final whatever the {self.pending} incomplete item{s} of its family "
-                         f"give{'' if s else 's'}: its interval includes 0 even at the nominal level, the least strict "
-                         f"Holm step)")
+                         f"give{'' if s else 's'}: Holm would not resolve it even were {'they' if s else 'it'} "
+                         f"to take the first steps)")
             return f"not resolved with {stats.seeds_text(self.holm.n)}{later}"
         up = self.holm.point > 0
         if self.pending:  # an incomplete item judged later can only take a Holm step before this one:
@@ -317,12 +320,15 @@ def judge_family(rows: pd.DataFrame, values: pd.Series, fam: Family, fixed: dict
     nominal = [at(1 - decl.alpha) for at, _, _ in items]
     p = [iv.p if ok and math.isfinite(iv.p) else INCOMPLETE_P for iv, (_, ok, _) in zip(nominal, items)]
     divisors = stats.holm_divisors(p, decl.alpha)
+    # the best case for a complete item: every incomplete one comes in at p = 0 and takes a first step
+    best = stats.holm([pi if ok else 0.0 for pi, (_, ok, _) in zip(p, items)])
     out = []
     pending = sum(not ok for _, ok, _ in items)
-    for (at, ok, labels), iv, m in zip(items, nominal, divisors):
+    for (at, ok, labels), iv, m, adjusted in zip(items, nominal, divisors, best):
         holm = at(1 - decl.alpha / m) if m else iv
         out.append(Outcome(fam.name, nominal=iv, holm=holm, k=len(items), complete=ok, kind=fam.kind,
-                           metric=metric or decl.metric, pending=pending, **labels))
+                           metric=metric or decl.metric, pending=pending,
+                           could_resolve=ok and pending > 0 and adjusted <= decl.alpha, **labels))
     return out
 
 
