@@ -256,7 +256,8 @@ def test_a_bench_study_folder_is_named_by_its_own_name(monkeypatch):
     from types import SimpleNamespace
 
     facts = {"linear time": "1", "linear memory": "1", "softmax time": "2", "softmax memory": "2", "paths": {},
-             "crossovers": pd.DataFrame(columns=["how", "against", "variant", "overtakes from N"])}
+             "thin fits": [], "crossovers": pd.DataFrame(columns=["how", "against", "variant", "overtakes from N",
+                                                                  "ratio at largest N", "largest N"])}
     monkeypatch.setattr(answers, "scaling_facts", lambda sources: facts)
     monkeypatch.setattr(answers, "bench_protocol", lambda folder: "one CPU")
     costs = pd.DataFrame({"sweep": md_text("a`b[c]"), "dataset": "cifar10", "qk_norm": "none",
