@@ -67,6 +67,26 @@ def test_crossing_cases():
     assert how == "measured" and 256 < at < 1024
 
 
+def test_a_counterpart_out_of_memory_at_the_largest_n_labels_the_last_ratio_with_its_own_n(tmp_path):
+    """The last ratio was labelled with the largest common N even where the counterpart had no time there (out
+    of memory, as softmax at large N on a GPU): 'ratio at largest N' came from N = 1024, 'largest N' said 4096,
+    and an extrapolated crossing was projected from the wrong N."""
+    rows = scaling_rows()
+    for r in rows:
+        if r["attention"] == "softmax" and r["tokens"] == 4096:
+            r.update(train_step_ms=math.nan, forward_ms=math.nan, infer_ms=math.nan, step_mem_mb=math.nan,
+                     out_of_memory=True)
+    out = write_sweep(tmp_path / "scaling", "scaling", rows)
+    table = token_scaling.per_image(token_scaling.scaling_rows(common.load_trials(out, task="bench")))
+    cross = token_scaling.crossovers(table, token_scaling.exponents(table)).set_index("variant")
+    dense = cross.loc["favor+luo_rpe (dense)"]
+    assert dense["largest N"] == 1024 and dense["ratio at largest N"] == pytest.approx(2.0)
+    assert dense["counterpart out of memory at N"] == "4096"
+    rope = cross.loc["favor+rope"]  # 0.1 N against 1e-3 N^2 at N = 1024
+    assert rope["largest N"] == 1024 and rope["ratio at largest N"] == pytest.approx(0.1 / (1e-3 * 1024))
+    assert "4096" in "\n".join(token_scaling.describe_crossovers(cross.reset_index()))
+
+
 @pytest.mark.parametrize("gap", [4e-16, -4e-16, 1e-9, 0.01])
 def test_parallel_fitted_lines_never_extrapolate_to_inf(gap):
     # issue 39: two exponents equal by construction came out of the fit 4e-16 apart on another BLAS, and

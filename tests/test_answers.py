@@ -468,9 +468,13 @@ def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin
                           "against": ["softmax+ape", "softmax+luo_rpe", "softmax+luo_rpe"],
                           "how": ["measured", "not reached", "not reached"], "ratio at largest N": [0.2, 1.4, 1.79],
                           "largest N": [4096, 4096, 4096]})
-    assert answers.not_overtaking_text(cross) == ("still slower than softmax+luo_rpe at the largest measured N "
+    assert answers.not_overtaking_text(cross) == ("still slower than softmax+luo_rpe at the largest N where both ran "
                                                   "(favor+luo_rpe (dense) 1.4, relu+luo_rpe (fft) 1.79 times its step "
                                                   "at N = 4,096)")
+    # where the counterpart did not fit at a larger N, the line says so (only the linear one runs there)
+    oom = cross.assign(**{"counterpart out of memory at N": ["—", "16384", "9216, 16384"]})
+    assert answers.not_overtaking_text(oom).endswith("at N = 4,096; softmax+luo_rpe did not fit in memory at "
+                                                     "N = 9216, 16384)")
     assert answers.not_overtaking_text(cross[cross["how"] == "measured"]) == ""
     sources = answers.Sources(RESULTS)
     facts = answers.scaling_facts(sources)

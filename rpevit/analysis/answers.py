@@ -817,8 +817,11 @@ def not_overtaking_text(cross: pd.DataFrame) -> str:
     groups = []
     for (against, largest), g in slower.groupby(["against", "largest N"]):
         items = ", ".join(f"{v} {fmt(r, 3)}" for v, r in zip(g["variant"], g["ratio at largest N"]))
-        groups.append(f"still slower than {against} at the largest measured N ({items} times its step at "
-                      f"N = {int(largest):,})")
+        oom = sorted({n for cell in column(g, "counterpart out of memory at N", "—") if cell != "—"
+                      for n in str(cell).split(", ")}, key=int)
+        beyond = f"; {against} did not fit in memory at N = {', '.join(oom)}" if oom else ""
+        groups.append(f"still slower than {against} at the largest N where both ran ({items} times its step at "
+                      f"N = {int(largest):,}{beyond})")
     return "; ".join(groups)
 
 

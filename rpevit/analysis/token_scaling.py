@@ -172,20 +172,30 @@ def crossovers(table: pd.DataFrame, exps: pd.DataFrame) -> pd.DataFrame:
     slope = exps.set_index(["device", "variant"])[f"{COSTS[0][1]} exponent"]
     for (device, variant), g in table[table["counterpart"].notna()].groupby(["device", "variant"]):
         ref_name = g["counterpart"].iloc[0]
-        ref = table[(table["device"] == device) & (table["variant"] == ref_name)].set_index("tokens")[TIME]
+        ref_rows = table[(table["device"] == device) & (table["variant"] == ref_name)].set_index("tokens")
+        ref = ref_rows[TIME]
         g = g.set_index("tokens")
+        # where the linear variant ran and its counterpart did not fit in memory: no ratio, but the answer
+        # to "where does it pay" there is that only the linear one runs
+        ran = g.index[np.isfinite(g[TIME].to_numpy(float)) & ~g["out_of_memory"].to_numpy(bool)]
+        counterpart_oom = sorted(int(n) for n in ref_rows.index[ref_rows["out_of_memory"].to_numpy(bool)] if n in ran)
         common_n = np.array(sorted(set(g.index) & set(ref.index)), dtype=float)
         if len(common_n) == 0:
             continue
         ratio = g.loc[common_n, TIME].to_numpy(float) / ref.loc[common_n].to_numpy(float)
         at, how = crossing(common_n, ratio)
-        last = ratio[np.isfinite(ratio)][-1] if np.isfinite(ratio).any() else math.nan
+        # the largest N where both ran (an out-of-memory row has no time): the last ratio is labelled, and
+        # extrapolated from, the N it was measured at, not a larger one where either could not run
+        finite = np.nonzero(np.isfinite(ratio))[0]
+        last_at = float(common_n[finite[-1]]) if len(finite) else math.nan
+        last = float(ratio[finite[-1]]) if len(finite) else math.nan
         gap = slope.get((device, ref_name), math.nan) - slope.get((device, variant), math.nan)
-        extrapolated = extrapolated_crossing(float(common_n[-1]), last, gap) if how == "not reached" else math.nan
+        extrapolated = extrapolated_crossing(last_at, last, gap) if how == "not reached" else math.nan
         rows.append({"device": device, "variant": variant, "against": ref_name,
                      "smallest N": int(common_n[0]), "ratio at smallest N": ratio[0], "ratio at largest N": last,
-                     "largest N": int(common_n[-1]),
-                     "overtakes from N": at, "how": how, "extrapolated N": extrapolated})
+                     "largest N": int(last_at) if len(finite) else math.nan,
+                     "overtakes from N": at, "how": how, "extrapolated N": extrapolated,
+                     "counterpart out of memory at N": ", ".join(map(str, counterpart_oom)) or "—"})
     return pd.DataFrame(rows)
 
 
@@ -281,7 +291,7 @@ def describe_crossovers(cross: pd.DataFrame) -> list[str]:
                                                  for v, h in zip(cross["overtakes from N"], cross["how"])],
                             "extrapolated N": [tokens(v) for v in cross["extrapolated N"]]})
     cols = ["device", "variant", "against", "smallest N", "ratio at smallest N", "ratio at largest N", "largest N",
-            "overtakes from N", "how", "extrapolated N"]
+            "overtakes from N", "how", "extrapolated N", "counterpart out of memory at N"]
     return [markdown_table(cols, shown[cols].itertuples(index=False))]
 
 
@@ -305,7 +315,9 @@ def build(results_dir: Path) -> str | None:
              markdown_table(list(exps.columns), exps.itertuples(index=False)), "",
              "### Where each linear variant overtakes its softmax counterpart (training step per image)", "",
              *describe_crossovers(cross), "",
-             "`ratio`: the linear variant's training step per image over its counterpart's. `overtakes from N`: "
+             "`ratio`: the linear variant's training step per image over its counterpart's; `largest N`: the "
+             "largest N where both ran; `counterpart out of memory at N`: sizes where the linear variant ran and "
+             "its counterpart did not fit in memory (no ratio there: only the linear one runs). `overtakes from N`: "
              "interpolated log-log between the last size where softmax was as fast and the next; `extrapolated N`: "
              "where the fitted top-decade lines would cross, beyond the measurements (a projection, not a "
              f"measurement), given only where the exponents differ by at least {fmt(EXPONENT_TOLERANCE)} (closer "
