@@ -47,7 +47,7 @@ import sys
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Callable, Collection, Iterable, Sequence
+from typing import Callable, Collection, Iterable, Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -62,7 +62,7 @@ from rpevit.analysis.generated import GeneratedTextError, block_names, fill, sta
 from rpevit.analysis.report import thread_hours
 from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
 from rpevit.config import FIRST_DEFAULTS, ConfigError, TrialConfig, recorded_values
-from rpevit.sweep.declaration import DECLARATION_FILE, DeclarationError
+from rpevit.sweep.declaration import DECLARATION_FILE, Declaration, DeclarationError
 from rpevit.sweep.protocol import FAILED, OK
 from rpevit.sweep.results import TRIALS_FILE
 from rpevit.sweep.space import load_space
@@ -1000,6 +1000,39 @@ def protocol_differences(before: pd.DataFrame, after: pd.DataFrame, redraw: str 
     return ", ".join(out)
 
 
+def declared_on(sources: Sources, dataset: str) -> Iterator[tuple[Path, pd.DataFrame, Declaration, list]]:
+    """(folder, its train rows, declaration, judged families) of each declared study whose rows are all on
+    `dataset`: the studies an exploratory line on that dataset is set beside."""
+    for folder in confirmatory_studies(sources.results_dir):
+        frame = read_trials(folder, ["train"]).frame
+        if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
+            continue
+        decl, _, families, _ = confirmatory.judge(folder)
+        yield folder, frame, decl, families
+
+
+def declared_study_label(folder: Path, frame: pd.DataFrame, before: pd.DataFrame | None,
+                         variants: Iterable[str], config: Config | None) -> str:
+    """"`study`, redeclared (settings that differ from these rows: ...)": the study's name, whether it was
+    redeclared, and (with the exploratory rows `before` of `config`) the settings its rows of `variants` ran
+    that differ from them (protocol_differences): the same question, not the same runs."""
+    differs = ""
+    if before is not None and config is not None:
+        changed = protocol_differences(before, cell_rows(frame, variants), config[3])
+        differs = f" (settings that differ from these rows: {changed})" if changed else " (the same settings)"
+    return f"{code_span(folder.name)}{', redeclared' if status_of(folder) else ''}{differs}"
+
+
+def exploratory_rows(sources: Sources, dataset: str, variants: Iterable[str],
+                     config: Config | None) -> pd.DataFrame | None:
+    """The exploratory train rows of `variants` on `dataset` a declared study's settings are compared with
+    (None without a `config` to compare)."""
+    train = sources.train.frame
+    if config is None or train.empty:
+        return None
+    return cell_rows(train[train["dataset"].astype(str) == dataset], variants)
+
+
 def declared_verdicts(sources: Sources, dataset: str, a: str, b: str, config: Config | None = None) -> str:
     """The verdicts the declared studies on `dataset` gave a − b (variants as prose names them), per family
     that declared it on its primary metric: "`mnist_headline_cpu` (the same-encoding gap): not resolved with
@@ -1007,14 +1040,8 @@ def declared_verdicts(sources: Sources, dataset: str, a: str, b: str, config: Co
     settings its rows of a and b ran that differ from the exploratory rows' (`protocol_differences`): the
     same question, not the same runs. Empty where none declared it."""
     found = []
-    before = cell_rows(sources.train.frame[sources.train.frame["dataset"].astype(str) == dataset], (a, b)) \
-        if config is not None and not sources.train.frame.empty else None
-    for folder in confirmatory_studies(sources.results_dir):
-        frame = read_trials(folder, ["train"]).frame
-        if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
-            continue
-        decl, _, families, _ = confirmatory.judge(folder)
-        redeclared = ", redeclared" if status_of(folder) else ""
+    before = exploratory_rows(sources, dataset, (a, b), config)
+    for folder, frame, decl, families in declared_on(sources, dataset):
         verdicts = []
         for name, outcomes in families:
             for o in outcomes:
@@ -1022,13 +1049,8 @@ def declared_verdicts(sources: Sources, dataset: str, a: str, b: str, config: Co
                     verdict = (f"resolved, {o.holm.text()}" if o.resolved else
                                o.verdict(len(decl.seeds)).split(" (no verdict")[0])
                     verdicts.append(f"{name}: {verdict}")
-        if not verdicts:
-            continue
-        differs = ""
-        if before is not None:
-            changed = protocol_differences(before, cell_rows(frame, (a, b)), config[3])
-            differs = f" (settings that differ from these rows: {changed})" if changed else " (the same settings)"
-        found.append(f"{code_span(folder.name)}{redeclared}{differs}: {'; '.join(verdicts)}")
+        if verdicts:
+            found.append(f"{declared_study_label(folder, frame, before, (a, b), config)}: {'; '.join(verdicts)}")
     return "; ".join(found)
 
 
@@ -1042,15 +1064,9 @@ def declared_brief(sources: Sources, dataset: str, pairs: Sequence[tuple[str, st
     note: only the FAVOR+ APE gap was looked up). With `config`, each study names the settings its rows of these
     variants ran that differ from the exploratory rows' (protocol_differences), as declared_verdicts does."""
     variants = sorted({v for pair in pairs for v in pair})
-    train = sources.train.frame
-    before = cell_rows(train[train["dataset"].astype(str) == dataset], variants) \
-        if config is not None and not train.empty else None
+    before = exploratory_rows(sources, dataset, variants, config)
     found = []
-    for folder in confirmatory_studies(sources.results_dir):
-        frame = read_trials(folder, ["train"]).frame
-        if frame.empty or set(frame["dataset"].astype(str)) != {dataset}:
-            continue
-        decl, _, families, _ = confirmatory.judge(folder)
+    for folder, frame, decl, families in declared_on(sources, dataset):
         parts = []
         for a, b in pairs:
             judged = [o for _, outcomes in families for o in outcomes if o.kind == "comparison"
@@ -1064,14 +1080,8 @@ def declared_brief(sources: Sources, dataset: str, pairs: Sequence[tuple[str, st
                 words[word] = words.get(word, 0) + 1
             counts = ", ".join(f"{w} in {n}" for w, n in words.items())
             parts.append(f"{a} − {b}: {counts} of {len(judged)} declared famil{'y' if len(judged) == 1 else 'ies'}")
-        if not parts:
-            continue
-        differs = ""
-        if before is not None:
-            changed = protocol_differences(before, cell_rows(frame, variants), config[3])
-            differs = f" (settings that differ from these rows: {changed})" if changed else " (the same settings)"
-        found.append(f"{code_span(folder.name)}{', redeclared' if status_of(folder) else ''}{differs}: "
-                     f"{'; '.join(parts)}")
+        if parts:
+            found.append(f"{declared_study_label(folder, frame, before, variants, config)}: {'; '.join(parts)}")
     return "; ".join(found)
 
 
