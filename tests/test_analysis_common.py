@@ -41,6 +41,15 @@ def test_encoding_options_that_define_variants_label_them_apart():
     assert list(common.pe_labels(same_f)) == ["sparse_cayley_string"]  # nothing varies: the plain name
 
 
+def test_a_combination_of_encodings_is_labelled_apart_by_the_options_of_each():
+    """An audit: options were looked up by the whole `pe` name, so ape+luo_rpe rows at luo_scale 10 and 100 got
+    one label and were averaged into one variant (an interval over two different configurations)."""
+    frame = pd.DataFrame({"pe": ["ape+luo_rpe", "ape+luo_rpe", "luo_rpe", "ape+rope"],
+                          "luo_scale": [10.0, 100.0, 10.0, 10.0], "attention": "softmax"})
+    assert list(common.pe_labels(frame)) == ["ape+luo_rpe (luo_scale=10)", "ape+luo_rpe (luo_scale=100)", "luo_rpe",
+                                             "ape+rope"]
+
+
 def test_rows_of_an_older_writer_with_float_times_are_read_beside_timestamped_rows(tmp_path):
     """The MNIST study's pinned commit wrote started_at as float seconds, later sweeps as timestamps; read
     together they form one object column, which every time-based column must still understand."""

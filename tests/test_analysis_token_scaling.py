@@ -189,3 +189,32 @@ def test_the_tables_say_how_few_sizes_a_fit_has_where_a_ratio_starts_and_what_th
         == "Medians of 5 interleaved timed runs"  # from the rows, not a typed 3
     assert token_scaling.timing_text(pd.DataFrame({"timing_repeats": [3], "timing_interleaved": [False]})) \
         == "Medians of 3 timed runs"
+
+
+def test_o_n_by_construction_follows_the_backend_and_the_encodings_not_the_name(tmp_path):
+    """An audit: the cost summary counted every non-softmax variant but luo_rpe's '(dense)' rows as O(N), by
+    name, so a new score-hook encoding through an N x N matrix on FAVOR+ would have entered 'the O(N) variants'
+    exponent'. Now: the backend's linear_time and each encoding's quadratic_on_kernelized."""
+    from rpevit import registry
+    from tests.test_one_file_variants import THROWAWAY, THROWAWAY_BACKEND_AND_TASK, imported_file
+
+    linear = token_scaling.linear_in_tokens
+    assert linear("favor", "rope", {}) and linear("relu", "ape", {}) and not linear("softmax", "rope", {})
+    assert linear("favor", "luo_rpe", {"luo_path": "fft"}) and not linear("favor", "luo_rpe", {"luo_path": "dense"})
+    assert not linear("favor", "ape+luo_rpe", {"luo_path": "dense"}) and linear("favor", "ape+luo_rpe", {"luo_path": "fft"})
+    assert linear("favor", "rotinv", {"rotinv_path": "lowrank"}) and not linear("favor", "rotinv", {"rotinv_path": "dense"})
+    assert not linear("no_such_backend", "ape", {}) and not linear("favor", "no_such_pe", {})
+    with imported_file(tmp_path, "throwaway_encodings", THROWAWAY, (registry.POSITION_ENCODINGS,)):
+        # a score hook whose class does not say otherwise is an N x N modulation; the other hooks act per token
+        assert not linear("favor", "throwaway_gauss", {}) and linear("favor", "throwaway_rope_x", {})
+    with imported_file(tmp_path, "throwaway_backend", THROWAWAY_BACKEND_AND_TASK,
+                       (registry.ATTENTIONS, registry.TASKS, registry.METRICS)):
+        assert linear("throwaway_elu", "rope", {})  # a new backend says linear_time = True
+
+
+def test_the_per_image_table_marks_which_variants_are_o_n(tmp_path):
+    out = write_sweep(tmp_path / "scaling", "scaling", scaling_rows())
+    table = token_scaling.per_image(token_scaling.scaling_rows(common.load_trials(out, task="bench")))
+    marked = table.groupby("variant")["linear_in_tokens"].first().to_dict()
+    assert marked == {"favor+luo_rpe (dense)": False, "favor+luo_rpe (fft)": True, "favor+rope": True,
+                      "softmax+luo_rpe": False, "softmax+rope": False}

@@ -343,6 +343,17 @@ def test_studies_still_running_stay_out_of_the_provenance_table(tmp_path):
     assert [r["folder"] for r in answers.folder_rows(results)] == ["pilots/done"]
 
 
+def test_a_folder_name_reaches_the_provenance_table_inert(tmp_path):
+    """An audit: the provenance table (results/README.md) printed each folder name raw, and a published parent
+    (gpu_h100) admits any name one level down: `x<img src=x onerror=alert(1)>` came out as HTML."""
+    results = tmp_path / "results"
+    row = config_row(dataset="digits", seed=0) | {"test_acc": 0.5}
+    write_sweep(results / "pilots" / "x<img src=x>[l](https:", "s", [row])
+    table = answers.rows_block(answers.Sources(results))
+    span = "`pilots/x<img src=x>[l](https:`"  # inside a code span nothing is markup or HTML
+    assert span in table and "<img" not in table.replace(span, "")
+
+
 def test_a_knob_field_the_published_rows_predate_is_read_as_its_default_and_said_so():
     """The published studies' rows were written before `init` existed (a KeyError before the fix): their code had
     only trunc_normal, the field's default; the sentence names the field as not recorded."""

@@ -264,6 +264,15 @@ def test_a_family_without_the_new_keys_serialises_as_before():
     ({**TREND, "comparisons": [[{"attention": "softmax", "epochs": 5}, {"attention": "favor"}]]},
      "sides without 'epochs'"),
     ({**TREND, "trend": {"field": "epochs", "from": 5, "to": 8}}, "at epochs=8 matches no trial of the space"),
+    # an end names the rungs in every generated table and sentence: a string where epochs are numbers (an
+    # audit put HTML and a heading into confirmatory.md and PROGRESS.md through one) is refused at parse
+    ({**TREND, "trend": {"field": "epochs", "from": 5, "to": "10 <img src=x>\n# H"}},
+     r"trend\.to' has value .*allowed: an integer"),
+    ({**TREND, "trend": {"field": "epochs", "from": True, "to": 10}}, r"trend\.from' has value True; allowed: an integer"),
+    ({**TREND, "comparisons": [[{"attention": "softmax"}, {"attention": "favor"}]],
+      "trend": {"field": "lr", "from": 0.001, "to": "nan"}}, r"trend\.to' has value 'nan'; allowed: a finite number"),
+    ({**TREND, "comparisons": [[{"pe": "ape"}, {"pe": "rope"}]],
+      "trend": {"field": "attention", "from": "softmax", "to": "fa`vor"}}, r"trend\.to' has value .*allowed: a value of the text"),
 ])
 def test_a_bad_contrast_or_trend_is_refused_in_one_line(family, match):
     with pytest.raises(SpaceError, match=match):

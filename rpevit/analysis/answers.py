@@ -780,8 +780,12 @@ def scaling_facts(sources: Sources) -> dict[str, object]:
     time_exp, mem_exp = (f"{label} exponent" for label in (token_scaling.COSTS[0][1], token_scaling.COSTS[2][1]))
     thin = exps["sizes in the fit"] < MIN_FIT_SIZES  # a top-decade fit on 2 sizes: a slope, left out of spans
     softmax = exps["variant"].str.startswith("softmax")
-    in_spans = softmax | ~exps["variant"].str.contains(r"\(dense\)")  # the dense luo_rpe paths are quoted apart
-    linear, soft = exps[~softmax & in_spans & ~thin], exps[softmax & ~thin]
+    # O(N) by construction (token_scaling.linear_in_tokens: the backend's linear_time, no quadratic path such as
+    # luo_rpe's dense one, which is quoted apart), not by a name
+    linear_names = set(table.loc[table["linear_in_tokens"], "variant"]) if "linear_in_tokens" in table else set()
+    is_linear = exps["variant"].isin(linear_names)
+    in_spans = softmax | is_linear
+    linear, soft = exps[is_linear & ~thin], exps[softmax & ~thin]
 
     def span(frame: pd.DataFrame, name: str) -> str:
         if frame.empty:
@@ -1268,7 +1272,7 @@ def declared_studies_block(sources: Sources) -> str:
 def rows_block(sources: Sources) -> str:
     """results/README.md: the rows of every study folder, as the Parquet records them (folder_rows)."""
     seeds = lambda s: f"{s[0]}–{s[-1]}" if len(s) > 1 else str(s[0]) if s else "—"  # noqa: E731
-    table = [[r["folder"], r["tasks"], r[OK], r[FAILED], r["aside"], seeds(r["seeds"]),
+    table = [[code_span(r["folder"]), r["tasks"], r[OK], r[FAILED], r["aside"], seeds(r["seeds"]),
               fmt(r["thread_hours"], 3), ", ".join(f"{c or '—'} ({n})" for c, n in r["commits"].items())]
              for r in folder_rows(sources.results_dir)]
     return markdown_table(["folder", "task", OK, FAILED, "set aside (not in space.json)", "seeds",

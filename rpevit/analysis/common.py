@@ -569,13 +569,15 @@ def redraw_label(random_features: bool, interval: float, until: float) -> str:
 
 
 def pe_labels(frame: pd.DataFrame) -> pd.Series:
-    """`pe`, with the options of that encoding (rpevit.config.encoding_options: its class's `__init__`)
-    that take more than one value among its rows of the
-    frame: 'sparse_cayley_string (string_sparsity=0.05, cayley_solver=auto)', so that the f sweep
+    """`pe`, with the options of that encoding (rpevit.config.encoding_options: its class's `__init__`; of
+    each of its encodings for a combination such as ape+luo_rpe) that take more than one value among its rows
+    of the frame: 'sparse_cayley_string (string_sparsity=0.05, cayley_solver=auto)', so that the f sweep
     and the solver row are separate variants, not averaged together."""
     labels = frame["pe"].astype(str).copy()
-    for pe, options in config.encoding_options().items():
-        rows = frame["pe"] == pe
+    by_name = config.encoding_options()
+    for pe in labels.unique():  # a combination (ape+luo_rpe) takes the options of each of its encodings
+        options = tuple(dict.fromkeys(o for part in pe.split("+") for o in by_name.get(part, ())))
+        rows = labels.eq(pe) & frame["pe"].notna()
         varying = [o for o in options if o in frame.columns and frame.loc[rows, o].nunique(dropna=False) > 1]
         if rows.any() and varying:
             labels[rows] = per_distinct([frame.loc[rows, o] for o in varying], lambda *values, pe=pe, varying=varying:

@@ -303,7 +303,7 @@ def trend_item(records: list[dict], values: pd.Series, pair: Pair, fixed: dict[s
             len(both) == len(seeds),
             {"a": md_text(f"{name} at {trend.field} = {fmt(trend.end)}"),
              "b": md_text(f"{name} at {trend.field} = {fmt(trend.start)}"),
-             "a_short": f"{name} at {fmt(trend.end)}", "b_short": f"at {fmt(trend.start)}",
+             "a_short": f"{name} at {md_text(fmt(trend.end))}", "b_short": f"at {md_text(fmt(trend.start))}",
              "values_a": gap[trend.end], "values_b": gap[trend.start], "counts": (len(both),), "gaps": welch})
 
 

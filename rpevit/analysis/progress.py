@@ -120,7 +120,7 @@ def seed_list_text(have: Sequence[int], declared: Sequence[int]) -> str:
 
 def progress_text(p: Progress, name: str) -> str:
     """PROGRESS.md's body (generated.whole_file adds the line saying how it is written)."""
-    rung_name = lambda r: "rows" if r is None else f"{p.rung_field} = {confirmatory.fmt(r)}"  # noqa: E731
+    rung_name = lambda r: "rows" if r is None else confirmatory.md_text(f"{p.rung_field} = {confirmatory.fmt(r)}")  # noqa: E731
     planned = f" of the {p.planned} trials its space.json lists" if p.planned is not None else ""
     aside = "; ".join(f"{n} {why}" for why, n in p.set_aside.items())
     lines = [f"# {confirmatory.md_text(name)}: rows so far (a declared study still running)", "",

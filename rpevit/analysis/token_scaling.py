@@ -29,8 +29,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rpevit import config, registry
 from rpevit.analysis import variants
-from rpevit.analysis.common import (column, fmt, markdown_table, pyplot, read_trials, require_trials,
+from rpevit.analysis.common import (column, fmt, markdown_table, per_distinct, pyplot, read_trials, require_trials,
                                     results_parser, save_figure, write_study, write_text_file)
 
 TOP_DECADE = 10.0  # the exponent is fitted over N >= N_max / TOP_DECADE
@@ -84,6 +85,19 @@ def counterpart(attention: str, pe: str, rotinv_mode: str) -> str | None:
     return f"softmax+{pe}"
 
 
+def linear_in_tokens(attention: str, pe: str, values: dict) -> bool:
+    """Whether a variant is O(N) in the tokens by construction: its backend says so (`linear_time`) and no
+    encoding of its `pe` (each part of a combination) makes it quadratic with these config values
+    (`PositionEncoding.quadratic_on_kernelized`: luo_rpe's dense path, rotinv's dense path, any score hook
+    whose class does not say otherwise). A name not registered here is not counted as O(N)."""
+    config.load_registry()
+    backend = registry.ATTENTIONS.get(attention)
+    parts = [registry.POSITION_ENCODINGS.get(p) for p in str(pe).split("+")]
+    if backend is None or not getattr(backend, "linear_time", False) or None in parts:
+        return False
+    return not any(cls.quadratic_on_kernelized(values) for cls in parts)
+
+
 def per_image(bench: pd.DataFrame) -> pd.DataFrame:
     """One row per (device, variant, N): medians of the per-image costs, with the variant's names."""
     b = bench.copy()
@@ -96,8 +110,13 @@ def per_image(bench: pd.DataFrame) -> pd.DataFrame:
     luo_path, mode = column(b, "luo_path", "auto").astype(str), column(b, "rotinv_mode", "exact").astype(str)
     b["variant"] = [variant_name(*v) for v in zip(b["attention"], b["pe"], luo_path, mode)]
     b["counterpart"] = [counterpart(*v) for v in zip(b["attention"], b["pe"], mode)]
+    rotinv_path = column(b, "rotinv_path", "lowrank").astype(str)
+    b["linear_in_tokens"] = per_distinct(
+        [b["attention"].astype(str), b["pe"].astype(str), luo_path, rotinv_path],
+        lambda a, pe, lp, rp: linear_in_tokens(a, pe, {"luo_path": lp, "rotinv_path": rp}))
     keys = ["device", "variant", "tokens"]
     table = b.groupby(keys).agg(attention=("attention", "first"), pe=("pe", "first"), counterpart=("counterpart", "first"),
+                                linear_in_tokens=("linear_in_tokens", "all"),
                                 batch=("bench_batch", "first"), out_of_memory=("out_of_memory", "any"),
                                 **{c: (c, "median") for c, _ in COSTS}).reset_index()
     return table.sort_values(keys).reset_index(drop=True)

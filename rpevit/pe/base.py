@@ -63,6 +63,14 @@ class PositionEncoding(nn.Module):
         """Raise ConfigError if this encoding cannot run with cfg (e.g. head dim parity)."""
 
     @classmethod
+    def quadratic_on_kernelized(cls, values: dict[str, Any]) -> bool:
+        """Whether, with these config values, this encoding makes a kernelized (O(N)) backend quadratic in the
+        tokens N (an N x N matrix per head): the token-scaling analysis counts a variant as O(N) only where its
+        backend's `linear_time` holds and this is False. A score hook is an N x N modulation unless its class
+        says otherwise (a low-rank or FFT path); the other hooks act per token."""
+        return cls.hook == "score"
+
+    @classmethod
     def resolve_options(cls, values: dict[str, Any]) -> dict[str, Any]:
         """The values this encoding's `auto` options take in a config (a full config dict): what the
         stored results say ran (rpevit.config.resolve_values). None by default."""

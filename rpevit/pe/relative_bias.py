@@ -189,6 +189,11 @@ def _fft_chunk(phi_q: Tensor, phi_k: Tensor, v_one: Tensor, weights: Tensor, gri
 class LuoRelativeBias(PositionEncoding):
     hook = "score"
 
+    @classmethod
+    def quadratic_on_kernelized(cls, values: dict[str, Any]) -> bool:
+        """The dense path is the N x N matrix; the FFT path O(N log N) (`auto`: by N, so not counted as dense)."""
+        return values.get("luo_path", LUO_PATH.default) == "dense"
+
     def __init__(self, *, luo_scale: float = LUO_SCALE_BY_DATASET["digits"], luo_path: str = LUO_PATH.default,
                  **context: Any) -> None:
         super().__init__(**context)

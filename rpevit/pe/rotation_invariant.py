@@ -173,6 +173,11 @@ def _random_combine(a: Tensor, neg_pow: Tensor, z_pow: Tensor, selector: Tensor)
 class RotationInvariantRPE(PositionEncoding):
     hook = "score"
 
+    @classmethod
+    def quadratic_on_kernelized(cls, values: dict[str, Any]) -> bool:
+        """The low-rank path folds the modulation into the features (linear in N); dense is the N x N matrix."""
+        return values.get("rotinv_path", ROTINV_PATH.default) == "dense"
+
     def __init__(self, *, rotinv_mode: str = ROTINV_MODE.default, rotinv_degree: int = ROTINV_DEGREE.default,
                  rotinv_basis: str = ROTINV_BASIS.default, rotinv_draws: int = ROTINV_DRAWS.default,
                  rotinv_path: str = ROTINV_PATH.default, **context: Any) -> None:

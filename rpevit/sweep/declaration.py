@@ -59,6 +59,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -262,7 +263,28 @@ def _trend(value: Any, where: str, source: str, for_each: str | None) -> Trend:
     start, end = value["from"], value["to"]
     if start == end or any(isinstance(v, (dict, list)) or v is None for v in (start, end)):
         raise _bad(source, where, value, "two different values of the field (from, to)")
+    for key in ("from", "to"):
+        _trend_end(field, value[key], f"{where}.{key}", source)
     return Trend(field, _normal(field, start), _normal(field, end))
+
+
+TREND_TEXT_VALUE = re.compile(r"[A-Za-z0-9_.+-]{1,100}")  # a config value as spaces write it: favor, ape+rope
+
+
+def _trend_end(field: str, value: Any, where: str, source: str) -> None:
+    """Refuse an end of a trend that is not a value of its field's type: it names the rungs in every generated
+    table and sentence, so a string where epochs are numbers (HTML, a newline) would otherwise reach them."""
+    kind = field_types()[field]
+    if kind is str:
+        ok, allowed = isinstance(value, str) and TREND_TEXT_VALUE.fullmatch(value), \
+            "a value of the text field: letters, digits and _ . + - (at most 100)"
+    elif kind is int:
+        ok, allowed = isinstance(value, int) and not isinstance(value, bool), "an integer (the field is an int)"
+    else:
+        ok, allowed = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                       "a finite number (the field is a float)")
+    if not ok:
+        raise _bad(source, where, value, allowed)
 
 
 def _family(fam: Any, where: str, source: str, names: set[str]) -> Family:
