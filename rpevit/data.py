@@ -1,7 +1,8 @@
 """Datasets as whole uint8 tensors on the training device, normalised and augmented there in batches.
 
 Sources, in order: `<data_dir>/<name>.npz` (keys x_train, y_train, x_test, y_test, uint8, the
-format of ../shared/data), else torchvision's downloader into data_dir, cached as `<name>.npz`.
+format of ../shared/data), else a download into data_dir (MNIST through torchvision; CIFAR from the
+authors' binary archives, never unpickled: rpevit.cifar_archive), cached as `<name>.npz`.
 `digits` (scikit-learn's bundled 8x8 digits) needs no folder and no network. Tiny ViTs are starved
 by per-image CPU transforms, hence the on-device path.
 """
@@ -18,6 +19,8 @@ from typing import IO, Callable
 import numpy as np
 import torch
 from torch import Tensor
+
+from rpevit import cifar_archive
 
 ARRAY_CACHE_SIZE = 2  # datasets a process keeps once cache_arrays() was called (sweep workers)
 _array_cache: dict[tuple, dict[str, np.ndarray]] | None = None  # None: no caching (the default)
@@ -284,25 +287,42 @@ def _download(name: str, folder: Path, path: Path) -> None:
     if os.environ.get("RPEVIT_OFFLINE") == "1":
         raise DataError(f"dataset {name!r}: {path} does not exist and downloads are off "
                         f"(RPEVIT_OFFLINE=1); {expected}")
-    import torchvision.datasets as tvd
-
-    cls = {"mnist": tvd.MNIST, "cifar10": tvd.CIFAR10, "cifar100": tvd.CIFAR100}[name]
     cache = folder / "torchvision"
     created = [p for p in (cache, folder, *folder.parents) if not p.exists()]  # what a failure must remove
     before = set(cache.rglob("*")) if cache.is_dir() else set()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        parts = {split: cls(str(cache), train=(split == "train"), download=True)
-                 for split in ("train", "test")}
+        arrays = _cifar_arrays(name, cache) if name in cifar_archive.ARCHIVES else _torchvision_arrays(name, cache)
     except Exception as err:  # any download failure becomes the same actionable message
         _remove_new(cache, before, created)
         raise DataError(f"dataset {name!r}: {path} does not exist and the download failed "
                         f"({type(err).__name__}: {err}); {expected}") from err
+    write_arrays(path, arrays)
+
+
+def _torchvision_arrays(name: str, cache: Path) -> dict[str, np.ndarray]:
+    """MNIST through torchvision: it parses the raw IDX files itself (a legacy processed .pt it would load
+    with weights_only=True), no pickle."""
+    import torchvision.datasets as tvd
+
+    cls = {"mnist": tvd.MNIST}[name]
     arrays = {}
-    for split, ds in parts.items():
+    for split in ("train", "test"):
+        ds = cls(str(cache), train=(split == "train"), download=True)
         arrays[f"x_{split}"] = np.asarray(ds.data, dtype=np.uint8)
         arrays[f"y_{split}"] = np.asarray(ds.targets, dtype=np.uint8)
-    write_arrays(path, arrays)
+    return arrays
+
+
+def _cifar_arrays(name: str, cache: Path) -> dict[str, np.ndarray]:
+    """CIFAR from the authors' binary archive (rpevit.cifar_archive: records read as bytes, never
+    unpickled), downloaded into `cache` by torchvision's downloader, which checks its MD5."""
+    from torchvision.datasets.utils import download_url
+
+    spec = cifar_archive.ARCHIVES[name]
+    cache.mkdir(parents=True, exist_ok=True)
+    download_url(spec.url, str(cache), spec.filename, spec.md5)
+    return cifar_archive.read_records(cache / spec.filename, spec)
 
 
 def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:

@@ -107,7 +107,7 @@ BESIDE_OTHERS = frozenset({
     "test_all12_cells_check", "test_all12_variants", "test_amp_cpu", "test_analysis_budget_ladder",
     "test_analysis_common", "test_analysis_efficiency", "test_analysis_gap_closure", "test_analysis_headline",
     "test_analysis_kernel_mse", "test_analysis_report", "test_analysis_string_study", "test_analysis_token_scaling",
-    "test_analysis_variants", "test_analysis_vectorised", "test_answers", "test_attention_kernelized",
+    "test_analysis_variants", "test_analysis_vectorised", "test_answers", "test_attention_kernelized", "test_cifar_archive",
     "test_budget_ladder", "test_checkpoint_safety", "test_compile_cpu_choice", "test_compiled_step", "test_config",
     "test_constraints", "test_data", "test_declaration", "test_declaration_integrity",
     "test_defaults_follow_validation", "test_evaluation", "test_factory", "test_features", "test_flops",
