@@ -79,6 +79,22 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${LEASE_PYTHON:-python3}
 L=${LEASE_DIR:-/tmp/lease}
+# $L is one fixed path on purpose: the calls of a lease (first, bench, main; receive ..., rung) are separate
+# invocations that share it (t0, the unpacked site, the parts, the sweep). In a shared /tmp anyone could make it
+# first (a link to a folder of theirs, or a folder of theirs), and everything written in it would go there: made
+# here with mode 700 when missing, then used only if it is a real folder of this user that others cannot write.
+[[ -L $L || -e $L ]] || { mkdir -p -- "$(dirname -- "$L")" && mkdir -m 700 -- "$L" 2> /dev/null; }
+if [[ -L $L ]]; then
+  echo "error: LEASE_DIR $L is a symbolic link (to '$(readlink -- "$L")'); allowed: a folder of this user, or" \
+       "nothing there (it is made, mode 700): remove the link, or set LEASE_DIR to a folder of your own" >&2
+  exit 2
+fi
+if [[ ! -d $L || ! -O $L || -n $(find "$L" -maxdepth 0 -perm -o+w 2> /dev/null) ]]; then
+  echo "error: LEASE_DIR $L is not a folder of this user ($(id -un)) that others cannot write (it is" \
+       "$(stat -c '%F, owner %U, mode %a' -- "$L" 2> /dev/null || echo 'not there')); allowed: a folder of this" \
+       "user without write for others, or nothing there (it is made, mode 700): remove it, or set LEASE_DIR" >&2
+  exit 2
+fi
 OUT=${OUT:-$L/out}
 # resolved once (a link the machine or the user made is theirs): what is written in it goes through writers that
 # never follow a link at the file or its folder (rpevit.sweep.results.atomic_file), which would refuse a linked $OUT

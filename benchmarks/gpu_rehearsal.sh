@@ -34,12 +34,13 @@
 #    against their eager solo steps (tests/all12_cells.py: aot_eager for all 24, Inductor's CPU backend
 #    for the four riskiest: softmax with luo_rpe and with circulant_string, at both token counts);
 #    `study` (the benchmark, the planner with the lease's deadline, a CPU-sized sweep) and `finish`.
-# Exits non-zero on the first step that fails. Output: $REHEARSAL_OUT (default /tmp/rehearsal/out).
+# Exits non-zero on the first step that fails. Output: $REHEARSAL_OUT (default out/ in a new folder of mktemp -d,
+# named at the end; REHEARSAL_DIR: that folder instead, emptied first).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 data=${1:-${RPEVIT_DATA:-}}
 VENV=${REHEARSAL_VENV:-.venv-rehearsal}
-WORK=${REHEARSAL_DIR:-/tmp/rehearsal}
+WORK=${REHEARSAL_DIR:-}   # empty: a new folder (before step 3)
 t_start=$(date +%s)
 step() { echo; echo "== rehearsal [$(( $(date +%s) - t_start )) s] $*"; }
 
@@ -125,6 +126,13 @@ rm -rf "$probe"
 echo "the image's packages the carried wheels require: $needed"
 "$VENV/bin/pip" install -q -c <(grep '==' benchmarks/lease/device_image.txt | grep -v '^python==') $needed
 
+# a new folder each run, mode 700 (mktemp -d, as gpu_check.sh): a fixed name in a shared /tmp could be another
+# user's folder, or a link they planted, and every file of the rehearsal would be written there
+if [[ -z $WORK ]]; then
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/rehearsal.XXXXXX")
+elif [[ ${REHEARSAL_RUNG:-0} != 1 ]]; then   # REHEARSAL_DIR: emptied, made anew (the rung's: rehearse_rung.sh's)
+  rm -rf -- "$WORK"; mkdir -p -- "$(dirname -- "$WORK")"; mkdir -m 700 -- "$WORK"
+fi
 if [[ ${REHEARSAL_RUNG:-0} == 1 ]]; then   # the CIFAR-10 rung lease: its own script, in this venv
   step "3. the CIFAR-10 rung lease (benchmarks/lease/rehearse_rung.sh)"
   LEASE_PYTHON=$PWD/$VENV/bin/python REHEARSAL_DIR=$WORK/rung bash benchmarks/lease/rehearse_rung.sh "$data" 3
@@ -133,7 +141,7 @@ if [[ ${REHEARSAL_RUNG:-0} == 1 ]]; then   # the CIFAR-10 rung lease: its own sc
 fi
 export LEASE_PYTHON=$PWD/$VENV/bin/python LEASE_DIR=$WORK/machine LEASE_REHEARSAL=1 OUT=${REHEARSAL_OUT:-$WORK/out}
 export LEASE_TIME_SCALE=${REHEARSAL_TIME_SCALE:-3} LEASE_TEST_WORKERS=2
-rm -rf "$WORK"; mkdir -p "$OUT"
+mkdir -p "$OUT"
 fail() { echo "error: $*" >&2; exit 1; }
 first_checks() {   # what `first` must bring back: the imports work, every collected GPU test is in the XML
   grep -q "imports ok" "$OUT/imports.log" || fail "the lease's imports failed: $OUT/imports.log"

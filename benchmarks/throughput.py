@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rpevit import registry  # noqa: E402
-from rpevit.analysis.common import md_text, write_text_file  # noqa: E402
+from rpevit.analysis.common import md_text, read_text_file, write_text_file  # noqa: E402
 from rpevit.config import TrialConfig  # noqa: E402
 from rpevit.data import synthetic_splits  # noqa: E402
 from rpevit.flops import count_flops  # noqa: E402
@@ -494,25 +494,69 @@ def time_variants(key: str, k: int, compile_mode: str, device: torch.device, ste
     return rows + [{"projected_all12_cifar10_hours": hours}]
 
 
+TABLE_ALLOWED = "the JSON file `throughput.py --variants --json` writes"
+RATE_FIELDS = ("solo_images_per_s", "fused_images_per_s", "speedup")
+
+
+def _cell(value: object) -> str:
+    """Text read from a file (or a file's name) as one inert Markdown table cell: md_text, and `|` escaped."""
+    return md_text(value).replace("|", "\\|")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def variant_rows(path: str, model: str) -> list[dict]:
+    """The `--variants` rows of one `--json` file, read as untrusted (read_text_file: a regular file only, no
+    link followed, no FIFO waited on, bounded); SystemExit naming the file, the field, its value and what is
+    allowed where the file is not what this script writes: `members` a whole number of 1 or more, the rates
+    numbers. A value shown in the message is repr'd and cut short, never printed raw."""
+    text = read_text_file(Path(path), TABLE_ALLOWED)
+    if text is None:
+        raise SystemExit(f"error: {path}: no such file; allowed: {TABLE_ALLOWED}")
+    try:
+        run = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise SystemExit(f"error: {path} is not JSON ({' '.join(str(err).split())[:200]}); allowed: "
+                         f"{TABLE_ALLOWED}") from None
+    rows = run
+    for key in ("models", model, "variants"):
+        rows = rows.get(key) if isinstance(rows, dict) else None
+    if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)):
+        raise SystemExit(f"error: {path}: field 'models.{model}.variants' has value {repr(rows)[:80]}; allowed: a "
+                         f"list of the per-variant rows of {TABLE_ALLOWED}")
+    for i, row in enumerate(rows):
+        members = row.get("members", 1)
+        if not (isinstance(members, int) and not isinstance(members, bool) and members >= 1):
+            raise SystemExit(f"error: {path}: field 'models.{model}.variants[{i}].members' has value "
+                             f"{repr(members)[:80]}; allowed: a whole number of 1 or more (the fused group size k)")
+        for field in RATE_FIELDS if "speedup" in row else ():
+            if not _is_number(row.get(field)):
+                raise SystemExit(f"error: {path}: field 'models.{model}.variants[{i}].{field}' has value "
+                                 f"{repr(row.get(field))[:80]}; allowed: a number (images/s, or their ratio)")
+    return rows
+
+
 def variants_table(paths: list[str], model: str = "cpu") -> str:
     """Markdown: per all12 variant, each file's solo eager and compiled images/s and their ratio (the
-    files of results/compile_cpu_1thread/README.md), so that no figure of it is typed by hand."""
-    runs = [(Path(path).stem, json.loads(Path(path).read_text())) for path in paths]
+    files of results/compile_cpu_1thread/README.md), so that no figure of it is typed by hand. The files are
+    untrusted (variant_rows checks them); every text from them, and each file's name, is escaped."""
+    runs = [(_cell(Path(path).stem), variant_rows(path, model)) for path in paths]
     head = ["variant"]
-    for name, run in runs:
-        rows = run["models"][model]["variants"]
-        k = next((r.get("members", 0) for r in rows if "members" in r), 0)
+    for name, rows in runs:
+        k = next((r["members"] for r in rows if "members" in r), 0)  # an int >= 1 (variant_rows)
         compiled = "solo compiled" if k == 1 else f"fused k={k} + compiled"
         head += [f"{name}: eager img/s", f"{name}: {compiled} img/s", f"{name}: ratio"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for attention, pe in ALL12:
         cells = [f"{attention}+{pe}"]
-        for _, run in runs:
-            row = next((r for r in run["models"][model]["variants"] if r.get("variant") == cells[0]), {})
+        for _, rows in runs:
+            row = next((r for r in rows if r.get("variant") == cells[0]), {})
             if "speedup" in row:
                 cells += [f"{row['solo_images_per_s']:.0f}", f"{row['fused_images_per_s']:.0f}", f"{row['speedup']:.2f}x"]
             else:
-                cells += ["-", "-", md_text(row.get("error", "not run")).replace("|", "\\|")]  # from a file: escaped
+                cells += ["-", "-", _cell(row.get("error", "not run"))]  # from a file: escaped
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rpevit import registry, training
+from rpevit.analysis.common import write_text_file
 from rpevit.attention.kernelized import advance_random_features, set_training_length
 from rpevit.config import TrialConfig
 from rpevit.data import synthetic_splits
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="cells whose id contains this text")
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
+    if args.json and Path(args.json).is_symlink():  # said before the cells run; write_text_file refuses it anyway
+        parser.error(f"--json {args.json} is a symbolic link; allowed: a regular file or nothing there (never "
+                     f"written through a link)")
     training.COMPILE_BACKEND = args.backend
     results = []
     print(f"all12 cells, fused k={args.members} + compiled ({args.backend}) + amp {args.amp}, depth {args.depth}, "
@@ -175,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r["cell"] for r in results if not r["ok"]]
     print(f"{len(results) - len(failed)} of {len(results)} cells ok" + (f"; failed: {', '.join(failed)}" if failed else ""))
     if args.json:
-        Path(args.json).write_text(json.dumps({"torch": torch.__version__, "device": args.device,
-                                               "backend": args.backend, "cells": results}, indent=1))
+        # atomic and never through a link at the file or its folder (a planted link: one line, nothing written)
+        write_text_file(Path(args.json), json.dumps({"torch": torch.__version__, "device": args.device,
+                                                     "backend": args.backend, "cells": results}, indent=1))
     return 1 if failed or not results else 0
 
 

@@ -94,7 +94,7 @@ def test_an_empty_folder_and_a_linked_file_are_refused(tmp_path):
     target.write_text(JUNIT)
     os.symlink(target, tmp_path / "1_pytest_gpu.xml")
     done = run(tmp_path)
-    assert done.returncode == 1 and "is a link" in done.stderr and not (tmp_path / "SUMMARY.md").exists()
+    assert done.returncode == 1 and "symbolic link" in done.stderr and not (tmp_path / "SUMMARY.md").exists()
 
 
 @pytest.mark.skipif(not (ROOT / "results" / "gpu_h200" / "lease_2026-11-26").is_dir(), reason="lease folder absent")

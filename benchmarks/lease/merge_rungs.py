@@ -40,17 +40,20 @@ sys.path.insert(0, str(ROOT))
 
 import pyarrow as pa  # noqa: E402
 
+from rpevit.config import ConfigError  # noqa: E402
 from rpevit.sweep import store  # noqa: E402
 from rpevit.sweep.declaration import (AFTER_TRIALS, DECLARATION_FILE, DeclarationError,  # noqa: E402
                                       read_record)
 from rpevit.sweep.protocol import OK  # noqa: E402
 from rpevit.sweep.space import SpaceError, check_name  # noqa: E402
 from rpevit.sweep.results import (EPOCHS_FILE, SPACE_FILE, TRIALS_FILE, DamagedResults,  # noqa: E402
-                                  unix_seconds, write_table_atomic, write_text_atomic)
+                                  read_regular_bytes, read_space_file, unix_seconds, write_table_atomic,
+                                  write_text_atomic)
 
 NAME = "cifar10_rungs_gpu"
 SOURCES_FILE = "merged_from.json"
 LIVE_MARKS = ("parts", ".sweep.lock", "trials")  # a sweep's own folder: never merged into
+MAX_DECLARATION_BYTES = 2**20  # a declaration.json copied into the merged folder: far above any real one
 
 
 class MergeError(Exception):
@@ -66,6 +69,7 @@ class Source:
     trials: pa.Table | None
     epochs: pa.Table | None
     taken: list[int] = field(default_factory=list)  # rows of `trials` kept
+    space: dict[str, Any] | None = None  # its space.json as read (and checked) once, written to the merged folder
 
 
 def read_source(folder: Path, need_declaration: bool = True) -> Source:
@@ -80,18 +84,36 @@ def read_source(folder: Path, need_declaration: bool = True) -> Source:
     if record is None and need_declaration:
         raise MergeError(f"{folder}: no {DECLARATION_FILE}; allowed: a lease folder as gpu_lease.sh rung brings it "
                          f"back (the sweep records the declaration before its first trial)")
-    space = folder / SPACE_FILE
-    try:
-        keys = json.loads(space.read_text())["trial_keys"] if space.exists() else None
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise MergeError(f"{space}: unreadable ({type(err).__name__}); allowed: the space.json sweep.py wrote") from None
+    try:  # came back from another machine: a regular file only (no link followed, no FIFO waited on), keys str
+        space = read_space_file(folder)
+    except ConfigError as err:  # names the file, what is wrong and what is allowed
+        raise MergeError(" ".join(str(err).split())) from None
+    except OSError as err:  # unreadable (permissions): one line all the same
+        raise MergeError(f"{folder / SPACE_FILE}: unreadable ({type(err).__name__}: {err.strerror or err}); allowed: "
+                         f"the space.json sweep.py wrote") from None
+    keys = None if space is None else space["trial_keys"]
     if keys is None and need_declaration:
         raise MergeError(f"{folder}: no {SPACE_FILE}; allowed: a lease folder as gpu_lease.sh rung brings it back")
     try:
         trials, epochs = store.read_table(folder / TRIALS_FILE), store.read_table(folder / EPOCHS_FILE)
     except DamagedResults as err:
         raise MergeError(str(err)) from None
-    return Source(folder, record, keys, trials, epochs)
+    return Source(folder, record, keys, trials, epochs, space=space)
+
+
+def declaration_text(folder: Path) -> str:
+    """The declaration.json read_record checked, read again for its byte-for-byte copy: a regular file only."""
+    path = folder / DECLARATION_FILE
+    try:
+        data = read_regular_bytes(path, MAX_DECLARATION_BYTES, "the declaration.json the sweep wrote")
+        if data is None:
+            raise MergeError(f"{path}: gone while merging; allowed: the declaration.json the sweep wrote")
+        return data.decode("utf-8")
+    except ConfigError as err:
+        raise MergeError(" ".join(str(err).split())) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise MergeError(f"{path}: unreadable ({type(err).__name__}); allowed: the declaration.json the sweep "
+                         f"wrote") from None
 
 
 def first_entry(source: Source) -> dict[str, Any]:
@@ -209,17 +231,17 @@ def merge(into: Path, folders: list[Path]) -> dict[str, Any]:
     sources = [*leases, merged]  # the rows merged before come last: a lease folder's own row wins a tie
     aside = choose_rows(sources)
     trials = [s.trials.take(pa.array(sorted(s.taken), type=pa.int64())) for s in sources if s.trials is not None and s.taken]
+    declared = declaration_text(ref.folder) if ref is not merged else None  # read before anything is written
     into.mkdir(parents=True, exist_ok=True)
     epochs = epoch_rows(sources)
     if epochs:
         write_table_atomic(store.union(epochs, EPOCHS_FILE), into / EPOCHS_FILE)
     if trials:
         write_table_atomic(store.union(trials, TRIALS_FILE), into / TRIALS_FILE)
-    space = json.loads((into / SPACE_FILE).read_text()) if merged.keys is not None else \
-        json.loads((ref.folder / SPACE_FILE).read_text())
+    space = merged.space if merged.keys is not None else ref.space  # as read_source read and checked it
     write_text_atomic(into / SPACE_FILE, json.dumps(space, indent=1))
-    if ref is not merged:
-        write_text_atomic(into / DECLARATION_FILE, (ref.folder / DECLARATION_FILE).read_text())
+    if declared is not None:
+        write_text_atomic(into / DECLARATION_FILE, declared)
     report = {"declaration_sha256": first_entry(ref)["sha256"], "set_aside": aside, "sources": [
         {"folder": os.path.relpath(s.folder, ROOT), "trial_rows": len(s.taken), "devices": devices(s.trials, s.taken)}
         for s in leases], "kept_from_before": len(merged.taken)}

@@ -20,13 +20,14 @@
 # Not rehearsed here: the GPU's speed (the plan uses the committed rate; the sweep is CPU-sized, its trials
 # keys are not the study's, so merge_rungs.py would refuse its rows: tests/test_lease_merge_rungs.py covers
 # the merge), transfers and the device tool's 30-s idle limit.
-# Exits non-zero on the first check that fails. Output: $REHEARSAL_DIR (default /tmp/rehearsal_rung).
+# Exits non-zero on the first check that fails. Output: a new folder (mktemp -d, named at the end), or
+# $REHEARSAL_DIR, emptied first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 data=${1:-${RPEVIT_DATA:-}}
 epochs=${2:-3}
 PY=${LEASE_PYTHON:-python3}
-WORK=${REHEARSAL_DIR:-/tmp/rehearsal_rung}
+WORK=${REHEARSAL_DIR:-}   # empty: a new folder (step 2)
 PACK_DIR=.lease_cifar
 t_start=$(date +%s)
 step() { echo; echo "== rung rehearsal [$(( $(date +%s) - t_start )) s] $*"; }
@@ -45,7 +46,14 @@ mapfile -t calls < <("$PY" benchmarks/lease/cifar_pack.py plan --lease "${LEASE_
 (( ${#calls[@]} >= 2 )) || fail "the plan has ${#calls[@]} call(s): $PACK_DIR is not a pack of several parts"
 parts=$("$PY" -c 'import json,glob,sys; print(len(json.load(open(sorted(glob.glob(sys.argv[1] + "/part*/MANIFEST.json"))[0]))["parts"]))' "$PACK_DIR")
 
-rm -rf "$WORK"; mkdir -p "$WORK/checkout/$PACK_DIR"
+# a new folder each run, mode 700 (mktemp -d, as gpu_check.sh): a fixed name in a shared /tmp could be another
+# user's folder, or a link they planted, and every file of the rehearsal would be written there
+if [[ -n $WORK ]]; then   # REHEARSAL_DIR (the caller's, as gpu_rehearsal.sh's $WORK/rung): emptied, made anew
+  rm -rf -- "$WORK"; mkdir -p -- "$(dirname -- "$WORK")"; mkdir -m 700 -- "$WORK"
+else
+  WORK=$(mktemp -d "${TMPDIR:-/tmp}/rehearsal_rung.XXXXXX")
+fi
+mkdir -p "$WORK/checkout/$PACK_DIR"
 export LEASE_DIR=$WORK/machine LEASE_REHEARSAL=1 LEASE_TIME_SCALE=${REHEARSAL_TIME_SCALE:-3}
 export LEASE_CIFAR_PACK=$WORK/checkout/$PACK_DIR LEASE_PYTHON=$PY
 carried=0

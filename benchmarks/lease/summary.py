@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from rpevit.analysis.common import md_text  # noqa: E402
-from rpevit.sweep.results import atomic_file, named_folder  # noqa: E402
+from rpevit.config import ConfigError  # noqa: E402
+from rpevit.sweep.results import atomic_file, named_folder, read_regular_bytes  # noqa: E402
 
 MAX_BYTES = 8 * 2**20
 # Issue 40's goals (stated for an H100): one compiled trial of the GPU protocol model, and the
@@ -49,11 +50,23 @@ COLLECTED_SUFFIX = ".collected"  # beside X.xml: X.collected, the ids `pytest --
 MAX_LISTED = 10  # tests not run named on the page, at most
 
 
+READ_ALLOWED = f"a regular file of at most {MAX_BYTES:,} bytes, as the lease wrote it"
+
+
 def _read(path: Path) -> bytes:
-    if path.is_symlink() or path.stat().st_size > MAX_BYTES:
-        raise SystemExit(f"lease summary: {path} is a link or over {MAX_BYTES} bytes; allowed: a regular file "
-                         f"as the lease wrote it")
-    return path.read_bytes()
+    """A returned file's bytes through results.read_regular_bytes: opened without following a link and without
+    blocking (a FIFO, a device, a folder or a link is refused, never waited on or read through), checked on the
+    open file, at most MAX_BYTES; otherwise SystemExit, one line naming the file, what it is and what is allowed."""
+    try:
+        data = read_regular_bytes(path, MAX_BYTES, READ_ALLOWED)
+    except ConfigError as err:  # names the file, what it is and READ_ALLOWED
+        raise SystemExit(f"lease summary: {' '.join(str(err).split())}") from None
+    except OSError as err:
+        raise SystemExit(f"lease summary: {path} cannot be read ({err.strerror or err}); allowed: "
+                         f"{READ_ALLOWED}") from None
+    if data is None:  # gone since the folder was listed
+        raise SystemExit(f"lease summary: {path} is gone; allowed: {READ_ALLOWED}")
+    return data
 
 
 def test_counts(path: Path) -> dict[str, Any]:
