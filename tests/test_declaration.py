@@ -4,6 +4,7 @@ exactly the declared seeds and rows that started after the declaration."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
 
@@ -83,6 +84,10 @@ def test_a_planted_or_damaged_record_is_refused(tmp_path):
         declaration.read_record(tmp_path)
     (tmp_path / declaration.DECLARATION_FILE).unlink()
     (tmp_path / declaration.DECLARATION_FILE).symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(DeclarationError, match="not a regular file"):
+        declaration.read_record(tmp_path)
+    (tmp_path / declaration.DECLARATION_FILE).unlink()
+    os.mkfifo(tmp_path / declaration.DECLARATION_FILE)  # opened once, never waited on (no check-then-read window)
     with pytest.raises(DeclarationError, match="not a regular file"):
         declaration.read_record(tmp_path)
 

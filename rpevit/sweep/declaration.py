@@ -466,17 +466,26 @@ def _entry(value: Any, i: int, path: Path, previous_at: float) -> dict[str, Any]
     return entry
 
 
+MAX_RECORD_BYTES = 16 * 2**20  # declaration.json: a few kB per declaration; more is not a file the driver wrote
+
+
 def read_record(out_dir: str | os.PathLike) -> dict[str, Any] | None:
     """declaration.json of a sweep folder (None: none). Untrusted: parsed as JSON, and each entry checked
     (`_entry`: its declaration re-validated, its stored sha256 that declaration's digest, its times
     consistent), so a hand-edited file is an error naming the field, not a declaration."""
+    from rpevit.sweep.results import read_regular_bytes  # results reads this module's file name: import here
+
     path = Path(out_dir) / DECLARATION_FILE
     if not os.path.lexists(path):
         return None
-    if path.is_symlink() or not path.is_file():
-        raise DeclarationError(f"{path} is not a regular file; allowed: the file the driver wrote")
+    try:  # opened once, without following a link, never waiting on a FIFO (no check-then-read window)
+        data = read_regular_bytes(path, MAX_RECORD_BYTES, "the file the driver wrote")
+    except ConfigError as err:
+        raise DeclarationError(str(err)) from None
+    if data is None:
+        return None
     try:
-        record = json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(data.decode("utf-8"))
     except (OSError, ValueError) as err:
         raise DeclarationError(f"{path} cannot be read ({type(err).__name__}: {' '.join(str(err).split())[:200]}); "
                                f"allowed: the file the driver wrote (restore it from git)") from err
