@@ -6,8 +6,9 @@ Each field's metadata groups it into a section (`SECTIONS`: model, attention, pe
 `TrialConfig.section(name)`), gives its one-line help (`field_help`, shown by both CLIs) and its
 allowed values (choices or bounds), which validate() checks field by field; the rules relating
 several fields stay explicit in validate(). Layers never see this record: `rpevit.models.factory`
-hands each one the arguments its `__init__` declares. Validation errors name the field, the value
-and what is allowed.
+hands each one the arguments its `__init__` declares (`layer_arguments`, here, so that validation
+builds a backend by the same rule to see that it holds no learned parameters). Validation errors
+name the field, the value and what is allowed.
 """
 from __future__ import annotations
 
@@ -296,6 +297,7 @@ class _TrialConfigMethods:
         for name in self.pe_names:
             registry.POSITION_ENCODINGS[name].check_config(self, source)
         registry.ATTENTIONS[self.attention].check_config(self, source)
+        self._check_backend_parameters(bad)
 
     def _check_other_tasks_fields(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
         """A field of a task's own section (TASK_SECTIONS: `bench_*`, `kmse_*`) keeps its default in a trial of
@@ -310,6 +312,28 @@ class _TrialConfigMethods:
                 if value != defaults[name]:
                     raise bad(name, value, f"its default {defaults[name]!r} with task={self.task!r} (only task "
                               f"{section!r} reads it: another value would change nothing but the trial's key)")
+
+    def _check_backend_parameters(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
+        """A backend holds no learned parameters: the final evaluation of a trained model also runs its weights with
+        exact softmax attention in the backend's place (the softmax swap, `test_acc_softmax_swap`:
+        rpevit.evaluation.with_softmax_attention), which would drop them, so such a backend used to train every
+        epoch and then fail there. Refused here, at `--dry-run`; each backend and its option values are built
+        once per process (learned_parameters), not once per trial."""
+        try:
+            learned = learned_parameters(self)
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a backend that cannot be built with this config fails every trial
+            raise bad("attention", self.attention, f"a backend that can be built with this config: building one layer "
+                      f"raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}") from err
+        if learned:
+            cls = registry.ATTENTIONS[self.attention]
+            raise bad("attention", self.attention, f"a backend without learned parameters: {cls.__qualname__} has "
+                      f"{', '.join(map(repr, learned))}. The final evaluation of a trained model also runs its "
+                      f"weights with exact softmax attention in the backend's place (the softmax swap, "
+                      f"test_acc_softmax_swap: rpevit.evaluation.with_softmax_attention), which would drop them; "
+                      f"a fixed tensor can be a buffer (register_buffer), and what is learned belongs to the model "
+                      f"around the backend (a position encoding, the q/k/v projections)")
 
     def _check_layer_arguments(self, bad: Callable[[str, Any, str], "ConfigError"]) -> None:
         """Every keyword a chosen layer's `__init__` takes is layer context, a core field of its config section
@@ -499,6 +523,50 @@ def core_section_fields() -> dict[str, tuple[str, ...]]:
     for name in _CoreFields.__annotations__:
         grouped[getattr(_CoreFields, name).metadata["section"]].append(name)
     return {name: tuple(names) for name, names in grouped.items()}
+
+
+def layer_context(cfg: "TrialConfig", layer: int) -> dict[str, Any]:
+    """The shape and identity of one layer: where the dataset, image and patch size end, for layers."""
+    return {"dim": cfg.dim, "heads": cfg.heads, "head_dim": cfg.head_dim, "grid": cfg.grid,
+            "layer": layer, "seed": cfg.seed}
+
+
+def layer_arguments(cls: type, cfg: "TrialConfig", section: str, layer: int) -> dict[str, Any]:
+    """The keyword arguments for `cls`: the context it declares, and its options from cfg's `section` (what
+    rpevit.models.factory builds every layer with, and learned_parameters its one backend)."""
+    context, options = layer_context(cfg, layer), cfg.section(section)
+    undeclared = registry.undeclared_arguments(cls, core_section_fields()[section])
+    if undeclared:
+        raise TypeError(
+            f"{cls.__qualname__}.__init__ takes {undeclared[0]!r}, which is neither layer context "
+            f"({', '.join(registry.CONTEXT)}), nor a core field of the config section {section!r}, nor an option it "
+            f"declares: declare it as an Option of the variant (rpevit.registry.Option)"
+        )
+    return {name: context[name] if name in context else options[name] for name in registry.init_parameters(cls)}
+
+
+_LEARNED: dict[tuple, tuple[str, ...]] = {}  # (backend class, its option values) -> its parameters' names
+
+
+@functools.cache
+def _option_names(cls: type) -> tuple[str, ...]:
+    return tuple(name for name in registry.init_parameters(cls) if name not in registry.CONTEXT)
+
+
+def learned_parameters(cfg: "TrialConfig") -> tuple[str, ...]:
+    """The names of the learned parameters (nn.Parameter) of cfg's backend, which validation refuses (backends
+    hold none: TrialConfig._check_backend_parameters). Found by building one layer of it on the CPU with
+    cfg's resolved values, once per backend class and values of the options it takes (a sweep of 10^4 trials
+    builds a few), with the global RNG state restored afterwards, so validating changes no later random draw."""
+    import torch  # the registered backends are torch modules; the config itself needs torch only here
+
+    cls = registry.ATTENTIONS[cfg.attention]
+    key = (cls, *(getattr(cfg, name) for name in _option_names(cls)))
+    if key not in _LEARNED:
+        with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+            backend = cls(**layer_arguments(cls, cfg.resolved(), "attention", 0))
+        _LEARNED[key] = tuple(name for name, _ in backend.named_parameters())
+    return _LEARNED[key]
 
 
 def _number(value: float) -> str:

@@ -104,8 +104,9 @@ def draw_aware_metrics(fresh_logits: list[Tensor], labels: Tensor) -> dict[str, 
 def with_softmax_attention(model: nn.Module, cfg: TrialConfig) -> nn.Module:
     """A copy of the model whose every attention backend is exact softmax; all weights shared by value.
 
-    The backends of this project hold no learned parameters (only random-feature buffers), so the
-    copy is the same trained function with the kernel approximation removed.
+    The backends of this project hold no learned parameters (only random-feature buffers; config validation
+    refuses a backend with any, TrialConfig._check_backend_parameters), so the copy is the same trained
+    function with the kernel approximation removed.
     """
     swapped = copy.deepcopy(model)
     for layer, attn in enumerate(swapped.attention_layers()):

@@ -398,3 +398,32 @@ def test_ratios_that_all_rest_on_one_bench_trial_say_so_once_not_in_every_cell()
     assert efficiency.text.shown(table, ["train x rope"])["train x rope"].tolist() == [1.04, 1.0]
     note = efficiency.text.ratio_note(table)
     assert note.startswith("No ratio here has an interval: each rests on one bench trial") and "[" not in note
+
+
+def test_a_multiply_add_count_that_left_ops_out_is_shown_as_not_counted_with_the_ops_named(tmp_path, figures):
+    """Before: the train and bench rows record `flops_unsupported` (ops fvcore had no count for), but the tables
+    showed the short count as the variant's total and nothing said so. Now such a variant's count is — (NaN),
+    a note names the variant and the ops (escaped: they are read from the results), and a complete count is
+    shown as before."""
+    parent = tmp_path / "results"
+    two_sweep_rows(parent)  # softmax+rope, complete counts
+    odd = "aten::*odd_op*,prim::PythonOp"
+    favor = [{**config_row(attention="favor", pe="ape", seed=seed, dataset="digits"), "test_acc": 0.9,
+              "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "flops": 1_000_000, "params": 1000, "n_train": 1000,
+              "flops_unsupported": odd if seed == 1 else ""} for seed in range(3)]  # one seed's count is short
+    write_sweep(parent / "favor", "favor", favor)
+    write_sweep(parent / "cost", "cost", [{**softmax_bench_row("rope"), "flops": 2_325_120},
+                                          {**softmax_bench_row("ape"), "flops": 900_000,
+                                           "flops_unsupported": "aten::_fused_thing"}])
+    costs = costs_by_attention(parent)
+    assert math.isnan(costs.loc["favor", "flops"]) and costs.loc["favor", "flops_unsupported"] == common.md_text(odd)
+    assert costs.loc["softmax", "flops"] == 2_325_120 and costs.loc["softmax", "flops_unsupported"] == ""
+    alone = efficiency.bench_cost_table(common.load_trials(parent, "bench")).set_index("pe")
+    assert math.isnan(alone.loc["ape", "flops"]) and alone.loc["rope", "flops"] == 2_325_120
+    text = efficiency.build(parent)
+    assert "| favor | ape |" in text and "1e+06" not in text and "| 2.325e+06 |" in text
+    assert ("Multiply-adds not counted (— in the table and not drawn in the figure's multiply-adds panel): the "
+            "counter (rpevit/flops.py) had no count for some ops these variants run, so their totals would be short: "
+            r"digits favor+ape: aten::\*odd_op\*, prim::PythonOp.") in text, text
+    assert r"cost softmax+ape: aten::\_fused_thing." in text and "900000" not in text and "9e+05" not in text
+    assert_readable_and_inside(figures[-1])

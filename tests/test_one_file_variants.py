@@ -351,3 +351,64 @@ def test_an_undeclared_option_is_refused_at_the_dry_run(tmp_path, capsys):
                          "grid:\n  - pe: [ape, throwaway_scaled]\nseeds: [0]\n")
         code, out, err = run_dry(capsys, "--space", str(space), "--results-dir", str(tmp_path / "out"))
         assert code == 2 and "throwaway_alpha" in err and len(err.strip().splitlines()) == 1, (code, out, err)
+
+
+LEARNED_BACKEND = textwrap.dedent('''
+    """A throwaway backend with one learned parameter (a temperature), and one without, in one file."""
+    import torch
+    from torch import nn
+
+    from rpevit.attention.softmax import SoftmaxAttention
+    from rpevit.registry import register_attention
+
+    BUILT = []  # one entry per construction
+
+
+    @register_attention("throwaway_learned")
+    class Learned(SoftmaxAttention):
+        def __init__(self, **context) -> None:
+            super().__init__(**context)
+            BUILT.append(self.layer)
+            self.log_temperature = nn.Parameter(torch.zeros(()))
+
+        def forward(self, q, k, v, modulation=None):
+            return super().forward(q * self.log_temperature.exp(), k, v, modulation)
+
+
+    @register_attention("throwaway_fixed")
+    class Fixed(SoftmaxAttention):
+        def __init__(self, **context) -> None:
+            super().__init__(**context)
+            BUILT.append(self.layer)
+            self.register_buffer("temperature", torch.ones(()))
+''')
+
+
+def test_a_backend_with_learned_parameters_is_refused_at_validation_once_per_backend(tmp_path, capsys):
+    """Such a backend used to pass validation and `--dry-run`, train every epoch, and then fail in the final
+    evaluation (rpevit.evaluation.with_softmax_attention: 'has learned parameters'): the softmax swap would drop
+    them. Now the config refuses it in one line naming the field, the value, what is allowed and why; the
+    backend is built once per process for that, not once per trial, and the global RNG is left as it was."""
+    from tests.test_dry_run import run_dry
+
+    with imported_file(tmp_path, "throwaway_learned", LEARNED_BACKEND, (registry.ATTENTIONS,)) as module:
+        message = (r"^config: field 'attention' has value 'throwaway_learned'; allowed: a backend without learned "
+                   r"parameters: Learned has 'log_temperature'\. The final evaluation of a trained model also runs "
+                   r"its weights with exact softmax attention in the backend's place \(the softmax swap")
+        with pytest.raises(ConfigError, match=message):
+            TrialConfig(attention="throwaway_learned").validate()
+        with pytest.raises(ConfigError, match=message):
+            TrialConfig.from_dict({"attention": "throwaway_learned", "seed": 3})
+        space = tmp_path / "space.yaml"
+        space.write_text("name: learned\ntask: train\nfixed: {dataset: digits, epochs: 1}\n"
+                         "grid:\n  - attention: [softmax, throwaway_learned]\nseeds: [0]\n")
+        code, out, err = run_dry(capsys, "--space", str(space), "--results-dir", str(tmp_path / "out"))
+        assert code == 2 and "a backend without learned parameters" in err and len(err.strip().splitlines()) == 1, \
+            (code, out, err)
+        # a buffer is not a learned parameter; validating many trials builds the backend once
+        module.BUILT.clear()
+        state = torch.random.get_rng_state()
+        for seed in range(200):
+            TrialConfig.from_dict({"attention": "throwaway_fixed", "seed": seed, "epochs": 1 + seed % 3})
+        assert module.BUILT == [0]
+        assert torch.equal(torch.random.get_rng_state(), state)

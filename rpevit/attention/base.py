@@ -179,6 +179,9 @@ class AttentionBackend(nn.Module):
     benchmarks build a backend without one. A subclass takes its options with the Options' defaults
     and passes the rest on as `**context`.
     `layer` lets random features differ per layer while all come from the trial seed.
+    A backend holds no learned parameters (buffers only): the final evaluation swaps exact softmax attention
+    in for it (rpevit.evaluation.with_softmax_attention), and config validation refuses one that has any.
+    `linear_time`: O(N) in the tokens, read by the token-scaling analysis (which variants count as O(N)).
     """
 
     linear_time: ClassVar[bool] = False

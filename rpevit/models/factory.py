@@ -14,37 +14,17 @@ by the same rule, when its config is validated).
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rpevit import registry
 from rpevit.attention.base import AttentionBackend
-from rpevit.config import TrialConfig, core_section_fields
-from rpevit.registry import CONTEXT, init_parameters, undeclared_arguments
+from rpevit.config import TrialConfig, layer_arguments, layer_context  # the one rule of a layer's arguments
 
 if TYPE_CHECKING:
     from rpevit.models.vit import ViT
-
-
-def layer_context(cfg: TrialConfig, layer: int) -> dict[str, Any]:
-    """The shape and identity of one layer: where the dataset, image and patch size end, for layers."""
-    return {"dim": cfg.dim, "heads": cfg.heads, "head_dim": cfg.head_dim, "grid": cfg.grid,
-            "layer": layer, "seed": cfg.seed}
-
-
-def layer_arguments(cls: type, cfg: TrialConfig, section: str, layer: int) -> dict[str, Any]:
-    """The keyword arguments for `cls`: the context it declares, and its options from cfg's `section`."""
-    context, options = layer_context(cfg, layer), cfg.section(section)
-    undeclared = undeclared_arguments(cls, core_section_fields()[section])
-    if undeclared:
-        raise TypeError(
-            f"{cls.__qualname__}.__init__ takes {undeclared[0]!r}, which is neither layer context "
-            f"({', '.join(CONTEXT)}), nor a core field of the config section {section!r}, nor an option it declares: "
-            f"declare it as an Option of the variant (rpevit.registry.Option)"
-        )
-    return {name: context[name] if name in context else options[name] for name in init_parameters(cls)}
 
 
 def build_attention(cfg: TrialConfig, layer: int, *, name: str | None = None) -> AttentionBackend:

@@ -4,9 +4,10 @@
 
 From `train` trials, per dataset and (attention, pe): train s/epoch, inference ms/sample, peak
 memory, forward multiply-adds per image (the rows' `flops`: fvcore's count, elementwise ops 0; 2 FLOPs
-each as device peaks count), parameters, AIC, BIC and test accuracy in % (means over seeds, a seed
-trained in two sweeps counted once; times and memory from bench rows are those rows', not seed means), and an
-accuracy-vs-cost plot with the Pareto front marked (no other variant is at least as accurate AND
+each as device peaks count; not counted, —, with a note naming the ops, for a variant whose rows name
+ops the counter could not count in `flops_unsupported`), parameters, AIC, BIC and test accuracy in %
+(means over seeds, a seed trained in two sweeps counted once; times and memory from bench rows are
+those rows', not seed means), and an accuracy-vs-cost plot with the Pareto front marked (no other variant is at least as accurate AND
 at most as costly; a random-feature model's accuracy there is its mean over fresh draws). Times and
 memory come from `bench` rows of the same model where there are any (a bench trial has its node to
 itself: train s/epoch = its training-step time per image x the train rows' images per epoch);
@@ -25,15 +26,16 @@ import pandas as pd
 
 from rpevit.analysis.common import read_trials, script_main
 from rpevit.analysis.efficiency.compute import (BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED, COST_COLUMNS,
-                                                JUDGED_ACC, JUDGED_HI, JUDGED_LO, MULTIPLY_ADDS, ONE_AT_A_TIME,
-                                                RATIO_INTERVAL, REFERENCES, SHAPE_FIELDS, TIME_COLUMNS, TRIALS,
-                                                UNKNOWN_TIMES, bench_cost_table, bench_costs, cost_bench_rows,
-                                                cost_ratios, field_matches, matching_bench, model_field_names,
+                                                FLOPS_UNSUPPORTED, JUDGED_ACC, JUDGED_HI, JUDGED_LO, MULTIPLY_ADDS,
+                                                ONE_AT_A_TIME, RATIO_INTERVAL, REFERENCES, SHAPE_FIELDS,
+                                                TIME_COLUMNS, TRIALS, UNKNOWN_TIMES, bench_cost_table, bench_costs,
+                                                cost_bench_rows, cost_ratios, field_matches, matching_bench, model_field_names,
                                                 model_fields, overlapped, overlaps, pareto_front, ratio_interval,
-                                                variant_costs, with_ratios, with_resolved_shape)
+                                                uncounted_flops, unsupported_ops, variant_costs, with_ratios,
+                                                with_resolved_shape)
 from rpevit.analysis.efficiency.figure import (DODGE_PT, MIN_ACC_SPAN, PARETO_Y_SPAN, accuracy_range, dodge,
                                                plot_pareto)
-from rpevit.analysis.efficiency.text import bench_section, cost_section, pareto_caption, timing_note
+from rpevit.analysis.efficiency.text import bench_section, cost_section, pareto_caption, timing_note, uncounted_note
 
 
 def build(results_dir: Path) -> str | None:
@@ -58,9 +60,11 @@ def main() -> None:
     script_main(__doc__, build, "efficiency.md", "Efficiency", "train or bench trials")
 
 
-__all__ = ["BENCH_COST_COLUMNS", "BENCH_TIMING", "CONTENDED", "COST_COLUMNS", "DODGE_PT", "JUDGED_ACC", "JUDGED_HI",
+__all__ = ["BENCH_COST_COLUMNS", "BENCH_TIMING", "CONTENDED", "COST_COLUMNS", "DODGE_PT", "FLOPS_UNSUPPORTED",
+           "JUDGED_ACC", "JUDGED_HI",
            "JUDGED_LO", "MIN_ACC_SPAN", "MULTIPLY_ADDS", "ONE_AT_A_TIME", "PARETO_Y_SPAN", "RATIO_INTERVAL",
            "REFERENCES", "SHAPE_FIELDS", "TIME_COLUMNS", "TRIALS", "UNKNOWN_TIMES", "accuracy_range",
            "bench_cost_table", "bench_costs", "build", "cost_bench_rows", "cost_ratios", "dodge", "field_matches",
            "main", "matching_bench", "model_field_names", "model_fields", "overlapped", "overlaps", "pareto_front",
-           "plot_pareto", "ratio_interval", "timing_note", "variant_costs", "with_ratios", "with_resolved_shape"]
+           "plot_pareto", "ratio_interval", "timing_note", "uncounted_flops", "uncounted_note",
+           "unsupported_ops", "variant_costs", "with_ratios", "with_resolved_shape"]

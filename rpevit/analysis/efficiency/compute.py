@@ -7,7 +7,8 @@ bench cost tables, whether train trials overlapped, and the Pareto front.
 
 `flops` in the rows is rpevit/flops.py's count: fvcore's multiply-adds of one forward pass per image
 (elementwise ops count 0), not FLOPs as device peaks count them (2 per multiply-add); every table and axis
-here names it MULTIPLY_ADDS and keeps the count as stored.
+here names it MULTIPLY_ADDS and keeps the count as stored. A variant whose rows name ops the counter could not
+count (`flops_unsupported`) has no count here (NaN, with the ops in FLOPS_UNSUPPORTED): its total would be short.
 """
 from __future__ import annotations
 
@@ -50,6 +51,26 @@ BENCH_RATIO_TIMES = (("train", "train_step_ms"), ("infer", "infer_ms_per_sample"
 # and a ratio column's stats.Interval (None where there is none to give: no bench times, or the reference's row)
 TRIALS = " per bench trial"
 RATIO_INTERVAL = " interval"
+# the rows' ops that rpevit/flops.py had no count for (comma-separated, '' for none): a variant with any has no
+# `flops` in the tables here (NaN), and this column of them says which ops (uncounted_flops)
+FLOPS_UNSUPPORTED = "flops_unsupported"
+
+
+def unsupported_ops(values: Sequence[object]) -> str:
+    """The ops named in `values` (rows' FLOPS_UNSUPPORTED: comma-separated op names, '' or missing for none), all
+    of them once, sorted, comma-separated; '' where no row names any."""
+    return ",".join(sorted({op.strip() for value in values if isinstance(value, str) for op in value.split(",")
+                            if op.strip()}))
+
+
+def uncounted_flops(table: pd.DataFrame, ops: pd.Series) -> pd.DataFrame:
+    """table with FLOPS_UNSUPPORTED set to `ops` (per row: unsupported_ops of its rows, aligned on the index) and
+    `flops` NaN where those are not none: a count that left ops out is short, and is not shown as a total."""
+    out = table.copy()
+    out[FLOPS_UNSUPPORTED] = ops.reindex(out.index).fillna("").astype(str)
+    if "flops" in out.columns:
+        out["flops"] = out["flops"].astype(float).where(out[FLOPS_UNSUPPORTED] == "")
+    return out
 
 
 def pareto_front(cost: np.ndarray, acc: np.ndarray) -> np.ndarray:
@@ -70,15 +91,17 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     averaged, in the means, AIC, BIC and the interval (two rows of one seed are not two samples).
     TIME_COLUMNS come from `bench` rows of the variant's model where there are any (their medians, not a
     mean over seeds; `bench_trials`: how many; the per-trial values, in columns ending TRIALS, are what
-    cost_ratios' intervals are of); `timing` says where they came from."""
+    cost_ratios' intervals are of); `timing` says where they came from. `flops` is NaN for a variant any of whose
+    rows names ops the counter could not count (uncounted_flops; they are in FLOPS_UNSUPPORTED)."""
     frame = with_resolved_shape(with_variant(frame))
     frame["overlapped"] = overlapped(frame)
     frame[JUDGED_ACC] = judged_accuracy(frame)
+    frame[FLOPS_UNSUPPORTED] = column(frame, FLOPS_UNSUPPORTED, "")
     cols = [c for c in COST_COLUMNS if c in frame.columns]
     groups = frame.groupby(list(VARIANT))
     seeds = frame.groupby([*VARIANT, "seed"], dropna=False)[[*cols, *(["n_train"] * ("n_train" in frame))]].mean()
     by_seed = seeds.reset_index().groupby(list(VARIANT))
-    table = by_seed[cols].mean()
+    table = uncounted_flops(by_seed[cols].mean(), groups[FLOPS_UNSUPPORTED].agg(unsupported_ops))
     table["seeds"] = groups["seed"].nunique()
     judged = by_seed[JUDGED_ACC].agg(lambda v: mean_interval(v.to_numpy(float)))  # the plot's whiskers
     table[JUDGED_LO], table[JUDGED_HI] = judged.map(lambda iv: iv.lo), judged.map(lambda iv: iv.hi)
@@ -173,16 +196,19 @@ def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     time, its time per image, inference ms per sample, `flops` (MULTIPLY_ADDS: fvcore's forward multiply-adds
     per image, as stored, not doubled), params, peak memory, and the step and
     inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none):
-    with_ratios, the ratio of medians with the interval of the ratio of geometric means over the trials."""
+    with_ratios, the ratio of medians with the interval of the ratio of geometric means over the trials. `flops`
+    is NaN where a trial of the variant names ops the counter could not count (uncounted_flops)."""
     cost = cost_bench_rows(bench)
     if cost.empty:
         return pd.DataFrame()
     b = with_variant(cost)
     b["train_ms_per_image"] = b["train_step_ms"] / b["bench_batch"]
+    b[FLOPS_UNSUPPORTED] = column(b, FLOPS_UNSUPPORTED, "")
     keys = ["sweep", *VARIANT]
     values = [c for c in BENCH_COST_COLUMNS if c in b.columns]
     grouped = b.groupby(keys, dropna=False)
-    table = grouped[values].median().join(per_trial(grouped, [c for _, c in BENCH_RATIO_TIMES])).reset_index()
+    table = uncounted_flops(grouped[values].median(), grouped[FLOPS_UNSUPPORTED].agg(unsupported_ops))
+    table = table.join(per_trial(grouped, [c for _, c in BENCH_RATIO_TIMES])).reset_index()
     table["batch"] = grouped["bench_batch"].first().to_numpy()
     table["N"] = grouped["tokens"].first().to_numpy()
     return with_ratios(table, "sweep", BENCH_RATIO_TIMES)

@@ -6,10 +6,10 @@ import math
 
 import pandas as pd
 
-from rpevit.analysis.common import VARIANT, column, fmt, markdown_table
+from rpevit.analysis.common import VARIANT, column, fmt, markdown_table, md_text, raw_text
 from rpevit.analysis.efficiency.compute import (ACCURACY_COLUMNS, BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED,
-                                                COST_COLUMNS, MULTIPLY_ADDS, ONE_AT_A_TIME, RATIO_INTERVAL,
-                                                RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES)
+                                                COST_COLUMNS, FLOPS_UNSUPPORTED, MULTIPLY_ADDS, ONE_AT_A_TIME,
+                                                RATIO_INTERVAL, RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES)
 from rpevit.analysis.efficiency.figure import CONTENDED_MARK, PARETO_Y_SPAN
 from rpevit.analysis.stats import Interval
 
@@ -48,6 +48,30 @@ RATIO_INTERVAL_NOTE = ("Beside a ratio: the 95% interval of the ratio of geometr
                        "medians, so with skewed trials it can lie outside that interval.")
 ONE_TRIAL_NOTE = ("the repeats within one trial (`train_step_ms_min` / `_max`) are not independent trials, so they "
                   "give no interval")
+
+
+def uncounted_note(table: pd.DataFrame, where: str, also: str = "") -> list[str]:
+    """Where rows of `table` have FLOPS_UNSUPPORTED (compute.uncounted_flops): that their multiply-adds are not
+    counted, shown as —, each variant (its `where` column, e.g. dataset or sweep, and VARIANT) with the ops the
+    counter has no count for; read from the results, so inert (md_text of raw_text: the frames read here hold
+    md_text's output already, common.untrusted_names, and are not escaped twice); [] where every count is complete."""
+    if FLOPS_UNSUPPORTED not in table.columns or "flops" not in table.columns:
+        return []
+    rows = table[column(table, FLOPS_UNSUPPORTED, "").fillna("").astype(str) != ""]
+    if rows.empty:
+        return []
+    inert = lambda text: md_text(raw_text(text))  # noqa: E731
+    named = "; ".join(f"{inert(variant_name(r, where))}: {inert(r[FLOPS_UNSUPPORTED].replace(',', ', '))}"
+                      for _, r in rows.iterrows())
+    return [f"Multiply-adds not counted (— in the table{also}): the counter (rpevit/flops.py) had no count for "
+            f"some ops these variants run, so their totals would be short: {named}.", ""]
+
+
+def variant_name(r: pd.Series, where: str) -> str:
+    """'<where value> attention+pe', with qk_norm and redraw where they are not none / off."""
+    extra = [f"qk_norm {r['qk_norm']}"] * (str(r.get("qk_norm", "none")) != "none")
+    extra += [f"redraw {r['redraw']}"] * (str(r.get("redraw", "off")) != "off")
+    return f"{r[where]} {r['attention']}+{r['pe']}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 INFORMATION_CRITERIA_NOTE = ("`aic` = 2k − 2 LL and `bic` = k ln n − 2 LL (rpevit/metrics.py), with LL the "
@@ -134,6 +158,7 @@ def cost_section(costs: pd.DataFrame) -> list[str]:
                   markdown_table([header(c) for c in show], shown(g, show).itertuples(index=False)), ""]
     parts += [timing_note(set(costs["timing"])), ""]
     parts += [MULTIPLY_ADDS_NOTE, ""] * ("flops" in show)
+    parts += uncounted_note(costs, "dataset", " and not drawn in the figure's multiply-adds panel") * ("flops" in show)
     parts += [INFORMATION_CRITERIA_NOTE, ""] * ("aic" in show or "bic" in show)
     if ratios:
         parts += [f"`train x` / `infer x` columns: this variant's train s/epoch / inference ms per sample divided "
@@ -170,6 +195,7 @@ def bench_section(alone: pd.DataFrame, bench: pd.DataFrame) -> list[str]:
               "rows). `x softmax+ape` / `x rope`: training-step and inference time divided by those of the "
               f"same sweep's softmax+ape and softmax+rope. {ratio_note(alone)} {NOTEBOOK_REFERENCE}", ""]
     parts += [MULTIPLY_ADDS_NOTE, ""] * ("flops" in alone.columns)
+    parts += uncounted_note(alone, "sweep")
     if (column(bench, "peak_mem_kind", "") == "process_max_rss").any():
         parts += ["`peak_mem_mb` on CPU is the worker process's maximum resident memory (`peak_mem_kind` "
                   "process_max_rss), reset before each run but floored by what the process already holds: "
