@@ -50,6 +50,27 @@ def test_resume_from_checkpoint_matches_uninterrupted_run(tiny, tmp_path, extra)
     assert _metrics(resumed) == _metrics(straight)
 
 
+def test_each_epoch_row_says_where_it_ran_and_keeps_it_through_a_resume(tiny, tmp_path) -> None:
+    """The summary row of a trial resumed on another machine or commit named only the run that finished it; each
+    epoch row now records its device and commit, and the checkpoint's history keeps them, so the epochs a resumed
+    run replays into epochs.parquet still say where they ran."""
+    import torch
+
+    from rpevit import metrics
+    from rpevit.sweep.results import epochs_schema
+    from rpevit.sweep.trainable import checkpointed_history
+
+    cfg = TrialConfig.from_dict({**tiny, "epochs": 1})
+    rows = []
+    train_and_evaluate(cfg, checkpoint_dir=tmp_path, log=None, on_epoch=lambda row, _ckpt: rows.append(row))
+    here = (metrics.device_name(torch.device("cpu")), metrics.git_commit())
+    assert [(r["device_name"], r["git_commit"]) for r in rows] == [here]
+    assert {"device_name", "git_commit"} <= set(epochs_schema("train").names)
+    # the history a resume replays is the stored one, with the device and commit it recorded
+    history = checkpointed_history(tmp_path, cfg)
+    assert [(r["device_name"], r["git_commit"]) for r in history] == [here]
+
+
 def test_divergence_raises(tiny) -> None:
     cfg = TrialConfig.from_dict({**tiny, "lr": 1e8, "grad_clip": 0.0, "label_smoothing": 0.0,
                                  "warmup_epochs": 0.0, "weight_decay": 0.0})

@@ -85,7 +85,8 @@ METRICS = TaskMetrics(
            "infer_ms_per_sample": float, "peak_mem_mb": float, "peak_mem_kind": str, "n_train": int, "n_test": int,
            "fused_members": int, "compile_fallback": str, **dict.fromkeys(rotation_keys(), float)},
     epoch={"train_loss": float, "train_acc": float, "val_loss": float, "val_acc": float, "lr": float,
-           "epoch_s": float, "attn_tv_to_softmax": float, "attn_tv_per_layer": list[float]},
+           "epoch_s": float, "attn_tv_to_softmax": float, "attn_tv_per_layer": list[float],
+           "device_name": str, "git_commit": str},
 )
 
 
@@ -331,10 +332,13 @@ def diverged_message(train_loss: float, epoch: int, cfg: TrialConfig) -> str:
 
 def epoch_row(model: nn.Module, data: Splits, cfg: TrialConfig, device: torch.device, epoch: int,
               train_loss: float, train_acc: float, lr: float, epoch_s: float) -> dict:
-    """One epoch row: training figures, validation, lr, time and attention fidelity."""
+    """One epoch row: training figures, validation, lr, time and attention fidelity, and where it ran (the
+    device and the commit): stored in the checkpoint's history with the row, so the epochs of a run resumed on
+    another machine or commit still say where each ran (the summary row names only the run that finished it)."""
     return {"epoch": epoch + 1, "train_loss": train_loss, "train_acc": train_acc,
             **_validation(model, data, cfg, device), "lr": lr, "epoch_s": epoch_s,
-            **fidelity_row(model, fidelity_batch(data))}
+            **fidelity_row(model, fidelity_batch(data)),
+            "device_name": metrics.device_name(device), "git_commit": metrics.git_commit()}
 
 
 def epoch_line(row: dict, cfg: TrialConfig) -> str:
