@@ -255,6 +255,22 @@ def test_a_pair_that_differs_before_the_cool_down_is_named_and_one_after_it_is_n
                                                                        epochs=only_after))
 
 
+def test_a_differing_pair_names_the_devices_its_epochs_ran_on_where_the_rows_record_them(tmp_path):
+    """Epoch rows record their device (train epoch rows from 2026-11-30): a pair whose shared epochs ran on two
+    machines says so (a trunk trained again elsewhere), from the rows, inert; rows without it say nothing."""
+    ladder = rows()
+    rung = next(i for i, r in enumerate(ladder) if (r["attention"], r["pe"], r["seed"], r["epochs"])
+                == ("favor", "rope", 1, 10))
+    nudged = [[{**e, "device_name": "cpu:x86_64 <b>Xeon</b>" if i == rung else "cpu:x86_64 AMD EPYC"}
+               for e in ladder_epoch_rows(r, {3: 0.01} if i == rung else None)] for i, r in enumerate(ladder)]
+    text = budget_ladder.build(write_sweep(tmp_path / "two", "two", ladder, epochs=nudged))
+    assert ("favor+rope seed 1: 5 vs 10 epochs (epochs 1-4, largest |difference| 0.01; ran on cpu:x86_64 AMD EPYC "
+            "vs cpu:x86_64 &lt;b&gt;Xeon&lt;/b&gt;)") in text
+    same = [[{**e, "device_name": "cpu:x86_64 AMD EPYC"} for e in ladder_epoch_rows(r, {3: 0.01} if i == rung else None)]
+            for i, r in enumerate(ladder)]
+    assert "ran on" not in budget_ladder.build(write_sweep(tmp_path / "one", "one", ladder, epochs=same))
+
+
 def test_pairs_that_differ_only_by_rounding_are_told_apart_from_the_rest_and_the_largest_come_first(tmp_path):
     """A reviewer read a pair at 1.7e-07 (float32 rounding of a loss, every accuracy equal) named first, as
     "weaker pairing" as one at 0.009: the pairs are listed largest first, and those below ROUNDING_ONLY are

@@ -428,10 +428,22 @@ def shared_epochs(rows: pd.DataFrame, curves: pd.DataFrame) -> SharedEpochs:
             if diff > 0:
                 differing.append((diff, f"{short['attention']}+{short['pe']} seed {int(short['seed'])}: "
                                         f"{int(short['epochs'])} vs {int(long['epochs'])} epochs "
-                                        f"(epochs 1-{shared[-1]}, largest |difference| {fmt(diff, 3)})"))
+                                        f"(epochs 1-{shared[-1]}, largest |difference| {fmt(diff, 3)}"
+                                        f"{ran_on(a.loc[list(shared)], b.loc[list(shared)])})"))
     differing.sort(key=lambda d: -d[0])  # stable: pairs of equal difference keep the rows' order
     return SharedEpochs(pairs, compared, largest, tuple(label for _, label in differing), without,
                         tuple(d for d, _ in differing))
+
+
+def ran_on(a: pd.DataFrame, b: pd.DataFrame) -> str:
+    """'; ran on X vs Y' where the epoch rows of both runs record their devices (device_name, train epoch rows
+    from 2026-11-30 on) and those differ, else '': whether a pair's difference is other hardware, from the rows."""
+    def devices(rows: pd.DataFrame) -> str:
+        names = column(rows, "device_name", None).dropna().astype(str)
+        return ", ".join(md_text(n) for n in dict.fromkeys(names)) if len(names) == len(rows) else ""
+
+    first, second = devices(a), devices(b)
+    return f"; ran on {first} vs {second}" if first and second and first != second else ""
 
 
 def _measure_difference(a: pd.Series, b: pd.Series) -> float:

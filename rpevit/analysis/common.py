@@ -320,7 +320,8 @@ def read_epoch_times(folder: Path) -> pd.DataFrame | None:
     return _epoch_rows(folder, "epoch times", EPOCH_TIME_COLUMNS)
 
 
-EPOCH_CURVE_COLUMNS = ["sweep", "trial_key", "epoch", "train_loss", "val_loss", "val_acc"]
+# device_name: where each epoch ran (train epoch rows from 2026-11-30 on; absent in older files, which read without it)
+EPOCH_CURVE_COLUMNS = ["sweep", "trial_key", "epoch", "train_loss", "val_loss", "val_acc", "device_name"]
 
 
 def read_epoch_curves(folder: Path) -> pd.DataFrame | None:
