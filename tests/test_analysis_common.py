@@ -162,10 +162,14 @@ def test_devices_text_names_each_device_with_its_rows_where_rows_ran_on_more_tha
     another machine)."""
     from rpevit.analysis.common import devices_text
 
-    assert devices_text(pd.DataFrame({"device_name": ["cpu:x86_64 x1 threads"] * 3})) == "device: cpu:x86_64 x1 threads"
+    # an audit: rows recorded before the CPU model was read name no model, and such rows of one study came from
+    # different machines: the caption says the model was not recorded, never passes it off as one known CPU
+    assert devices_text(pd.DataFrame({"device_name": ["cpu:x86_64 x1 threads"] * 3})) == \
+        "device: cpu:x86_64 x1 threads (CPU model not recorded)"
     two = pd.DataFrame({"device_name": ["cpu:x86_64 Intel(R) Xeon(R) (AVX512) x1 threads"] * 2 + ["cpu:x86_64 x1 threads"]})
     assert devices_text(two) == ("2 devices: cpu:x86_64 Intel(R) Xeon(R) (AVX512) x1 threads (2 rows); "
-                                 "cpu:x86_64 x1 threads (1 rows)")
+                                 "cpu:x86_64 x1 threads (CPU model not recorded) (1 rows)")
+    assert devices_text(pd.DataFrame({"device_name": ["NVIDIA H200"]})) == "device: NVIDIA H200"
     assert devices_text(pd.DataFrame({"seed": [1]})) == "device unknown"
 
 

@@ -541,13 +541,23 @@ class BackendOptions(Mapping):
         return len(self.values)
 
 
+_CPU_WITHOUT_MODEL = re.compile(r"cpu:\S+ x\d+ threads?")  # rpevit.metrics.device_name before 2026-11-29
+
+
+def device_label(name: str) -> str:
+    """A row's device_name as a caption names it: a CPU recorded before its model was (rpevit.metrics.device_name
+    from 2026-11-29 on names the model and vector unit) says so, since such rows of one study may come from
+    different machines: 'cpu:x86_64 x1 threads (CPU model not recorded)'."""
+    return f"{name} (CPU model not recorded)" if _CPU_WITHOUT_MODEL.fullmatch(str(name)) else str(name)
+
+
 def devices_text(frame: pd.DataFrame) -> str:
     """The devices a frame's rows ran on, as a caption says it: 'device: cpu:x86_64 x1 threads', or, where rows ran
     on more than one, '2 devices: A (40 rows); B (52 rows)' (a study resumed on another machine: ', '-joined
     names read as one device with a comma in its name)."""
     if "device_name" not in frame or frame.empty:
         return "device unknown"
-    counts = frame["device_name"].astype(str).value_counts()
+    counts = frame["device_name"].astype(str).map(device_label).value_counts()
     if len(counts) == 1:
         return f"device: {counts.index[0]}"
     return f"{len(counts)} devices: " + "; ".join(f"{name} ({n} rows)" for name, n in sorted(counts.items()))
