@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -78,7 +79,18 @@ MODELS = {
              "drop_path": 0.1, "batch_size": 16, "num_features": 16, "redraw_interval": 100},
 }
 FLOPS_PER_MULTIPLY_ADD = 2  # a datasheet peak counts a multiply-add as 2 FLOPs; fvcore counts it as 1
-GPU_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}  # dense
+# dense bf16 tensor-core peaks (datasheets), the most specific name first: a PCIe or NVL H100 is not the SXM part
+# (a substring match gave "NVIDIA H100 PCIe" the SXM 989), and "A10" must not match an A100 or an A10G
+GPU_BF16_PEAK_TFLOPS = ((r"H100 PCIe", 756.0), (r"H100 NVL", 835.0), (r"H200 NVL", 835.0), (r"GH200", 989.0),
+                        (r"H100", 989.0), (r"H200", 989.0), (r"A100", 312.0), (r"L40S", 362.0), (r"A10", 125.0))
+
+
+def gpu_peak_tflops(name: str) -> tuple[float, str] | None:
+    """(dense bf16 TFLOP/s, the model it was matched as) of a GPU by its name, None where none is on file."""
+    for model, tflops in GPU_BF16_PEAK_TFLOPS:
+        if re.search(rf"(?<![A-Za-z0-9]){re.escape(model)}(?![A-Za-z0-9])", name):
+            return tflops, model
+    return None
 STUDY_IMAGES = 12 * 3 * 200 * 45_000  # all12.yaml's CIFAR-10 half: variants x seeds x epochs x train images
 BENCH_ROWS = {"cuda": ROOT / "results/gpu_h100/bench_cifar10_gpu/trials.parquet",
               "cpu": ROOT / "results/bench_cifar10_cpu/trials.parquet"}
@@ -275,9 +287,10 @@ def peak_flops(device: torch.device) -> tuple[float, str]:
     measured float32 matmul rate (2 FLOPs per multiply-add)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, tflops in GPU_BF16_PEAK_TFLOPS.items():
-            if key in name:
-                return tflops * 1e12, f"{name} dense bf16 peak {tflops:g} TFLOP/s (datasheet)"
+        found = gpu_peak_tflops(name)
+        if found is not None:
+            tflops, model = found
+            return tflops * 1e12, f"{name} dense bf16 peak {tflops:g} TFLOP/s ({model} datasheet)"
         return math.nan, f"{name}: no peak on file"
     a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
     a @ b

@@ -229,3 +229,15 @@ def test_all12_cells_json_is_never_written_through_a_link(tmp_path):
     plain = tmp_path / "plain.json"  # and without a link it is written as before (no cell matched: exit 1)
     assert all12_cells.main(["--device", "cpu", "--only", "no-such-cell", "--json", str(plain)]) == 1
     assert json.loads(plain.read_text())["cells"] == []
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA GH200 480GB", 989.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA L40S", 362.0), ("NVIDIA A10", 125.0),
+    ("NVIDIA A10G", None), ("NVIDIA L40", None), ("Tesla T4", None)])
+def test_a_gpu_peak_is_matched_by_its_model_never_by_a_substring_of_another(name, tflops):
+    """An audit: the peak was the first key found as a substring, so an H100 PCIe or NVL got the SXM part's 989
+    TFLOP/s (utilisation understated by a quarter) and an A10G the A10's; a GPU with no peak on file has none."""
+    found = throughput_module().gpu_peak_tflops(name)
+    assert (found[0] if found else None) == tflops
