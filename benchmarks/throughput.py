@@ -428,7 +428,8 @@ def main() -> None:
     results = {"device": device_name(device), "torch": torch.__version__, "python": platform.python_version(),
                "compile_backend": args.backend,
                "threads": torch.get_num_threads(), "peak_flops": peak, "peak": peak_text,
-               "flops_per_multiply_add": FLOPS_PER_MULTIPLY_ADD, "models": {}}
+               "flops_per_multiply_add": FLOPS_PER_MULTIPLY_ADD, "models": {},
+               "conditions": {"start": run_conditions(device)}}
     for key in args.models:
         rows = []
         print(f"\nmodel {key}: {MODELS[key]}", flush=True)
@@ -459,7 +460,23 @@ def main() -> None:
         if args.variants:
             entry["variants"] = time_variants(key, max(args.fused), args.compile, device, args.steps, args.warmup,
                                               args.samples)
+    results["conditions"]["end"] = run_conditions(device)
     write_json(args.json, results)
+
+
+def run_conditions(device: torch.device) -> dict:
+    """What else ran beside the benchmark, recorded at its start and end, so a table can say alone or contended
+    from the file instead of by hand: the 1-minute load average against the CPUs it has, and on a GPU the
+    compute processes of other PIDs (nvidia-smi; None where it cannot say)."""
+    out = {"load_avg_1min": os.getloadavg()[0], "cpus": os.cpu_count(), "other_gpu_processes": None}
+    if device.type == "cuda" and shutil.which("nvidia-smi"):
+        try:
+            listed = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
+                                    capture_output=True, text=True, timeout=20, check=True).stdout.split()
+            out["other_gpu_processes"] = sum(pid.isdigit() and int(pid) != os.getpid() for pid in listed)
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return out
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:

@@ -241,3 +241,13 @@ def test_a_gpu_peak_is_matched_by_its_model_never_by_a_substring_of_another(name
     TFLOP/s (utilisation understated by a quarter) and an A10G the A10's; a GPU with no peak on file has none."""
     found = throughput_module().gpu_peak_tflops(name)
     assert (found[0] if found else None) == tflops
+
+
+def test_the_benchmark_records_what_ran_beside_it():
+    """run_conditions, recorded at a run's start and end (the lease page says alone or contended from it): the
+    1-minute load average against the CPUs, and other GPU compute processes only where nvidia-smi can say."""
+    import torch
+
+    recorded = throughput_module().run_conditions(torch.device("cpu"))
+    assert set(recorded) == {"load_avg_1min", "cpus", "other_gpu_processes"}
+    assert recorded["load_avg_1min"] >= 0 and recorded["cpus"] >= 1 and recorded["other_gpu_processes"] is None

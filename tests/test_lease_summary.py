@@ -236,3 +236,24 @@ def test_a_failed_test_whose_teardown_also_errs_is_not_subtracted_twice_from_the
     assert run(tmp_path).returncode == 0
     assert "| pytest_gpu.xml | 4 | 1 | 1 | 2 | 1 | 12 |" in (tmp_path / "SUMMARY.md").read_text()
 
+
+
+def test_each_benchmark_file_says_alone_or_contended_from_what_it_recorded(tmp_path):
+    """An audit: the lease page's throughput tables said neither alone nor contended. throughput.py records
+    what ran beside it (run_conditions) at its start and end; the page says it per file, and that a file
+    written before records none."""
+    alone = {**bench(7000.0, 50000.0, 2.5), "conditions": {
+        "start": {"load_avg_1min": 0.5, "cpus": 16, "other_gpu_processes": 0},
+        "end": {"load_avg_1min": 3.25, "cpus": 16, "other_gpu_processes": 0}}}
+    shared = {**alone, "conditions": {"start": {**alone["conditions"]["start"], "other_gpu_processes": 2},
+                                      "end": alone["conditions"]["end"]}}
+    (tmp_path / "1_throughput.json").write_text(json.dumps(alone))
+    (tmp_path / "2_throughput.json").write_text(json.dumps(shared))
+    (tmp_path / "3_throughput.json").write_text(json.dumps(bench(7000.0, 50000.0, 2.5)))
+    done = run(tmp_path)
+    assert done.returncode == 0, done.stderr
+    page = (tmp_path / "SUMMARY.md").read_text()
+    assert ("`1_throughput.json`: alone on the GPU (no other compute process listed by nvidia-smi at start or end); "
+            "1-min load average 0.50 then 3.25 on 16 CPUs") in page
+    assert "`2_throughput.json`: contended on the GPU: 2 other compute process(es) at start, 0 at end" in page
+    assert "`3_throughput.json`: conditions not recorded" in page

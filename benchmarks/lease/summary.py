@@ -179,6 +179,35 @@ def throughput_rows(path: Path) -> tuple[str, list[str], list[str], dict[str, fl
     return device, lines, profiles, best, other_base
 
 
+def conditions_text(path: Path) -> str:
+    """What else ran beside one benchmark file's run, as it recorded (benchmarks/throughput.py run_conditions, at
+    its start and end): '`x.json`: alone on the GPU (no other compute process listed by nvidia-smi at start or
+    end); 1-min load average 1.02 then 3.9 on 16 CPUs', 'contended: ...', or that the file records none."""
+    data = json.loads(_read(path))
+    conditions = data.get("conditions") if isinstance(data, dict) else None
+    name = f"`{cell(path.name)}`"
+    if not isinstance(conditions, dict) or not all(isinstance(conditions.get(k), dict) for k in ("start", "end")):
+        return f"{name}: conditions not recorded (alone or contended unknown: a file written before 2026-11-30)"
+    start, end = conditions["start"], conditions["end"]
+
+    def number(entry: dict, key: str) -> float | None:
+        value = entry.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    others = [number(e, "other_gpu_processes") for e in (start, end)]
+    if None in others:
+        gpu = "other GPU processes not listed (no nvidia-smi, or not a GPU run)"
+    elif sum(others) == 0:
+        gpu = "alone on the GPU (no other compute process listed by nvidia-smi at start or end)"
+    else:
+        gpu = (f"contended on the GPU: {int(others[0])} other compute process(es) at start, {int(others[1])} at end "
+               f"(nvidia-smi)")
+    loads, cpus = [number(e, "load_avg_1min") for e in (start, end)], number(start, "cpus")
+    load = ("; 1-min load average " + " then ".join("?" if v is None else f"{v:.2f}" for v in loads)
+            + (f" on {int(cpus)} CPUs" if cpus else ""))
+    return f"{name}: {gpu}{load}"
+
+
 def _profile_row(name: str, model: str, mode: str, p: dict) -> str:
     """One mode's step profile (benchmarks/step_profile.py) as a table row."""
     if "device_busy_fraction" not in p:
@@ -215,6 +244,8 @@ def summary(folder: Path) -> str:
         best = {**{k: max(best[k], b[k]) for k in ("solo_compiled", "one_group", "aggregate")},
                 "hours": min(best["hours"], b["hours"])}
     out += [f"Device: {', '.join(sorted(devices)) or 'not recorded by a benchmark file'}", ""]
+    if benches:  # alone or contended, as each benchmark file recorded what ran beside it
+        out += ["Conditions: " + "; ".join(conditions_text(path) for path in benches) + ".", ""]
     if xmls or unrun:
         out += ["## GPU tests (`pytest -m gpu`: tests/test_gpu.py and, from 2026-11-27, tests/test_gpu_whole_step.py)", ""]
         ran = []
