@@ -132,7 +132,7 @@ def test_cost_ratios_divide_bench_times_by_softmax_ape_and_rope_and_skip_contend
     assert alone.loc["cayley_string", "train x rope"] == pytest.approx(1.5)  # 90 ms / 60 ms per step
     assert alone.loc["cayley_string", "train_ms_per_image"] == pytest.approx(9.0)
     assert alone.loc["ape", "infer x softmax+ape"] == pytest.approx(1.0)
-    assert "cost per variant, bench trials alone (cost)" in text
+    assert "cost per variant, bench trials alone (cost; device" in text
 
 
 def test_pareto_points_sit_neither_on_an_axis_edge_nor_under_another(tmp_path, figures):
@@ -427,3 +427,34 @@ def test_a_multiply_add_count_that_left_ops_out_is_shown_as_not_counted_with_the
             r"digits favor+ape: aten::\*odd_op\*, prim::PythonOp.") in text, text
     assert r"cost softmax+ape: aten::\_fused_thing." in text and "900000" not in text and "9e+05" not in text
     assert_readable_and_inside(figures[-1])
+
+
+def test_cost_tables_and_the_pareto_figure_name_the_devices_their_times_ran_on(tmp_path, figures):
+    """Each cost heading, the bench tables' headings, the figure's caption and its suptitle name the devices of
+    the rows whose times they show: bench rows where a variant's times are theirs, its train rows otherwise."""
+    rows, bench = [], []
+    for attention, pe, ms in (("softmax", "ape", 5.0), ("softmax", "rope", 6.0), ("favor", "ape", None)):
+        rows.append({**config_row(attention=attention, pe=pe, seed=0, dataset="digits"), "test_acc": 0.9,
+                     "train_s_per_epoch": 2.0, "infer_ms_per_sample": 0.2, "peak_mem_mb": 900.0, "n_train": 1000,
+                     "device_name": "Train CPU A"})
+        if ms is not None:  # favor has no bench row: its times are its train rows', on their device
+            bench.append({**config_row(task="bench", attention=attention, pe=pe, dataset="digits", image_size=8,
+                                       patch_size=2, bench_batch=10), "tokens": 16, "train_step_ms": 10 * ms,
+                          "infer_ms_per_sample": ms / 100, "peak_mem_mb": 300.0, "device_name": "Bench GPU B"})
+    parent = tmp_path / "results"
+    write_sweep(parent / "main", "main", rows)
+    write_sweep(parent / "cost", "cost", bench)
+    train, benched = common.load_trials(parent, "train"), common.load_trials(parent, "bench")
+    costs = efficiency.cost_ratios(efficiency.variant_costs(train, benched))
+    both = "2 devices: Bench GPU B (2 rows); Train CPU A (1 rows)"
+    assert efficiency.time_devices(costs) == both
+    assert efficiency.time_devices(costs[costs["timing"] == efficiency.BENCH_TIMING]) == "device: Bench GPU B"
+    assert both in efficiency.pareto_title(costs)
+    assert both in efficiency.pareto_caption(costs)[0]
+    text = efficiency.build(parent)
+    assert "### digits: cost per variant (accuracy, aic, bic" in text and f"times on {both})" in text
+    assert "bench trials alone (cost; device: Bench GPU B)" in text
+    assert both in figures[-1]._suptitle.get_text()  # the figure build drew
+    alone = efficiency.variant_costs(train)  # no bench rows: every time is the train rows'
+    assert efficiency.time_devices(alone) == "device: Train CPU A"
+    assert efficiency.time_devices(alone.drop(columns=efficiency.TIME_DEVICES)) == "device unknown"

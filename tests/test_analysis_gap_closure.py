@@ -431,3 +431,11 @@ def test_an_interval_past_the_range_of_accuracy_is_said_under_the_table():
     assert note.startswith("_6 intervals above pass the 0-100%") and f"{common.fmt(100 * hi, 4)}] (n=3)" in note
     tight = rows.assign(**{c: [0.99, 0.98, 0.985] for c in gap_closure.compute.ACCURACY_COLUMNS})
     assert gap_closure.text.past_range_note(tight) == ""
+
+
+def test_the_gap_closure_figure_names_the_device_its_rows_ran_on(tmp_path, figures):
+    rows = [{**r, "device_name": "NVIDIA H200"} for r in train_rows()]
+    gap_closure.build(write_sweep(tmp_path / "dev", "dev", rows))
+    title = figures[-1]._suptitle.get_text()
+    assert "device: NVIDIA H200" in title and "whiskers" in title
+    assert gap_closure.gap_closure_title([], "device: X").endswith("\ndevice: X")

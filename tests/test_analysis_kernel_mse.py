@@ -29,3 +29,10 @@ def test_kernel_mse_report_numbers(tmp_path):
     assert f"| 4 | positive | gaussian | 3 | \\|x\\|=1, {math.degrees(0.8):.0f}°: {common.fmt(top['mse_closed'], 3)}" in text
     assert "| trig | gaussian | 3 | 1 |" in text  # x = y at angle 0: the trig estimator is exact, no z
     assert png_ok(out / "kernel_mse_vs_m_0.png")
+
+
+def test_each_mse_figure_names_the_device_its_rows_ran_on(tmp_path, figures):
+    rows = [{**r, "device_name": "cpu:x86_64 Xeon (AVX512) x1 threads"} for r in kernel_rows()]
+    kernel_mse.build(write_sweep(tmp_path / "kmse", "kmse", rows))
+    assert figures and all("device: cpu:x86_64 Xeon (AVX512) x1 threads" in fig._suptitle.get_text()
+                           for fig in figures)

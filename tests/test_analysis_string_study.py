@@ -279,3 +279,19 @@ def test_f_table_counts_auto_as_dense_and_an_unknown_solver_as_neither(tmp_path)
     fs = string_study.f_table(missing)
     assert list(zip(fs["solver"], fs["resolved"], fs["seeds"])) == [("auto", "dense", 3), ("sparse", "sparse", 3)]
     assert "with the dense solve" in solver_sentence(missing)
+
+
+def test_the_f_plot_and_the_cost_tables_name_their_devices(tmp_path, figures):
+    one = pd.DataFrame({"f": [0.1, 0.5], "solver": ["auto", "auto"], "seeds": [1, 1], "acc": [0.9, 0.91],
+                        "acc_text": ["", ""], "values": [np.array([0.9]), np.array([0.91])]})
+    string_study.plot_f({"mnist": one}, tmp_path / "f.png", "device: NVIDIA H200")
+    assert "device: NVIDIA H200" in figures[-1]._suptitle.get_text()
+    frame = pd.DataFrame([{**config_row(task=task, attention="softmax", pe=pe, dataset="mnist", seed=0),
+                           "device_name": device, "test_acc": 0.9}
+                          for task, pe, device in (("train", string_study.SPARSE, "Train CPU A"),
+                                                   ("train", "rope", "Train CPU B"),
+                                                   ("bench", "rope", "Bench GPU C"),
+                                                   ("bench", "rope", "Bench GPU C"))])
+    assert string_study.f_devices(frame, ["mnist"]) == "device: Train CPU A"  # the sparse-S rows drawn
+    assert string_study.bench_devices(frame, "mnist") == "device: Bench GPU C"
+    assert string_study.bench_devices(frame, "cifar10") == "device unknown"

@@ -505,3 +505,46 @@ def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin
     for variant in slower.loc[slower["how"] == "not reached", "variant"]:
         assert variant in summary.split("except these, ")[1]
     assert answers.REDRAW_NOT_TIMED in text
+
+
+def test_every_published_timing_table_says_its_device_and_whether_it_ran_alone():
+    """The project standard: a timing table's lead line names the device its rows ran on (common.devices_text)
+    and whether the times were alone or contended, as the rows or files know it."""
+    sources = answers.Sources(RESULTS)
+    bench = answers.gpu_bench_block(sources).splitlines()[0]
+    assert bench.startswith("Each bench trial alone; device: NVIDIA H100")
+    times = answers.gpu_times_block(sources).splitlines()[0]
+    assert "device: NVIDIA H100" in times and "contended" in times
+    packing = answers.gpu_packing_block(sources).splitlines()[0]
+    assert "Device as these files record it: cuda (the GPU model is not recorded" in packing
+    pilots = answers.pilots_block(sources).splitlines()[0]
+    assert pilots.startswith("Rows: device: cpu:") and "possibly contended" in pilots
+    assert "each alone; device: cpu:" in answers.step_times_block(sources)
+    ratios = [line for line in answers.cost_section(sources) if line.startswith("Training step relative")]
+    assert ratios and all("each bench trial alone" in line and "device: " in line for line in ratios)
+    for dataset in sources.strings:
+        assert any(line.startswith("Cost: bench trials each alone, device: ")
+                   for line in answers.string_section(sources, dataset))
+    assert any(line.startswith("Cost, training s per epoch") and "device: " in line
+               for line in answers.rotation_section(sources))
+
+
+def test_a_device_read_from_a_pilot_or_packing_file_reaches_markdown_inert(tmp_path):
+    import json
+
+    results = tmp_path / "results"
+    pilots = results / answers.PILOTS
+    pilots.mkdir(parents=True)
+    (pilots / "cifar10_cpu_5ep_seed0_x.json").write_text(json.dumps(
+        {"epochs": 5, "attention": "softmax", "pe": "ape", "test_acc": 0.5, "device_name": "<b>[x](javascript:1)"}))
+    write_sweep(pilots / "cifar10_cpu_10ep_start", "cifar10_cpu_10ep_start",
+                [{**config_row(dataset="cifar10", seed=0), "test_acc": 0.3}])
+    lead = answers.pilots_block(answers.Sources(results)).splitlines()[0]
+    assert "<b>" not in lead and "](" not in lead.replace("\\](", "") and "device: &lt;b&gt;" in lead
+    packing = results / answers.GPU_FOLDER / answers.GPU_PACKING
+    packing.mkdir(parents=True)
+    phase = {"train_s_per_epoch": [1.5], "train_images_per_s": 100.0, "peak_mem_mb": [10.0]}
+    (packing / "run.json").write_text(json.dumps({"device": "<i>cuda", "single": phase, "packed": phase,
+                                                  "ratio_train_phase": 1.1, "ratio_end_to_end": 1.05}))
+    lead = answers.gpu_packing_block(answers.Sources(results)).splitlines()[0]
+    assert "<i>" not in lead and "&lt;i&gt;cuda" in lead

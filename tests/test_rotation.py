@@ -274,3 +274,24 @@ def test_the_drop_uses_exact_quarter_turns_not_interpolated_angles():
     assert rotation.drops(long, key, ("random",)) == pytest.approx([-0.03] * 3)  # what the earlier drop measured
     partial_turns = long[long["rotation"] != "270"]
     assert len(rotation.drops(partial_turns, key)) == 0  # a seed without every quarter turn has no drop
+
+
+def test_each_cells_table_names_the_device_its_times_ran_on(results):
+    """The train s / epoch of a cell's table are its train rows' (their device), or a bench row's (the bench
+    row's device): the heading names the devices of exactly those rows (efficiency.time_devices)."""
+    from rpevit.analysis.common import read_trials
+    from rpevit.analysis.efficiency import time_devices
+
+    frame = read_trials(results, ["train"]).frame
+    frame["device_name"] = "Train CPU A"
+    bench = pd.DataFrame([{**TrialConfig.from_dict({"task": "bench", "dataset": "mnist", "pe": "rope",
+                                                    "image_size": 28, "patch_size": 7}).to_dict(),
+                           "train_step_ms": 64.0, "bench_batch": 32, "device_name": "Bench GPU B"}])
+    costs = rotation.cost_table(rotation.rotation_rows(frame), bench)
+    rope = costs[(costs["pe"] == "rope") & (costs["attention"] == "softmax")]
+    assert time_devices(rope) == "device: Bench GPU B"
+    assert time_devices(costs[costs["pe"] == "ape"]).startswith("device: Train CPU A")
+    assert "2 devices: Bench GPU B" in time_devices(costs[costs["attention"] == "softmax"])
+    text = rotation.build(results)
+    assert text.count("mean [95% t] (n); train s / epoch on device") == len(rotation.cells(rotation.long_table(
+        rotation.rotation_rows(frame))))

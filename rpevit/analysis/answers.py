@@ -56,7 +56,7 @@ from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure
 from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
-                                    md_text, raw_text, read_text_file, redraw_labels, with_variant)
+                                    md_text, raw_text, read_text_file, redraw_labels, with_variant, devices_text)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
 from rpevit.analysis.report import thread_hours
@@ -555,6 +555,7 @@ def string_section(sources: Sources, dataset: str) -> list[str]:
     return [f"## {DATASET_NAMES.get(dataset, dataset)}: the STRING variants against RoPE, softmax attention "
             "(exploratory)", "", exploratory(sweeps, sources.results_dir), "",
             string_study.verdict(DATASET_NAMES.get(dataset, dataset), table, fs), "",
+            f"Cost: bench trials each alone, {string_study.bench_devices(sources.both.frame, dataset)}.", "",
             markdown_table(["variant", "test acc % [95%] (n)", "vs rope, points [95%] (n)", "Holm vs rope",
                             "train step x rope (bench, alone)"], rows), "",
             "Source: `results/report.md`, \"The STRING study\"; a seed trained in two sweeps counts once.", ""]
@@ -583,7 +584,8 @@ def rotation_section(sources: Sources) -> list[str]:
                                for s, t in zip(costs["train_s_per_epoch"], costs["timing"])])
     shown = shown.drop_duplicates(["attention", "pe"])
     table = shown.pivot(index="pe", columns="attention", values="cost").fillna("—")
-    lines += ["Cost, training s per epoch of the study's images (how each was measured in brackets):", "",
+    lines += [f"Cost, training s per epoch of the study's images (how each was measured in brackets; "
+              f"{efficiency.time_devices(shown)}):", "",
               markdown_table(["pe", *table.columns], [[pe, *row] for pe, row in zip(table.index, table.to_numpy())]),
               ""]
     return lines
@@ -863,6 +865,15 @@ def bench_protocol(folder: Path) -> str:
             f"{one('timing_repeats')} {interleaved}repeats")
 
 
+def timing_text(frame: pd.DataFrame) -> str:
+    """Whether the rows' trials overlapped one another (efficiency.overlapped, from their start/end times and
+    hosts), in efficiency's words: CONTENDED, ONE_AT_A_TIME or UNKNOWN_TIMES where a row lacks the times."""
+    overlapped = efficiency.overlapped(frame)
+    if frame.empty or overlapped.isna().any():
+        return efficiency.UNKNOWN_TIMES
+    return efficiency.CONTENDED if overlapped.astype(bool).any() else efficiency.ONE_AT_A_TIME
+
+
 def cost_section(sources: Sources) -> list[str]:
     """Where the efficient variants pay: token scaling (exponents, crossovers, luo_rpe's two paths) and each
     study's cost ratios, timed alone."""
@@ -888,14 +899,15 @@ def cost_section(sources: Sources) -> list[str]:
     for (sweep, dataset), g in costs.groupby(["sweep", "dataset"]):
         g = g[(g["qk_norm"] == "none")]
         soft_ape = g[(g["attention"] == "softmax") & (g["pe"] == "ape")]
+        g = g[g["pe"].isin(("ape", "luo_rpe", "rope", "circulant_string"))
+              & g["attention"].isin(("softmax", "favor", "relu"))]
         rows = [[f"{a}+{p}", redraw, fmt(r, 3)] for a, p, redraw, r in
-                zip(g["attention"], g["pe"], g["redraw"], g["train x softmax+ape"])
-                if p in ("ape", "luo_rpe", "rope", "circulant_string") and a in ("softmax", "favor", "relu")]
+                zip(g["attention"], g["pe"], g["redraw"], g["train x softmax+ape"])]
         if len(soft_ape) == 1 and rows:
             lines += [f"Training step relative to softmax+ape at the {DATASET_NAMES.get(dataset, dataset)} study's "
                       f"model ({code_span(f'results/{raw_text(sweep)}/')}, each bench trial alone, N = "
                       f"{fmt(soft_ape['N'].iloc[0])} tokens, "
-                      f"batch {fmt(soft_ape['batch'].iloc[0])}):", "",
+                      f"batch {fmt(soft_ape['batch'].iloc[0])}; {efficiency.time_devices(g)}):", "",
                       markdown_table(["variant", "redraw", "train step x softmax+ape"], rows), ""]
     if any(line.startswith("Training step relative to softmax+ape") for line in lines):
         lines += [REDRAW_NOT_TIMED, ""]
@@ -1331,7 +1343,14 @@ def pilots_block(sources: Sources) -> str:
     start = read_trials(sources.folder(PILOTS, "cifar10_cpu_10ep_start"), ["train"]).frame
     ordered = start.sort_values(["pe", "seed"])[["attention", "pe", "seed", "test_acc"]]
     started = "; ".join(f"{a}+{p} seed {s}: {fmt(100 * acc)}" for a, p, s, acc in ordered.itertuples(index=False))
-    return "\n".join([markdown_table(["epochs", "variant", "train s/epoch", "test acc % (training draw)",
+    recorded = pd.DataFrame(list(runs.values()))
+    names = pd.DataFrame({"device_name": [md_text(r["device_name"]) for r in runs.values()  # read from a file
+                                          if isinstance(r.get("device_name"), str)]})
+    timing = timing_text(recorded)
+    lead = (f"Rows: {devices_text(names)}; times: " + ("possibly contended: the summary rows record no start/end "
+            "times (the text above says which pilot shared the cores)." if timing == efficiency.UNKNOWN_TIMES
+            else f"{timing}."))
+    return "\n".join([lead, "", markdown_table(["epochs", "variant", "train s/epoch", "test acc % (training draw)",
                                       "draw mean % over fresh draws [min]", "draw ensemble %", "softmax swap %",
                                       "attention TV to softmax"], rows), "",
                       f"_Exploratory, one seed, no interval:_ softmax+ape − favor+ape is {'; '.join(gaps)}. The "
@@ -1352,7 +1371,8 @@ def step_times_block(sources: Sources) -> str:
              "softmax+ape",
              *(f"{ms(g[g['attention'] == a])} ms for {a}" for a in ("favor", "relu")),
              f"{ms(g[(g['attention'] == 'softmax') & (g['pe'] == 'rotinv')])} ms for softmax+rotinv"]
-    return (f"The bench rows of its variants (`bench_cifar10_cpu/`, each alone) put a training step at "
+    return (f"The bench rows of its variants (`bench_cifar10_cpu/`, each alone; "
+            f"{efficiency.time_devices(g)}) put a training step at "
             f"{', '.join(parts)}.")
 
 
@@ -1365,7 +1385,8 @@ def gpu_times_block(sources: Sources) -> str:
     rows = [[attention, *(f"{fmt(cells.loc[(attention, pe), 'train_s_per_epoch'], 3)} s, "
                           f"{cells.loc[(attention, pe), 'images_per_s']:,.0f}/s" if (attention, pe) in cells.index
                           else "—" for pe in pes)] for attention in ("softmax", "favor", "relu")]
-    return markdown_table(["attention", *pes], rows)
+    lead = f"Rows: {devices_text(frame)}; times: {timing_text(frame)}."
+    return "\n".join([lead, "", markdown_table(["attention", *pes], rows)])
 
 
 def epochs_of_space(folder: Path, root: Path) -> str:
@@ -1407,15 +1428,18 @@ def gpu_bench_block(sources: Sources) -> str:
              fmt(r["train x softmax+ape"], 3), fmt(r["train x rope"], 3), fmt(r["infer_ms_per_sample"], 2),
              fmt(r["peak_mem_mb"], 4), fmt(r["flops"], 3)]
             for _, r in table.iterrows() for key in [tuple(r[c] for c in gap_closure.VARIANT)]]
-    return markdown_table(["variant", "train step ms, median (min–max of the repeats)", "x softmax+ape", "x rope",
+    lead = f"Each bench trial alone; {efficiency.time_devices(table)}."
+    return lead + "\n\n" + markdown_table(["variant", "train step ms, median (min–max of the repeats)",
+                                          "x softmax+ape", "x rope",
                            "inference ms/image", "peak MiB", "multiply-adds/image (fvcore, forward)"], rows)
 
 
 def gpu_packing_block(sources: Sources) -> str:
     """4-per-GPU against 1-per-GPU (benchmarks/gpu_packing.py JSON files)."""
-    rows = []
+    rows, devices = [], set()
     for path in sorted(sources.folder(GPU_FOLDER, GPU_PACKING).glob("*.json")):
         run = json.loads(read_text_file(path, PACKING_ALLOWED) or "null")
+        devices.add(md_text(run.get("device")) if isinstance(run, dict) else "none")  # read from a file
         try:
             single, packed = run["single"], run["packed"]
             rows.append([md_text(path.stem), ", ".join(fmt(float(s), 4) for s in single["train_s_per_epoch"]),
@@ -1426,7 +1450,10 @@ def gpu_packing_block(sources: Sources) -> str:
         except (KeyError, TypeError, ValueError) as err:
             raise AnswersError(f"{path} is not a benchmarks/gpu_packing.py result ({type(err).__name__}: {err}); "
                                f"allowed: the JSON it writes") from err
-    return markdown_table(["run", "1-per-GPU s/epoch", "1-per-GPU images/s", "peak MiB",
+    lead = (f"Device as these files record it: {', '.join(sorted(devices)) or 'none'} (the GPU model is not "
+            "recorded in them); 1-per-GPU: one trial on the GPU, 4-per-GPU: four at once (contended by design); what "
+            "else ran on the machine is not recorded in them.")
+    return lead + "\n\n" + markdown_table(["run", "1-per-GPU s/epoch", "1-per-GPU images/s", "peak MiB",
                            "4-per-GPU s/epoch, each trial", "4-per-GPU aggregate images/s", "ratio, train phase",
                            "ratio, end to end"], rows)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import fmt, markdown_table, pyplot, read_trials, save_figure, script_main
+from rpevit.analysis.common import devices_text, fmt, markdown_table, pyplot, read_trials, save_figure, script_main
 
 PROJECTIONS = ("gaussian", "orthogonal", "rademacher", "orthogonal_rademacher")
 ESTIMATORS = ("positive", "trig")
@@ -146,6 +146,11 @@ PROJECTION_STYLE = {"gaussian": ("o", "-"), "orthogonal": ("s", "--"), "rademach
                     "orthogonal_rademacher": ("D", ":")}
 
 
+def versus_m_title(g: pd.DataFrame, title: str) -> str:
+    """The figure's suptitle: `title` and the devices its rows ran on (common.devices_text)."""
+    return f"{title} ({devices_text(g)})"
+
+
 def plot_versus_m(g: pd.DataFrame, title: str, path: Path) -> Path:
     """Rows: estimator; one panel per projection (Monte Carlo with +-2 SE bars, the closed form, the m -> infinity
     limit, the Performer bound), and a last panel overlaying the closed forms of all projections, each with
@@ -206,7 +211,7 @@ def plot_versus_m(g: pd.DataFrame, title: str, path: Path) -> Path:
         handles.append(Line2D([], [], marker=marker, ls=style, ms=5, color=f"C{j}", markerfacecolor="none"))
         names.append(f"closed form, {proj} (last column)")
     fig.legend(handles, names, loc="outside lower center", ncol=4, fontsize=9, frameon=False)
-    fig.suptitle(title, fontsize=11)
+    fig.suptitle(versus_m_title(g, title), fontsize=11)
     return save_figure(fig, path)
 
 

@@ -41,8 +41,8 @@ import pandas as pd
 from rpevit.analysis.common import (TrialRows, code_span, column, fmt, has_random_features, markdown_table, pe_labels,
                                     ran_test_rotations, read_trials, redraw_labels, require_trials, results_parser,
                                     write_study, write_text_file)
-from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, UNKNOWN_TIMES, field_matches,
-                                        model_fields, overlapped, with_resolved_shape)
+from rpevit.analysis.efficiency import (BENCH_TIMING, CONTENDED, ONE_AT_A_TIME, TIME_DEVICES, UNKNOWN_TIMES,
+                                        field_matches, model_fields, overlapped, time_devices, with_resolved_shape)
 from rpevit.analysis.stats import Judged, judge_family, mean_interval, seeds_text, welch
 from rpevit.data import DATASET_SPECS
 from rpevit.evaluation import ROTATIONS
@@ -183,8 +183,17 @@ def timing_labels(rows: pd.DataFrame) -> pd.Series:
 def bench_seconds(bench: pd.DataFrame, row: pd.Series) -> float:
     """Train s/epoch of the train row's model from bench rows (median training ms per image x its
     images per epoch), matching dataset, attention, pe and the model fields that apply; NaN if none."""
-    if bench.empty or not {"train_step_ms", "bench_batch"} <= set(bench.columns):
+    found = bench_match(bench, row)
+    if found.empty:
         return math.nan
+    per_image = (found["train_step_ms"] / found["bench_batch"]).median()
+    return float(per_image * row["n_train"] / 1e3)
+
+
+def bench_match(bench: pd.DataFrame, row: pd.Series) -> pd.DataFrame:
+    """The bench rows of the train row's model (bench_seconds' times are theirs); none where there are none."""
+    if bench.empty or not {"train_step_ms", "bench_batch"} <= set(bench.columns):
+        return bench.iloc[:0]
     mask = (bench["dataset"] == row["dataset"]) & (bench["attention"] == row["attention"]) & \
            (bench["pe"] == row["pe_name"])
     for name in model_fields(row["attention"], row["pe_name"]):
@@ -193,18 +202,15 @@ def bench_seconds(bench: pd.DataFrame, row: pd.Series) -> float:
         mask &= bench["qk_norm"].fillna("none") == row["qk_norm"]
     if row["draws_features"]:  # a redraw every step costs a feature draw per step: time the schedule that ran
         mask &= pd.to_numeric(column(bench, "redraw_interval"), errors="coerce") == row["redraw_interval"]
-    found = bench[mask]
-    if found.empty:
-        return math.nan
-    per_image = (found["train_step_ms"] / found["bench_batch"]).median()
-    return float(per_image * row["n_train"] / 1e3)
+    return bench[mask]
 
 
 def cost_table(rows: pd.DataFrame, bench: pd.DataFrame) -> pd.DataFrame:
     """Per variant (KEY): train s/epoch and how it was measured: bench (alone) where a bench row of
-    the same model exists, else the mean of its train rows, labelled contended / one at a time."""
+    the same model exists, else the mean of its train rows, labelled contended / one at a time; TIME_DEVICES:
+    the device_name of each row the time is of (efficiency.time_devices names them)."""
     if rows.empty:
-        return pd.DataFrame(columns=[*KEY, "train_s_per_epoch", "timing"])
+        return pd.DataFrame(columns=[*KEY, "train_s_per_epoch", "timing", TIME_DEVICES])
     r = with_resolved_shape(rows)
     r["pe_name"] = frame_pe(rows)
     r["timing"] = timing_labels(rows)
@@ -213,15 +219,16 @@ def cost_table(rows: pd.DataFrame, bench: pd.DataFrame) -> pd.DataFrame:
     r["redraw_interval"] = pd.to_numeric(column(r, "redraw_interval"), errors="coerce")
     b = with_resolved_shape(bench) if not bench.empty else bench
     out = []
+    devices = lambda rows: tuple(column(rows, "device_name", None))  # noqa: E731
     for key, g in r.groupby(list(KEY), dropna=False):
         seconds = bench_seconds(b, g.iloc[0])
         if math.isfinite(seconds):
-            out.append([*key, seconds, BENCH_TIMING])
+            out.append([*key, seconds, BENCH_TIMING, devices(bench_match(b, g.iloc[0]))])
             continue
         labels = set(g["timing"])
         timing = CONTENDED if CONTENDED in labels else UNKNOWN_TIMES if UNKNOWN_TIMES in labels else ONE_AT_A_TIME
-        out.append([*key, float(pd.to_numeric(g["train_s_per_epoch"], errors="coerce").mean()), timing])
-    return pd.DataFrame(out, columns=[*KEY, "train_s_per_epoch", "timing"])
+        out.append([*key, float(pd.to_numeric(g["train_s_per_epoch"], errors="coerce").mean()), timing, devices(g)])
+    return pd.DataFrame(out, columns=[*KEY, "train_s_per_epoch", "timing", TIME_DEVICES])
 
 
 def frame_pe(rows: pd.DataFrame) -> pd.Series:
@@ -365,7 +372,8 @@ def build(results_dir: Path, bench_dirs: Sequence[Path] = ()) -> str | None:
         dataset, attention, qk_norm, redraw, augment = cell
         parts += [verdict(cell, by_rotation, on_drop, mean_drops(long, cell)), "",
                   f"### {dataset}, {attention} (qk_norm {qk_norm}, redraw {redraw}), augment {augment}: "
-                  "accuracy % at each test rotation, mean [95% t] (n)", "",
+                  f"accuracy % at each test rotation, mean [95% t] (n); train s / epoch on "
+                  f"{time_devices(costs[matching(costs, cell, CELL)])}", "",
                   markdown_table(["pe", *(f"test rot {r}" for r in ROTATIONS), "drop 0 → 90/180/270, points",
                                   "train s / epoch"], accuracy_cells(long, cell, costs)), ""]
     parts += ["Accuracy: the judged accuracy (random-feature backends: mean over fresh draws, as everywhere in these "

@@ -43,8 +43,8 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import variants
-from rpevit.analysis.common import (code_span, fmt, markdown_table, pyplot, raw_text, read_trials, save_figure,
-                                   script_main, with_variant)
+from rpevit.analysis.common import (code_span, devices_text, fmt, markdown_table, pyplot, raw_text, read_trials,
+                                   save_figure, script_main, with_variant)
 from rpevit.analysis.efficiency import (RATIO_INTERVAL, REFERENCES, SHAPE_FIELDS, cost_bench_rows, field_matches,
                                         model_field_names, model_fields, with_ratios, with_resolved_shape)
 from rpevit.analysis.efficiency.compute import BENCH_RATIO_TIMES, per_trial
@@ -393,11 +393,16 @@ def one_trial_text(row: pd.Series) -> str:
     return "; no interval: one bench trial on a side" if plain else ""
 
 
-def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
+def f_title(what: str, devices: str) -> str:
+    """The f plot's suptitle: what its bars are and the devices of its rows (common.devices_text)."""
+    return f"sparse-S Cayley-STRING: accuracy against f (mean over seeds; {what}; {devices})"
+
+
+def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path, devices: str = "device unknown") -> Path | None:
     """Accuracy against f (log axis) of the dense-solve rows (solves), mean over seeds with its 95% t interval
     where f has 2 or more seeds (none
     drawn with one: the title says which): one panel per dataset, each with its own accuracy axis (a shared one
-    flattens every curve: the datasets sit ~40 points apart)."""
+    flattens every curve: the datasets sit ~40 points apart). The title names `devices` (of the rows drawn)."""
     curves = {d: solves(fs, "dense").sort_values("f") for d, fs in per_dataset.items()}
     curves = {d: dense for d, dense in curves.items() if len(dense) > 1}
     if not curves:
@@ -428,7 +433,7 @@ def plot_f(per_dataset: dict[str, pd.DataFrame], path: Path) -> Path | None:
         missing = "" if len(bounded) == len(intervals) else "; no bar where f has one seed"
         ax.set_title(f"{dataset} (n = {seeds} seeds per f{missing})", fontsize=10)
     what = "bars: 95% t interval over seeds" if with_interval else "one seed per f: no interval"
-    fig.suptitle(f"sparse-S Cayley-STRING: accuracy against f (mean over seeds; {what})", fontsize=10)
+    fig.suptitle(f_title(what, devices), fontsize=10)
     return save_figure(fig, path)
 
 
@@ -442,6 +447,22 @@ def study_tables(frame: pd.DataFrame) -> dict[str, tuple[pd.DataFrame, pd.DataFr
         return {}
     rows = with_costs(rows, bench_ratios(frame[frame["task"] == "bench"]))
     return {dataset: (variant_table(g), f_table(g)) for dataset, g in rows.groupby("dataset")}
+
+
+def bench_devices(frame: pd.DataFrame, dataset: str) -> str:
+    """common.devices_text of the bench rows bench_ratios reads for `dataset` (softmax, a STRING encoding or rope,
+    cost sweeps): the devices the cost columns of its table were timed on."""
+    bench = cost_bench_rows(frame[frame["task"] == "bench"]) if "task" in frame.columns else frame.iloc[:0]
+    if bench.empty:
+        return devices_text(bench)
+    return devices_text(bench[(bench["dataset"] == dataset) & (bench["attention"] == "softmax")
+                              & bench["pe"].isin(string_pes())])
+
+
+def f_devices(frame: pd.DataFrame, datasets: list[str]) -> str:
+    """common.devices_text of the sparse-S Cayley train rows of `datasets`: those the f plot draws."""
+    rows = string_rows(frame[frame["task"] == "train"])
+    return devices_text(rows[(rows["pe"] == SPARSE) & rows["dataset"].isin(datasets)])
 
 
 def build(results_dir: Path) -> str | None:
@@ -458,7 +479,9 @@ def build(results_dir: Path) -> str | None:
                                           if r["holm"] is not None else "") + twin_text(r),
                   *(ratio_cell(r[name], r[name + RATIO_INTERVAL]) for name in RATIOS),
                   r["notebook x rope"]] for _, r in table.iterrows()]
-        parts += [verdict(dataset, table, fs), "", f"### {dataset}: accuracy and cost relative to rope", "",
+        parts += [verdict(dataset, table, fs), "",
+                  f"### {dataset}: accuracy and cost relative to rope (cost: bench trials alone, "
+                  f"{bench_devices(trials.frame, dataset)})", "",
                   markdown_table(["variant", "seeds", "test acc % [95%] (n)", "vs rope, points [95% Welch] (n)",
                                   "Holm vs rope, at its Holm level (k)", "train step x rope", "inference x rope",
                                   "reference notebook, epoch x rope"], shown), ""]
@@ -477,7 +500,7 @@ def build(results_dir: Path) -> str | None:
               "Holm: each difference to rope judged at its Holm level within the family of all k distinct variants "
               "(a variant whose runs repeat another's seed for seed is judged once, with it); "
               "a variant is called above or below rope only where that interval excludes 0.", ""]
-    if plot_f(per_dataset, results_dir / "string_study_f.png") is not None:
+    if plot_f(per_dataset, results_dir / "string_study_f.png", f_devices(trials.frame, list(per_dataset))) is not None:
         parts += ["![accuracy against f](string_study_f.png)", ""]
     return "\n".join(parts)
 

@@ -28,13 +28,13 @@ from rpevit.analysis.common import read_trials, script_main
 from rpevit.analysis.efficiency.compute import (BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED, COST_COLUMNS,
                                                 FLOPS_UNSUPPORTED, JUDGED_ACC, JUDGED_HI, JUDGED_LO, MULTIPLY_ADDS,
                                                 ONE_AT_A_TIME, RATIO_INTERVAL, REFERENCES, SHAPE_FIELDS,
-                                                TIME_COLUMNS, TRIALS, UNKNOWN_TIMES, bench_cost_table, bench_costs,
-                                                cost_bench_rows, cost_ratios, field_matches, matching_bench, model_field_names,
-                                                model_fields, overlapped, overlaps, pareto_front, ratio_interval,
-                                                uncounted_flops, unsupported_ops, variant_costs, with_ratios,
-                                                with_resolved_shape)
+                                                TIME_COLUMNS, TIME_DEVICES, TRIALS, UNKNOWN_TIMES, bench_cost_table,
+                                                bench_costs, cost_bench_rows, cost_ratios, field_matches,
+                                                matching_bench, model_field_names, model_fields, overlapped, overlaps,
+                                                pareto_front, ratio_interval, time_devices, uncounted_flops,
+                                                unsupported_ops, variant_costs, with_ratios, with_resolved_shape)
 from rpevit.analysis.efficiency.figure import (DODGE_PT, MIN_ACC_SPAN, PARETO_Y_SPAN, accuracy_range, dodge,
-                                               plot_pareto)
+                                               pareto_title, plot_pareto)
 from rpevit.analysis.efficiency.text import bench_section, cost_section, pareto_caption, timing_note, uncounted_note
 
 
@@ -49,7 +49,7 @@ def build(results_dir: Path) -> str | None:
         costs = cost_ratios(variant_costs(train, bench))
         parts += cost_section(costs)
         if plot_pareto(costs, results_dir / "efficiency_pareto.png") is not None:
-            parts += pareto_caption()
+            parts += pareto_caption(costs)
     alone = bench_cost_table(bench) if not bench.empty else pd.DataFrame()
     if not alone.empty:
         parts += bench_section(alone, bench)
@@ -63,8 +63,9 @@ def main() -> None:
 __all__ = ["BENCH_COST_COLUMNS", "BENCH_TIMING", "CONTENDED", "COST_COLUMNS", "DODGE_PT", "FLOPS_UNSUPPORTED",
            "JUDGED_ACC", "JUDGED_HI",
            "JUDGED_LO", "MIN_ACC_SPAN", "MULTIPLY_ADDS", "ONE_AT_A_TIME", "PARETO_Y_SPAN", "RATIO_INTERVAL",
-           "REFERENCES", "SHAPE_FIELDS", "TIME_COLUMNS", "TRIALS", "UNKNOWN_TIMES", "accuracy_range",
+           "REFERENCES", "SHAPE_FIELDS", "TIME_COLUMNS", "TIME_DEVICES", "TRIALS", "UNKNOWN_TIMES", "accuracy_range",
            "bench_cost_table", "bench_costs", "build", "cost_bench_rows", "cost_ratios", "dodge", "field_matches",
            "main", "matching_bench", "model_field_names", "model_fields", "overlapped", "overlaps", "pareto_front",
-           "plot_pareto", "ratio_interval", "timing_note", "uncounted_flops", "uncounted_note",
+           "plot_pareto", "pareto_title", "ratio_interval", "time_devices", "timing_note", "uncounted_flops",
+           "uncounted_note",
            "unsupported_ops", "variant_costs", "with_ratios", "with_resolved_shape"]

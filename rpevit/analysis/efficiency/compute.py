@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from rpevit.analysis.common import VARIANT, column, cost_options, judged_accuracy, with_variant
+from rpevit.analysis.common import VARIANT, column, cost_options, devices_text, judged_accuracy, with_variant
 from rpevit.analysis.stats import LEVEL, Interval, finite, mean_interval, welch
 from rpevit.analysis.token_scaling import scaling_rows
 
@@ -54,6 +54,9 @@ RATIO_INTERVAL = " interval"
 # the rows' ops that rpevit/flops.py had no count for (comma-separated, '' for none): a variant with any has no
 # `flops` in the tables here (NaN), and this column of them says which ops (uncounted_flops)
 FLOPS_UNSUPPORTED = "flops_unsupported"
+# variant_costs' column: the `device_name` of each row its times came from (the matched bench trials, else its train
+# rows), a tuple per variant, so a heading or figure names the devices of exactly the times it shows (time_devices)
+TIME_DEVICES = "time_devices"
 
 
 def unsupported_ops(values: Sequence[object]) -> str:
@@ -108,6 +111,8 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
     if "n_train" in frame.columns:  # images per epoch: turns a bench step time into seconds per epoch
         table["n_train"] = by_seed["n_train"].mean()
     table["bench_trials"] = 0
+    table[TIME_DEVICES] = (groups["device_name"].agg(tuple) if "device_name" in frame
+                           else pd.Series([()] * len(table), index=table.index, dtype=object))
     table["timing"] = groups["overlapped"].agg(lambda o: UNKNOWN_TIMES if o.isna().any() else
                                                CONTENDED if o.astype(bool).any() else ONE_AT_A_TIME)
     table = table.reset_index()
@@ -124,11 +129,20 @@ def variant_costs(frame: pd.DataFrame, bench: pd.DataFrame | None = None) -> pd.
                 table.loc[i, ["infer_ms_per_sample", "peak_mem_mb"]] = found[["infer_ms_per_sample", "peak_mem_mb"]]
                 table.loc[i, "bench_trials"] = found["bench_trials"]
                 table.loc[i, "timing"] = BENCH_TIMING
+                table.at[i, TIME_DEVICES] = found.get("device_name" + TRIALS, ())
                 trials["train_s_per_epoch"][i] = tuple(np.asarray(found["train_ms_per_image" + TRIALS]) * per_epoch)
                 trials["infer_ms_per_sample"][i] = found["infer_ms_per_sample" + TRIALS]
         for name, values in trials.items():
             table[name + TRIALS] = pd.Series([values.get(i) for i in table.index], index=table.index, dtype=object)
     return table
+
+
+def time_devices(table: pd.DataFrame) -> str:
+    """common.devices_text of the rows whose times `table` shows (its TIME_DEVICES: one name per row timed),
+    'device unknown' where they record none."""
+    names = [name if isinstance(name, str) else "device not recorded"
+             for names in column(table, TIME_DEVICES, None) if isinstance(names, tuple) for name in names]
+    return devices_text(pd.DataFrame({"device_name": names}) if names else pd.DataFrame())
 
 
 def cost_ratios(costs: pd.DataFrame) -> pd.DataFrame:
@@ -197,7 +211,8 @@ def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     per image, as stored, not doubled), params, peak memory, and the step and
     inference times divided by those of the same sweep's softmax+ape and softmax+rope (qk_norm none):
     with_ratios, the ratio of medians with the interval of the ratio of geometric means over the trials. `flops`
-    is NaN where a trial of the variant names ops the counter could not count (uncounted_flops)."""
+    is NaN where a trial of the variant names ops the counter could not count (uncounted_flops). TIME_DEVICES: the
+    device_name of each bench trial of the variant."""
     cost = cost_bench_rows(bench)
     if cost.empty:
         return pd.DataFrame()
@@ -211,6 +226,8 @@ def bench_cost_table(bench: pd.DataFrame) -> pd.DataFrame:
     table = table.join(per_trial(grouped, [c for _, c in BENCH_RATIO_TIMES])).reset_index()
     table["batch"] = grouped["bench_batch"].first().to_numpy()
     table["N"] = grouped["tokens"].first().to_numpy()
+    devices = list(grouped["device_name"].agg(tuple)) if "device_name" in b.columns else [()] * len(table)
+    table[TIME_DEVICES] = pd.Series(devices, index=table.index, dtype=object)  # time_devices names them
     return with_ratios(table, "sweep", BENCH_RATIO_TIMES)
 
 
@@ -267,7 +284,7 @@ def bench_costs(bench: pd.DataFrame) -> pd.DataFrame:
     keys = [*VARIANT, *(c for c in model_field_names() if c in b.columns)]
     values = [c for c in ("train_ms_per_image", "infer_ms_per_sample", "peak_mem_mb") if c in b.columns]
     grouped = b.groupby(keys, dropna=False)
-    trials = per_trial(grouped, ("train_ms_per_image", "infer_ms_per_sample"))
+    trials = per_trial(grouped, ("train_ms_per_image", "infer_ms_per_sample", "device_name"))
     return grouped[values].median().assign(bench_trials=grouped.size()).join(trials).reset_index()
 
 

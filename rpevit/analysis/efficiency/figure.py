@@ -16,7 +16,7 @@ from rpevit.analysis import variants
 from rpevit.analysis.common import column, fmt, pyplot, save_figure
 from rpevit.analysis.efficiency.compute import (BENCH_TIMING, CONTENDED, JUDGED_ACC, JUDGED_HI, JUDGED_LO,
                                                 MULTIPLY_ADDS, ONE_AT_A_TIME, TIME_COLUMNS, UNKNOWN_TIMES,
-                                                pareto_front)
+                                                pareto_front, time_devices)
 
 MIN_ACC_SPAN = 1.0  # accuracy points: the shortest accuracy axis, so one point (or a tight cluster) is not magnified
 PARETO_Y_SPAN = 5.0  # accuracy points shown below the best; variants further down sit at the edge as ▼
@@ -99,6 +99,11 @@ class Panel:
     marked: np.ndarray
 
 
+def pareto_title(costs: pd.DataFrame) -> str:
+    """The figure's suptitle: the devices its times ran on (compute.time_devices of the variants plotted)."""
+    return f"Accuracy against cost; times on {time_devices(costs)}"
+
+
 def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
     """One panel per dataset and cost that has positive values; accuracy is JUDGED_ACC, so a random-feature
     model sits at its mean over fresh draws; log cost axes where the cost spans LOG_AXIS_MIN_RATIO or more.
@@ -124,6 +129,7 @@ def plot_pareto(costs: pd.DataFrame, path: Path) -> Path | None:
     fig.legend(handles=pareto_legend(costs, colours, markers, families, whiskers=whiskers,
                                      marked=any(panel.marked.any() for panel in panels)),
                loc="outside lower center", ncol=4, fontsize=FONT["tick"], frameon=False)
+    fig.suptitle(pareto_title(costs), fontsize=FONT["title"])
     fig.draw_without_rendering()  # the layout is final: page positions for the dodge
     for panel in panels:
         mark_front(fig, panel, draw_points(fig, panel, colours, markers))

@@ -9,7 +9,8 @@ import pandas as pd
 from rpevit.analysis.common import VARIANT, column, fmt, markdown_table, md_text, raw_text
 from rpevit.analysis.efficiency.compute import (ACCURACY_COLUMNS, BENCH_COST_COLUMNS, BENCH_TIMING, CONTENDED,
                                                 COST_COLUMNS, FLOPS_UNSUPPORTED, MULTIPLY_ADDS, ONE_AT_A_TIME,
-                                                RATIO_INTERVAL, RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES)
+                                                RATIO_INTERVAL, RATIO_TIMES, REFERENCES, TIME_COLUMNS, UNKNOWN_TIMES,
+                                                time_devices)
 from rpevit.analysis.efficiency.figure import CONTENDED_MARK, PARETO_Y_SPAN
 from rpevit.analysis.stats import Interval
 
@@ -132,11 +133,12 @@ def ratio_note(table: pd.DataFrame) -> str:
 
 def cost_heading(dataset: str, g: pd.DataFrame) -> str:
     """A dataset's cost-table heading: accuracies, AIC and BIC are means over seeds; times and memory are
-    the bench trials' of the same model (not a mean over seeds) where `timing` says so, else seed means."""
+    the bench trials' of the same model (not a mean over seeds) where `timing` says so, else seed means; and the
+    devices those times ran on (compute.time_devices: the rows timed, which may span devices)."""
     bench = g["timing"] == BENCH_TIMING
     if not bench.any():
         times = "times and memory: the train trials' own, means over seeds"
-        return f"### {dataset}: cost per variant (means over seeds, one value per seed; {times})"
+        return f"### {dataset}: cost per variant (means over seeds, one value per seed; {times}; {time_devices(g)})"
     counts = sorted({int(n) for n in column(g, "bench_trials", 0)[bench]})
     trials = (f"{counts[0]} bench trial{'s' * (counts[0] != 1)}" if len(counts) == 1
               else f"{counts[0]}–{counts[-1]} bench trials")
@@ -145,7 +147,8 @@ def cost_heading(dataset: str, g: pd.DataFrame) -> str:
     else:
         times = (f"times and memory: {trials} of the same model each where `timing` is {BENCH_TIMING}, "
                  "not a mean over seeds; else the train trials' own, means over seeds")
-    return f"### {dataset}: cost per variant (accuracy, aic, bic: means over seeds, one value per seed; {times})"
+    return (f"### {dataset}: cost per variant (accuracy, aic, bic: means over seeds, one value per seed; {times}; "
+            f"times on {time_devices(g)})")
 
 
 def cost_section(costs: pd.DataFrame) -> list[str]:
@@ -167,9 +170,11 @@ def cost_section(costs: pd.DataFrame) -> list[str]:
     return parts
 
 
-def pareto_caption() -> list[str]:
-    """What the accuracy-vs-cost figure shows, and the figure."""
-    return ["Accuracy (the mean over fresh draws for random-feature models) against cost: "
+def pareto_caption(costs: pd.DataFrame) -> list[str]:
+    """What the accuracy-vs-cost figure of `costs` (the variants plotted) shows, with the devices of its times,
+    and the figure."""
+    return [f"Times in the figure: {time_devices(costs)}. "
+            "Accuracy (the mean over fresh draws for random-feature models) against cost: "
             f"{MULTIPLY_ADDS} (2 FLOPs each as device peaks count), train s / epoch and inference ms / "
             "sample. Colour: "
             "attention; marker: encoding; light: qk_norm l2; black rim: random features never redrawn. "
@@ -184,11 +189,12 @@ def pareto_caption() -> list[str]:
 
 
 def bench_section(alone: pd.DataFrame, bench: pd.DataFrame) -> list[str]:
-    """Per cost-bench sweep and dataset, the bench_cost_table rows, and what they are."""
+    """Per cost-bench sweep and dataset, the bench_cost_table rows (with the devices of the bench trials they are
+    of: time_devices), and what they are."""
     parts = []
     for (sweep, dataset), g in alone.groupby(["sweep", "dataset"]):
         show = ["attention", "pe", "qk_norm", "redraw", "N", "batch", *BENCH_COST_COLUMNS, *ratio_columns(g)]
-        parts += [f"### {dataset}: cost per variant, bench trials alone ({sweep})", "",
+        parts += [f"### {dataset}: cost per variant, bench trials alone ({sweep}; {time_devices(g)})", "",
                   markdown_table([header(c) for c in show], shown(g, show).itertuples(index=False)), ""]
     parts += ["Medians of interleaved timed runs of each variant, each bench trial with the machine to itself, "
               "at the study's model and batch, with the threads its trials train with (`torch_threads` in the "

@@ -48,11 +48,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rpevit.analysis.common import VARIANT, read_trials, script_main
+from rpevit.analysis.common import VARIANT, devices_text, read_trials, script_main
 from rpevit.analysis.gap_closure.compute import (DRAW_MEAN, FIDELITY, MIN_GAP, SOURCES, TRAIN_DRAW, Assessment,
                                                  Closure, Config, Gap, accuracies, assess, effect, float_list,
                                                  measure, per_seed)
-from rpevit.analysis.gap_closure.figure import G_AXIS_LIMIT, draw_bar, plot_gap_closure
+from rpevit.analysis.gap_closure.figure import G_AXIS_LIMIT, draw_bar, gap_closure_title, plot_gap_closure
 from rpevit.analysis.gap_closure.text import closure_section, count_text, dataset_section, disagreement, verdict
 
 
@@ -69,7 +69,7 @@ def build(results_dir: Path) -> str | None:
         parts += dataset_section(dataset, frame, seeds, assessed)
     if any(a.closures for a in assessed[TRAIN_DRAW].values()):
         parts += closure_section(assessed)
-        plot_gap_closure(assessed, results_dir / "gap_closure.png")
+        plot_gap_closure(assessed, results_dir / "gap_closure.png", devices_text(frame))
     return "\n".join(parts)
 
 
@@ -79,4 +79,4 @@ def main() -> None:
 
 __all__ = ["DRAW_MEAN", "FIDELITY", "G_AXIS_LIMIT", "MIN_GAP", "SOURCES", "TRAIN_DRAW", "VARIANT", "Assessment",
            "Closure", "Config", "Gap", "accuracies", "assess", "build", "count_text", "disagreement", "draw_bar",
-           "effect", "float_list", "main", "measure", "per_seed", "plot_gap_closure", "verdict"]
+           "effect", "float_list", "main", "measure", "per_seed", "gap_closure_title", "plot_gap_closure", "verdict"]

@@ -34,7 +34,14 @@ def interval_caption(intervals: list[Interval]) -> str:
             f"{missing}")
 
 
-def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) -> Path:
+def gap_closure_title(drawn: list[Interval], devices: str) -> str:
+    """The figure's suptitle: what its whiskers are (interval_caption) and the devices of its rows
+    (common.devices_text)."""
+    return f"{interval_caption(drawn)}\n{devices}"
+
+
+def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path,
+                     devices: str = "device unknown") -> Path:
     """Bars of G per configuration and pe, one panel per dataset (stacked): draw mean solid, training draw
     hatched, with 95% Fieller intervals where every group has 2 or more seeds (the caption says so, with
     n). A configuration whose gap gives no G on an accuracy gets one note saying why inside its slot
@@ -45,7 +52,7 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
     with its whiskers (g_axis_range), but stops at +-G_AXIS_LIMIT, so one tiny gap's huge interval does
     not flatten every other bar; an interval end beyond it is written at the edge. Each encoding has its
     colour of every figure (rpevit.analysis.variants); the legend names only what is drawn. Everything is
-    drawn inside the axes."""
+    drawn inside the axes. The title names `devices` (common.devices_text of the rows assessed)."""
     plt = pyplot()
     datasets = sorted({c[0] for c in assessed[TRAIN_DRAW]})
     fig, axes = plt.subplots(len(datasets), 1, figsize=(13, 4.8 * len(datasets)), squeeze=False, layout="constrained")
@@ -58,7 +65,7 @@ def plot_gap_closure(assessed: dict[str, dict[Config, Assessment]], path: Path) 
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 4), fontsize=FONT["tick"],
                    frameon=False)
-    fig.suptitle(interval_caption(drawn), fontsize=FONT["label"])
+    fig.suptitle(gap_closure_title(drawn, devices), fontsize=FONT["label"])
     return save_figure(fig, path)
 
 
