@@ -27,19 +27,11 @@ from typing import Any, Callable
 
 import pytest
 
+from tests.test_compile_cpu_choice import throughput_module
 from tests.test_lease_merge_rungs import H100, NAME, lease, merge_rungs, space  # noqa: F401 - space: a fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 FIFO_WAIT_S = 30
-
-
-def throughput_module():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import throughput
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return throughput
 
 
 def summary_module():
