@@ -321,3 +321,32 @@ def test_one_value_is_not_printed_as_a_range():
 
     assert kernel_mse.span_text(pd.Series([4000, 4000])) == "4000"  # was '4000–4000'
     assert kernel_mse.span_text(pd.Series([1000, 4000])) == "1000–4000"
+
+
+def test_hours_running_is_the_length_of_the_union_of_the_trial_spans():
+    """Brute force on a grid of seconds: an instant counts once however many trials hold it, a gap between
+    sessions not at all. Timestamps (as rows store them now) and float seconds (older rows) alike."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    for _ in range(100):
+        n = int(rng.integers(1, 10))
+        start = rng.integers(0, 3600, n).astype(float)
+        end = start + rng.integers(1, 1800, n)
+        grid = np.arange(0, 5400) + 0.5
+        brute = sum(bool(((start <= t) & (t < end)).any()) for t in grid) / 3600
+        frame = pd.DataFrame({"started_at": start, "finished_at": end})
+        assert report.hours_running(frame) == pytest.approx(brute)
+    stamps = pd.DataFrame({"started_at": pd.to_datetime([0, 1800, 7200], unit="s", utc=True),
+                           "finished_at": pd.to_datetime([3600, 3600, 9000], unit="s", utc=True)})
+    assert report.hours_running(stamps) == pytest.approx(1.5)  # 0-3600 once, then 7200-9000: the gap not counted
+    assert math.isnan(report.hours_running(pd.DataFrame({"started_at": [math.nan], "finished_at": [math.nan]})))
+
+
+def test_time_span_names_first_start_and_last_finish_leaving_out_what_repeats():
+    t = lambda text: pd.Timestamp(text, tz="UTC").timestamp()  # noqa: E731
+    frame = lambda a, b: pd.DataFrame({"started_at": [t(a), t(a) + 60], "finished_at": [t(b) - 60, t(b)]})  # noqa: E731
+    assert report.time_span(frame("2026-11-22 19:25", "2026-11-23 10:15")) == "2026-11-22 19:25 → 11-23 10:15"
+    assert report.time_span(frame("2026-11-22 08:26", "2026-11-22 08:43")) == "2026-11-22 08:26 → 08:43"
+    assert report.time_span(frame("2026-12-31 23:00", "2027-01-01 01:00")) == "2026-12-31 23:00 → 2027-01-01 01:00"
+    assert report.time_span(pd.DataFrame()) == "—"

@@ -548,3 +548,72 @@ def test_a_device_read_from_a_pilot_or_packing_file_reaches_markdown_inert(tmp_p
                                                   "ratio_train_phase": 1.1, "ratio_end_to_end": 1.05}))
     lead = answers.gpu_packing_block(answers.Sources(results)).splitlines()[0]
     assert "<i>" not in lead and "&lt;i&gt;cuda" in lead
+
+
+def test_most_at_once_is_the_largest_count_of_intervals_holding_one_instant():
+    """Brute force: at every instant of a fine grid, the intervals [start, end) that hold it. The per-interval
+    meeting count (efficiency.overlaps) over-counts: a long trial beside four short ones run one after another
+    meets all four, yet only two ran at once (what the GPU sweep's paragraph said wrongly before: 8 for 4)."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        n = int(rng.integers(1, 12))
+        start = rng.integers(0, 50, n).astype(float)
+        end = start + rng.integers(1, 20, n)
+        grid = np.arange(0, 80, 0.5)
+        brute = max(int(((start <= t) & (t < end)).sum()) for t in grid)
+        assert answers.most_at_once(start, end) == brute
+    long_and_short = (np.array([0.0, 0, 10, 20, 30]), np.array([40.0, 10, 20, 30, 40]))
+    assert answers.most_at_once(*long_and_short) == 2
+    assert answers.most_at_once(np.array([]), np.array([])) == 0
+
+
+def test_the_sweep_paragraph_is_computed_from_its_rows(tmp_path):
+    """Rows with known times: 3 trials of 2 epochs on 1000 images, two side by side, then one; first start to
+    last finish 100 s, so 6000 images in 100 s; one trial listed in space.json has no ok row."""
+    import json
+
+    from rpevit.sweep.results import SPACE_FILE
+    from rpevit.sweep.space import trial_key
+
+    t0 = 1_795_000_000.0  # unix seconds, as older rows store the times
+    rows = [{**config_row(dataset="cifar10", seed=s, epochs=2, warmup_epochs=0.5), "test_acc": 0.5,
+             "n_train": 1000, "epochs_done": 2, "params": p, "device_name": "GPU X",
+             "started_at": t0 + a, "finished_at": t0 + b}
+            for s, p, a, b in [(0, 2_000_000, 0, 50), (1, 2_000_000, 10, 60), (2, 2_100_000, 60, 100)]]
+    failed = config_row(dataset="cifar10", seed=3)
+    folder = write_sweep(tmp_path / "s", "s", rows, failed=[(failed, "boom")])
+    keys = [trial_key(r) for r in [*rows, failed]]
+    (folder / SPACE_FILE).write_text(json.dumps({"name": "s", "source": "x.yaml", "trial_keys": keys}))
+    text = answers.sweep_run_text(folder)
+    assert text.startswith("3 ok rows of the 4 trials its space.json lists, at most 2 running at once")
+    assert "0.006 M training images" in text and "in 100 s: **60 training images/s**" in text
+    assert "2 epochs, warm-up 0.5 epoch (25 %)" in text and "2.00–2.10 M parameters" in text
+    assert "device: GPU X" in text
+
+
+def test_the_results_readme_gpu_sweep_paragraph_types_no_figure():
+    """The GPU sweep's paragraph and the bench's reading notes once typed their figures (7,140 images/s,
+    '4 at a time', 'about 1.2'); they now come from the gpu-sweep and gpu-bench blocks."""
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    section = text.split("**The sweep.**", 1)[1].split("The command:", 1)[0]
+    outside = re.sub(r"<!-- BEGIN GENERATED gpu-sweep.*?<!-- END GENERATED gpu-sweep -->", "", section, flags=re.S)
+    assert "gpu-sweep" in block_names(section)
+    assert not re.findall(r"\d", outside.replace("gpus_per_trial: 0.25", "").replace("cpus_per_trial: 4", "")
+                          .replace("14 minutes", ""))
+    notes = text.split("How to read it", 1)[1].split("\n## ", 1)[0]
+    assert "about 1.2" not in notes and "2.7 M" not in notes
+
+
+def test_the_provenance_table_types_no_wall_time_the_rows_record():
+    """Its wall times were typed once and one disagreed with the rows (cifar10_cpu 'about 15.3 h of wall time'
+    for trials that ran 14.8 h from first start to last finish, 12.6 h of it with a trial running): the study-rows
+    block now gives each folder's span, hours with a trial running and resumed trials from the rows."""
+    text = (RESULTS / "README.md").read_text(encoding="utf-8")
+    table = "\n".join(m.group(0) for m in answers.PROVENANCE_ROW.finditer(text.split("<!-- BEGIN GENERATED study-rows")[0]))
+    assert table.count("\n") > 20
+    typed = re.findall(r"\d[\d.,]*\s*(?:s|h|min)(?: of)? wall|\d+ trials resumed|\(\d+ rows\)|\d{4}-\d\d-\d\d \d\d:\d\d",
+                       table)
+    assert not typed, f"typed by hand in the provenance table: {typed}; the study-rows block has them"
+    block = answers.rows_block(answers.Sources(RESULTS))
+    row = next(line for line in block.splitlines() if line.startswith("| `cifar10_cpu` |"))
+    assert "| 2026-11-22 19:25 → 11-23 10:15 | 12.6 |" in row and "| 6 |" in row

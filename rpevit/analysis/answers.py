@@ -56,15 +56,15 @@ from rpevit.analysis import budget_ladder, confirmatory, efficiency, gap_closure
 from rpevit.analysis import continuation, headline, progress, validation_choice
 from rpevit.analysis.common import (TrialRows, code_span, column, current_rows, fmt, has_random_features, listed_studies,
                                     markdown_table, one_read_per_folder, read_epoch_times, read_sweep, read_trials,
-                                    md_text, raw_text, read_text_file, redraw_labels, with_variant, devices_text)
+                                    md_text, raw_text, read_text_file, redraw_labels, space_keys, with_variant, devices_text, VARIANT)
 from rpevit.analysis.gap_closure import DRAW_MEAN, TRAIN_DRAW, Assessment, Closure, Config, Gap
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
-from rpevit.analysis.report import thread_hours
+from rpevit.analysis.report import hours_running, thread_hours, time_span
 from rpevit.analysis.stats import Interval, Judged, mean_interval, seeds_text
 from rpevit.config import FIRST_DEFAULTS, ConfigError, TrialConfig, recorded_values
 from rpevit.sweep.declaration import DECLARATION_FILE, Declaration, DeclarationError
 from rpevit.sweep.protocol import FAILED, OK
-from rpevit.sweep.results import TRIALS_FILE
+from rpevit.sweep.results import TRIALS_FILE, unix_seconds
 from rpevit.sweep.space import load_space
 
 COMMAND = "python analysis/answers.py results"
@@ -1244,6 +1244,9 @@ def folder_rows(results_dir: Path) -> list[dict]:
                     OK: int(counts.get(OK, 0)), FAILED: int(counts.get(FAILED, 0)), "aside": aside,
                     "seeds": sorted(set(pd.to_numeric(current["seed"], errors="coerce").dropna().astype(int))),
                     "thread_hours": thread_hours(current, read_epoch_times(path.parent)),
+                    "span": time_span(current), "running_hours": hours_running(current),
+                    "resumed": int((pd.to_numeric(column(current, "resumed_from_epoch", 0), errors="coerce")
+                                    > 0).sum()),
                     "commits": column(current, "git_commit", "").fillna("").astype(str).str[:7].value_counts()})
     return out
 
@@ -1285,10 +1288,12 @@ def rows_block(sources: Sources) -> str:
     """results/README.md: the rows of every study folder, as the Parquet records them (folder_rows)."""
     seeds = lambda s: f"{s[0]}–{s[-1]}" if len(s) > 1 else str(s[0]) if s else "—"  # noqa: E731
     table = [[code_span(r["folder"]), r["tasks"], r[OK], r[FAILED], r["aside"], seeds(r["seeds"]),
-              fmt(r["thread_hours"], 3), ", ".join(f"{c or '—'} ({n})" for c, n in r["commits"].items())]
+              r["span"], fmt(r["running_hours"], 3), fmt(r["thread_hours"], 3), r["resumed"],
+              ", ".join(f"{c or '—'} ({n})" for c, n in r["commits"].items())]
              for r in folder_rows(sources.results_dir)]
     return markdown_table(["folder", "task", OK, FAILED, "set aside (not in space.json)", "seeds",
-                           "thread-hours in trials", "commit (rows)"], table)
+                           "first start → last finish (UTC)", "hours with a trial running", "thread-hours in trials",
+                           "resumed after a stop", "commit (rows)"], table)
 
 
 PROVENANCE_ROW = re.compile(r"^\| `(?P<folder>[^`|]+?)/?` \|(?P<rest>.*)$", re.M)
@@ -1389,6 +1394,50 @@ def gpu_times_block(sources: Sources) -> str:
     return "\n".join([lead, "", markdown_table(["attention", *pes], rows)])
 
 
+def most_at_once(start: np.ndarray, end: np.ndarray) -> int:
+    """The largest number of intervals [start, end) that hold one instant: at some interval's start, the
+    intervals begun by then less those ended by then (efficiency.overlaps counts, per interval, every interval
+    it meets at any time, which over-counts trials that ran one after another beside a long one)."""
+    if len(start) == 0:
+        return 0
+    begun = np.searchsorted(np.sort(start), start, side="right")
+    ended = np.searchsorted(np.sort(end), start, side="right")
+    return int((begun - ended).max())
+
+
+def sweep_run_text(folder: Path) -> str:
+    """How a train sweep ran, from its rows alone: its ok rows against the trials its space.json lists, how many
+    ran at once at most (their start and finish times), the training images (n_train x epochs_done per row)
+    from the first start to the last finish and that rate, evaluation and start-up between trials included, its
+    epochs and warm-up, and the model's parameter count. The figures the GPU sweep's paragraph quotes."""
+    frame = read_trials(folder, ["train"]).frame
+    listed = space_keys(folder)
+    start = unix_seconds(frame["started_at"]).to_numpy()
+    end = unix_seconds(frame["finished_at"]).to_numpy()
+    wall = float(end.max() - start.min())
+    images = float((frame["n_train"].astype(float) * frame["epochs_done"].astype(float)).sum())
+    resumed = int((pd.to_numeric(column(frame, "resumed_from_epoch", 0), errors="coerce").fillna(0) > 0).sum())
+    params = sorted(float(p) for p in frame["params"].unique())
+    params_text = (f"{params[0] / 1e6:.2f} M" if params[0] == params[-1] else
+                   f"{params[0] / 1e6:.2f}–{params[-1] / 1e6:.2f} M")
+    warmup = sorted({float(w) for w in frame["warmup_epochs"]})
+    epochs = sorted({int(e) for e in frame["epochs"]})
+    warmup_text = "/".join(f"{fmt(w)} epoch ({fmt(100 * w / epochs[-1], 2)} %)" for w in warmup) if len(epochs) == 1 \
+        else "/".join(fmt(w) for w in warmup) + " epoch"
+    listed_text = f"of the {len(listed)} trials its space.json lists" if listed is not None else "(no space.json)"
+    return (f"{len(frame)} ok rows {listed_text}, at most {most_at_once(start, end)} running at "
+            f"once (their start and finish times), {resumed} resumed from a checkpoint. From the first trial's start "
+            f"to the last one's finish, {images / 1e6:.3g} M training images (training-set size x epochs, summed over "
+            f"the rows) went through in {wall:.0f} s: **{images / wall:,.0f} training images/s** for the whole sweep, "
+            f"evaluation and the gaps between trials included. {'/'.join(map(str, epochs))} epochs, warm-up "
+            f"{warmup_text}; {params_text} parameters; {devices_text(frame)}.")
+
+
+def gpu_sweep_block(sources: Sources) -> str:
+    """The packed 4-epoch GPU sweep as it ran (sweep_run_text of its rows)."""
+    return sweep_run_text(sources.folder(GPU_FOLDER, GPU_SWEEP))
+
+
 def epochs_of_space(folder: Path, root: Path) -> str:
     """'4 of the space's 200 epochs': the epochs a sweep's rows ran against those its space file (space.json's
     `source`, checked by continuation.space_name_and_source, read from the repository `root`) gives the trials of
@@ -1428,7 +1477,11 @@ def gpu_bench_block(sources: Sources) -> str:
              fmt(r["train x softmax+ape"], 3), fmt(r["train x rope"], 3), fmt(r["infer_ms_per_sample"], 2),
              fmt(r["peak_mem_mb"], 4), fmt(r["flops"], 3)]
             for _, r in table.iterrows() for key in [tuple(r[c] for c in gap_closure.VARIANT)]]
-    lead = f"Each bench trial alone; {efficiency.time_devices(table)}."
+    ratio = (spread["hi"] / spread["lo"]).sort_values()
+    widest = ratio.index[-1]
+    lead = (f"Each bench trial alone; {efficiency.time_devices(table)}. A variant's repeats span (max / min) "
+            f"{fmt(ratio.iloc[0], 3)} to {fmt(ratio.iloc[-1], 3)} ({widest[VARIANT.index('attention')]}+{widest[VARIANT.index('pe')]}), median "
+            f"{fmt(float(ratio.median()), 3)}: a ratio between two variants within that is not told apart.")
     return lead + "\n\n" + markdown_table(["variant", "train step ms, median (min–max of the repeats)",
                                           "x softmax+ape", "x rope",
                            "inference ms/image", "peak MiB", "multiply-adds/image (fvcore, forward)"], rows)
@@ -1506,6 +1559,7 @@ BLOCKS: dict[str, Callable[[Sources], str]] = {
     "declared-studies": declared_studies_block,
     "cifar10-pilots": pilots_block,
     "cifar10-step-times": step_times_block,
+    "gpu-sweep": gpu_sweep_block,
     "gpu-times": gpu_times_block,
     "gpu-answers": gpu_answers_block,
     "gpu-bench": gpu_bench_block,

@@ -58,6 +58,37 @@ def thread_hours(frame: pd.DataFrame, epochs: pd.DataFrame | None = None) -> flo
                  + earlier_epoch_hours(frame, epochs))
 
 
+def hours_running(frame: pd.DataFrame) -> float:
+    """Wall hours during which at least one of the rows' trials ran: the length of the union of their
+    [started_at, finished_at] spans, so the gaps between sessions of a study run over several are not counted
+    and two trials side by side count once (thread_hours counts each). NaN where no row carries both times."""
+    if frame.empty or not {"started_at", "finished_at"} <= set(frame.columns):
+        return math.nan
+    spans = pd.DataFrame({"start": unix_seconds(frame["started_at"]),
+                          "end": unix_seconds(frame["finished_at"])}).dropna().sort_values("start")
+    if spans.empty:
+        return math.nan
+    total, reach = 0.0, -math.inf
+    for start, end in spans.itertuples(index=False):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 3600
+
+
+def time_span(frame: pd.DataFrame) -> str:
+    """'2026-11-22 19:25 → 11-23 10:15' (UTC): the rows' first start and last finish, the year and then the
+    month left out where they repeat; '—' where no row carries both times."""
+    if frame.empty or not {"started_at", "finished_at"} <= set(frame.columns):
+        return "—"
+    start, end = unix_seconds(frame["started_at"]).min(), unix_seconds(frame["finished_at"]).max()
+    if not (math.isfinite(start) and math.isfinite(end)):
+        return "—"
+    a, b = (pd.Timestamp(t, unit="s", tz="UTC") for t in (start, end))
+    tail = "%H:%M" if a.date() == b.date() else "%m-%d %H:%M" if a.year == b.year else "%Y-%m-%d %H:%M"
+    return f"{a:%Y-%m-%d %H:%M} → {b.strftime(tail)}"
+
+
 def _threads(frame: pd.DataFrame) -> pd.Series:
     return pd.to_numeric(column(frame, "torch_threads", 1), errors="coerce").fillna(1)
 
