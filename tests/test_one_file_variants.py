@@ -412,3 +412,21 @@ def test_a_backend_with_learned_parameters_is_refused_at_validation_once_per_bac
             TrialConfig.from_dict({"attention": "throwaway_fixed", "seed": seed, "epochs": 1 + seed % 3})
         assert module.BUILT == [0]
         assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_the_efficiency_figure_marks_a_new_random_feature_backend_trained_on_one_draw(tmp_path):
+    """Before, the figure knew random-feature backends by name (favor, relu): a one-file one trained without
+    redraws was drawn as if redrawn, unlabelled. Now the backend's class says it (RandomFeatureBackend)."""
+    import pandas as pd
+
+    from rpevit.analysis.efficiency.figure import not_redrawn, short_label
+
+    def row(attention: str, redraw: str) -> pd.Series:
+        return pd.Series({"attention": attention, "pe": "ape", "qk_norm": "none", "redraw": redraw})
+
+    with imported_file(tmp_path, "throwaway_trig", RANDOM_FEATURE_BACKEND, (registry.ATTENTIONS,)):
+        assert not_redrawn(row("throwaway_trig", "off"))
+        assert short_label(row("throwaway_trig", "off")) == "throwaway_trig+ape no redraw"
+        assert not not_redrawn(row("throwaway_trig", "every 100 until 0.8"))
+    assert not_redrawn(row("favor", "off")) and not_redrawn(row("relu", "off"))
+    assert not not_redrawn(row("softmax", "off")) and not not_redrawn(row("relu-identity", "off"))

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from rpevit.analysis import variants
-from rpevit.analysis.common import column, fmt, pyplot, save_figure
+from rpevit.analysis.common import attention_class, column, fmt, pyplot, save_figure
+from rpevit.attention.base import RandomFeatureBackend
 from rpevit.analysis.efficiency.compute import (BENCH_TIMING, CONTENDED, JUDGED_ACC, JUDGED_HI, JUDGED_LO,
                                                 MULTIPLY_ADDS, ONE_AT_A_TIME, TIME_COLUMNS, UNKNOWN_TIMES,
                                                 pareto_front, time_devices)
@@ -50,8 +51,11 @@ def short_label(r: pd.Series) -> str:
 
 
 def not_redrawn(r: pd.Series) -> bool:
-    """A random-feature variant trained on one draw (redraw off)."""
-    return r["attention"] in ("favor", "relu") and r["redraw"] == "off"
+    """A random-feature variant trained on one draw (redraw off): its backend a RandomFeatureBackend (a one-file
+    backend too, not only favor and relu by name), still drawing (with_variant renamed one configured not to
+    draw, e.g. 'relu-identity', whose 'off' means nothing to redraw)."""
+    cls = attention_class(r["attention"])
+    return isinstance(cls, type) and issubclass(cls, RandomFeatureBackend) and r["redraw"] == "off"
 
 
 def dodge(points: np.ndarray, step: float = DODGE_PT, bounds: tuple[float, float, float, float] | None = None
