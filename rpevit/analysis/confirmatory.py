@@ -461,7 +461,12 @@ def build(results_dir: Path) -> str:
               f"increasing p; the i-th is shown at 1 - alpha/(k - i + 1), and from the first that is not resolved "
               f"on, every item is shown at that step's level (Holm stops there, so each of those intervals "
               f"includes 0). An incomplete item counts in k as not rejected and shows no estimate before its n "
-              f"is reached.",
+              f"is reached. Each table gives every item's p and its Holm-adjusted p (resolved exactly where that "
+              f"is at most alpha). The interval at its Holm level inverts Holm's test at that step: it excludes 0 "
+              f"exactly where Holm rejects, but the intervals of one family are not simultaneous confidence "
+              f"intervals. Each family is corrected on its own at each value of its `for_each` (each rung) and on "
+              f"each metric, as declared: nothing is corrected across rungs, across families or between the two "
+              f"metrics, so the chance of some false claim over the whole question is above alpha.",
               *([f"- {pairing}"] if (pairing := seed_pairing.text(families, decl.alpha)) else []),
               "- Rows set aside: " + (", ".join(f"{v} ({k})" for k, v in set_aside.items() if v) or "none") + ".",
               "- Everything else reported about this study is exploratory.", ""]
@@ -471,8 +476,20 @@ def build(results_dir: Path) -> str:
         if outcomes and later and later[0].where == outcomes[0].where and later[0].metric != outcomes[0].metric:
             lines += [f"### {outcomes[0].where}: both declared metrics side by side", "",
                       side_by_side(outcomes, later, n), "", PENALTY_SENTENCE + " " + PENALTY_OF_KIND[kind], ""]
-        lines += [f"### {name}", "", markdown_table(HEADERS[kind], [outcome_row(o, n) for o in outcomes]), ""]
+        headers = [*HEADERS[kind][:-1], "p (two-sided)", "p, Holm-adjusted", HEADERS[kind][-1]]
+        rows = [[*row[:-1], *p_texts, row[-1]] for o, p_texts in zip(outcomes, p_values(outcomes))
+                for row in [outcome_row(o, n)]]
+        lines += [f"### {name}", "", markdown_table(headers, rows), ""]
     return "\n".join(lines)
+
+
+def p_values(outcomes: Sequence[Outcome]) -> list[tuple[str, str]]:
+    """Per item of one family: its two-sided p and its Holm-adjusted p (stats.holm over the family, an incomplete
+    item at INCOMPLETE_P as in the judgement), so a reader sees the order Holm took the items in and how far each
+    is from alpha (adjusted p <= alpha exactly where the item is resolved); '—' for an incomplete item."""
+    raw = [o.nominal.p if o.complete and math.isfinite(o.nominal.p) else INCOMPLETE_P for o in outcomes]
+    adjusted = stats.holm(raw)
+    return [(f"{p:.3g}", f"{q:.3g}") if o.complete else ("—", "—") for o, p, q in zip(outcomes, raw, adjusted)]
 
 
 def declared_status(folder: Path) -> str:
