@@ -18,7 +18,7 @@ from typing import Callable
 import pytest
 
 from rpevit.analysis import (budget_ladder, confirmatory, gap_closure, headline, kernel_mse, report, rotation,
-                             string_study, token_scaling, validation_choice)
+                             rotinv_concentration, string_study, token_scaling, validation_choice)
 from rpevit.analysis.efficiency import figure as efficiency_figure
 from rpevit.analysis.gap_closure import figure as gap_closure_figure
 
@@ -71,6 +71,10 @@ def pages() -> dict[str, tuple[Callable[[], str], str]]:
         out[f"results/{folder.name}/validation_choice.md"] = (
             lambda n=folder.name: study("A choice made on validation", validation_choice.build(RESULTS / n)),
             f"python analysis/validation_choice.py results/{folder.name}")
+    out["results/rotinv_concentration/rotinv_concentration.md"] = (  # a seeded simulation, not rows (~8 s)
+        lambda: rotinv_concentration.table(*rotinv_concentration.measure(
+            8, [1.0, 1.0, 1.0], list(rotinv_concentration.DEFAULT_DRAWS), 100, 0.05, 0)),
+        "python analysis/rotinv_concentration.py results/rotinv_concentration")
     for lease in sorted((ROOT / "results").glob("gpu_*/lease_*")):
         rel = lease.relative_to(ROOT).as_posix()
         out[f"{rel}/SUMMARY.md"] = (lambda r=rel: lease_summary(Path(r)), f"python benchmarks/lease/summary.py {rel}")
@@ -96,7 +100,7 @@ def test_every_generated_page_is_listed_here():
     generated = {p.relative_to(ROOT).as_posix() for p in (ROOT / "results").rglob("*.md")
                  if p.name in {"report.md", "confirmatory.md", "validation_choice.md", "budget_ladder.md",
                                "rotation.md", "token_scaling.md", "kernel_mse.md", "SUMMARY.md",
-                               "string_study.md", "gap_closure.md", "efficiency.md"}}
+                               "string_study.md", "gap_closure.md", "efficiency.md", "rotinv_concentration.md"}}
     assert generated <= listed, f"generated pages no test compares with the code: {sorted(generated - listed)}"
 
 

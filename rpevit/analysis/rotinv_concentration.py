@@ -71,31 +71,24 @@ def chebyshev_bound(t: torch.Tensor, a: list[float], draws: int, delta: float) -
     return float(math.sqrt(per_draw_variance(t, a).sum() / (draws * delta)))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out_dir", type=named_folder)
-    parser.add_argument("--draws", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
-    parser.add_argument("--grid", type=int, default=8, help="side of the square patch grid (8: CIFAR, 4: MNIST)")
-    parser.add_argument("--coefficients", type=float, nargs="+", default=[1.0, 1.0, 1.0], help="a_0 .. a_K")
-    parser.add_argument("--repeats", type=int, default=100)
-    parser.add_argument("--delta", type=float, default=0.05)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
+DEFAULT_DRAWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
-    coords = centred_coordinates((args.grid, args.grid)).double()
-    a = args.coefficients
+
+def measure(grid: int, a: list[float], draws: list[int], repeats: int, delta: float,
+            seed: int) -> tuple[list[dict], dict]:
+    """The table's rows (one per m) and what its header states, from `repeats` seeded draws per m (float64)."""
+    coords = centred_coordinates((grid, grid)).double()
     coef = torch.tensor([a], dtype=torch.float64)
     t_pairs = ((coords[:, None, :] - coords[None, :, :]) ** 2).sum(-1)
     exact = sum(a[k] * t_pairs**k for k in range(len(a)))
     t_offsets = distinct_offsets(coords)
     var_pairs = per_draw_variance(t_pairs, a)
-    gen = torch.Generator().manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(seed)
 
     rows = []
-    for m in args.draws:
+    for m in draws:
         maxes, rmses = [], []
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             w = torch.randn(1, m, 2, dtype=torch.float64, generator=gen)
             dev = LowRankModulation(*random_projection_features(coords, coef, w)).dense()[0] - exact
             maxes.append(dev.abs().max())
@@ -104,20 +97,27 @@ def main() -> None:
         rows.append({
             "m": m,
             "max_mean": float(maxes.mean()),
-            "max_q": float(torch.quantile(maxes, 1 - args.delta)),
+            "max_q": float(torch.quantile(maxes, 1 - delta)),
             "rms_mean": float(rmses.square().mean().sqrt()),
             "rms_exact": float((var_pairs.mean() / m).sqrt()),
-            "hoeffding": hoeffding_bound(t_offsets, a, m, args.delta),
-            "chebyshev": chebyshev_bound(t_offsets, a, m, args.delta),
+            "hoeffding": hoeffding_bound(t_offsets, a, m, delta),
+            "chebyshev": chebyshev_bound(t_offsets, a, m, delta),
         })
+    meta = {"grid": grid, "a": a, "repeats": repeats, "delta": delta, "seed": seed,
+            "p_min": float(exact.min()), "p_max": float(exact.max()), "offsets": t_offsets.numel()}
+    return rows, meta
 
-    q = f"{100 * (1 - args.delta):g}%"
+
+def table(rows: list[dict], meta: dict) -> str:
+    """rotinv_concentration.md: the header line and one table row per m."""
+    q = f"{100 * (1 - meta['delta']):g}%"
+    grid, a = meta["grid"], meta["a"]
     lines = [
         "# rotinv random mode: deviation from p against m draws",
         "",
-        f"grid {args.grid}x{args.grid} (coordinates in [-1/2, 1/2]^2, t = |c_i - c_j|^2 in [0, 2]), "
-        f"p(t) = {' + '.join(f'{c:g} t^{k}' for k, c in enumerate(a))}, p in [{exact.min():.3g}, {exact.max():.3g}], "
-        f"{args.repeats} repeats per m, seed {args.seed}, delta = {args.delta}, {t_offsets.numel()} distinct offsets.",
+        f"grid {grid}x{grid} (coordinates in [-1/2, 1/2]^2, t = |c_i - c_j|^2 in [0, 2]), "
+        f"p(t) = {' + '.join(f'{c:g} t^{k}' for k, c in enumerate(a))}, p in [{meta['p_min']:.3g}, {meta['p_max']:.3g}], "
+        f"{meta['repeats']} repeats per m, seed {meta['seed']}, delta = {meta['delta']}, {meta['offsets']} distinct offsets.",
         "",
         f"| m | max dev (mean) | max dev ({q} quantile) | {q} bound: truncated Hoeffding | {q} bound: Chebyshev | "
         f"RMS dev (measured) | RMS dev (exact sqrt(Var/m)) |",
@@ -126,9 +126,28 @@ def main() -> None:
     for r in rows:
         lines.append(f"| {r['m']} | {r['max_mean']:.4g} | {r['max_q']:.4g} | {r['hoeffding']:.4g} | "
                      f"{r['chebyshev']:.4g} | {r['rms_mean']:.4g} | {r['rms_exact']:.4g} |")
-    write_text_file(args.out_dir / "rotinv_concentration.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return "\n".join(lines) + "\n"
 
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=named_folder)
+    parser.add_argument("--draws", type=int, nargs="+", default=list(DEFAULT_DRAWS))
+    parser.add_argument("--grid", type=int, default=8, help="side of the square patch grid (8: CIFAR, 4: MNIST)")
+    parser.add_argument("--coefficients", type=float, nargs="+", default=[1.0, 1.0, 1.0], help="a_0 .. a_K")
+    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--delta", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+
+    a = args.coefficients
+    rows, meta = measure(args.grid, a, args.draws, args.repeats, args.delta, args.seed)
+    text = table(rows, meta)
+    write_text_file(args.out_dir / "rotinv_concentration.md", text)
+    print(text, end="")
+
+    q = f"{100 * (1 - args.delta):g}%"
     plt = pyplot()
     ms = [r["m"] for r in rows]
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
