@@ -10,11 +10,14 @@ times. Both paths are timed side by side in one run (median of repeats); the win
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
+from datetime import datetime, timezone
 
 import torch
 
+from rpevit.metrics import device_name, git_commit
 from rpevit.pe.cayley_string import cayley_orthogonal
 from rpevit.pe.sparse_solve import cayley_solve_sparse, skew_from_entries
 
@@ -48,6 +51,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {git_commit()}, {device_name(torch.device('cpu'))}, "
+          f"load average at start {load} ({os.cpu_count()} CPUs: above about 0 the run shared the machine)")
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, heads {args.heads}, float32, fwd+bwd of P")
     print("| d | f | nnz/head | dense ms | sparse ms | CG steps | sparse/dense | winner |")
     print("|---|---|---|---|---|---|---|---|")
@@ -73,6 +79,7 @@ def main() -> None:
             winner = "sparse" if t_sparse < t_dense else "dense"
             print(f"| {dim} | {fraction} | {rows.shape[1]} | {t_dense:.3f} | {t_sparse:.3f} | "
                   f"{info[0].iterations} | {t_sparse / t_dense:.2f} | {winner} |", flush=True)
+    print(f"load average at end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
