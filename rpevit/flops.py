@@ -29,6 +29,15 @@ def _sdpa_flop(inputs: list[Any], outputs: list[Any]) -> int:
     return batch * q[-2] * k[-2] * (q[-1] + v[-1])
 
 
+def _ivalue(value: Any) -> Any:
+    """A traced argument's constant: an int or None directly, a list (`s=(8, 16)`, `dim=(-2, -1)`) through the
+    prim::ListConstruct node that builds it (whose own toIValue() is None: s and dim were read as absent)."""
+    node = value.node()
+    if node.kind() == "prim::ListConstruct":
+        return [item.toIValue() for item in node.inputs()]
+    return value.toIValue()
+
+
 def _fft_flop(default_last: int, size_from_output: bool):
     """An FFT over n points costs n log2 n (radix-2 count), times the number of transforms.
 
@@ -39,8 +48,8 @@ def _fft_flop(default_last: int, size_from_output: bool):
     def handle(inputs: list[Any], outputs: list[Any]) -> int:
         shape = get_shape(outputs[0] if size_from_output else inputs[0])
         out_shape = get_shape(outputs[0])
-        size = inputs[1].toIValue() if len(inputs) > 1 else None
-        dims = inputs[2].toIValue() if len(inputs) > 2 else None
+        size = _ivalue(inputs[1]) if len(inputs) > 1 else None
+        dims = _ivalue(inputs[2]) if len(inputs) > 2 else None
         if dims is None:
             dims = list(range(len(shape) - default_last, len(shape)))
         dims = [d % len(shape) for d in ([dims] if isinstance(dims, int) else dims)]
