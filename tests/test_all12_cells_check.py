@@ -47,3 +47,14 @@ def test_a_stale_replay_from_step_3_on_fails_the_check_though_every_loss_agrees(
     assert result["loss_error"] < TOLERANCE["none"]  # the losses alone never see it
     assert max(result["grad_error_by_step"][:2]) < TOLERANCE["none"] < result["grad_error_by_step"][2]
     assert result["param_error"] > TOLERANCE["none"] and not result["ok"], result
+
+
+def test_the_gpu_cell_list_covers_both_datasets_and_every_variant_of_all12() -> None:
+    """tests/test_gpu.py checks one cell per (dataset, attention, pe) of all12.yaml: all 24 of them, MNIST at 49
+    tokens and CIFAR-10 at 64. A list, so checked on the CPU (it sat in the GPU-only module, never run here)."""
+    cells = all12_cells(depth=2, device="cuda", amp="bf16")  # test_gpu.py's arguments; building needs no GPU
+    ids = [cell_id(c) for c in cells]
+    assert len(ids) == len(set(ids)) == 24
+    variants = {f"{a}+{p}" for a in ("softmax", "favor", "relu") for p in ("ape", "luo_rpe", "circulant_string", "rope")}
+    for dataset, tokens in (("mnist", 49), ("cifar10", 64)):
+        assert {i.split("-", 2)[2] for i in ids if i.startswith(f"{dataset}-{tokens}tok-")} == variants
