@@ -5,7 +5,7 @@
 S has a fraction f of its above-diagonal entries (random pattern per head), values N(0, 1/(4 f d))
 so that |S|_2 is about 1 at every (d, f): CG's step count depends on |S|, printed beside the
 times. Both paths are timed side by side in one run (median of repeats); the winner decides what
-`cayley_solver: auto` takes (the dense LU: docs/mechanisms.md records the measurement).
+`cayley_solver: auto` takes (the dense LU: results/cayley_solvers_cpu/cayley_solvers.md stores one run).
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ DFT(c_k) - conj DFT(c_k) = 2i Im DFT(c_k): never a d x d matrix per token. lambd
 frequency, so the d//2+1 bins of a real transform suffice; bins 0 and d/2 have lambda = 0.
 
 The transforms are real matrix products with cos/sin tables (`real_dft_tables`), not complex FFTs:
-at head dims 8-64 a d x (d+2) product is as cheap as an FFT, and it keeps complex tensors out of
-the compiled, vmapped training step (Inductor falls back for complex ops, and its CUDA path has had
+O(d^2) per token instead of O(d log d) (not timed against an FFT), and they keep complex tensors out of the
+compiled, vmapped training step (Inductor falls back for complex ops, and its CUDA path has had
 crashes and a silent wrong result there: pytorch/pytorch#185396, #181625, #172826, #174891). With
 X = z C - i z S (C_tf = cos 2 pi f t / d, S_tf = sin 2 pi f t / d), the rotated spectrum
 X e^{i theta} and the inverse z'_t = sum_f w_f Re(X'_f e^{2 pi i f t / d}) / d (w = 1 at bins 0

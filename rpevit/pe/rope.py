@@ -2,7 +2,8 @@
 
 Rotation plane k of a head turns (x_{2k}, x_{2k+1}) by the angle w_k . r_i, so that
 (T(r_i) q)^T (T(r_j) k) = q^T T(r_j - r_i) k: the logit depends only on the relative position.
-- `rope` (axial): planes 0..d/4-1 turn with x, planes d/4..d/2-1 with y, theta_k = base^(-4k/d).
+- `rope` (axial): plane k < d/4 turns by theta_k x and plane d/4 + k by theta_k y (the same d/4
+  frequencies on each axis), theta_k = base^(-4k/d) for k < d/4.
 - `rope_mixed` (Heo et al. 2024): every plane turns with a learned 2-D frequency w_k per head
   and layer, initialised as their reference code does (`mixed_frequencies`).
 """
