@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rpevit.analysis import answers, progress
+from rpevit.analysis import answers, answers_sources, progress
 from rpevit.analysis.generated import stale
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import DeclarationError, parse
@@ -25,7 +25,7 @@ def row(attention: str, pe: str, epochs: int, seed: int, started_at: float) -> d
 
 
 def running_study(results: Path, rows: list[dict], failed: tuple = ()) -> Path:
-    folder = results / answers.IN_PROGRESS / "ladder"
+    folder = results / answers_sources.IN_PROGRESS / "ladder"
     folder.mkdir(parents=True)
     declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "ladder", rows, failed=failed)
@@ -98,7 +98,7 @@ def test_a_ladder_says_whether_each_seeds_rungs_are_one_run_up_to_their_cool_dow
             for a in ("softmax", "favor") for e in (10, 20, 40) for s in (5, 6)]
     retrained = next(i for i, r in enumerate(rows) if (r["attention"], r["epochs"], r["seed"]) == ("favor", 40, 6))
     curves = [ladder_epoch_rows(r, {12: 1e-6} if i == retrained else None) for i, r in enumerate(rows)]
-    folder = tmp_path / "results" / answers.IN_PROGRESS / "ladder"
+    folder = tmp_path / "results" / answers_sources.IN_PROGRESS / "ladder"
     folder.mkdir(parents=True)
     declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "ladder", rows, epochs=curves)
@@ -114,7 +114,7 @@ def test_a_ladder_says_whether_each_seeds_rungs_are_one_run_up_to_their_cool_dow
 
 def test_a_study_judged_at_one_budget_has_no_rung_check(tmp_path):
     one = {**DECLARE, "families": [{"name": "gap", "comparisons": PAIRS}]}
-    folder = tmp_path / "results" / answers.IN_PROGRESS / "one"
+    folder = tmp_path / "results" / answers_sources.IN_PROGRESS / "one"
     folder.mkdir(parents=True)
     declaration.record(folder, parse(one, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "one", [row("softmax", "ape", 10, 5, time.time() + 10)])

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpevit.analysis import answers, confirmatory, gap_closure, stats, token_scaling
+from rpevit.analysis import (answers, answers_blocks, answers_cost, answers_sources, answers_validation,
+                             answers_wording, confirmatory, gap_closure, stats, token_scaling)
 from rpevit.analysis.common import fmt
 from rpevit.sweep.results import LinkRefused
 from rpevit.analysis.generated import GeneratedTextError, block_names, fill, stale, whole_file, write_atomic
@@ -34,7 +35,7 @@ def test_committed_answers_equal_what_the_analysis_code_writes():
 
 @pytest.mark.slow
 def test_typed_counts_in_the_provenance_table_match_the_parquet():
-    messages = answers.provenance_mismatches(RESULTS)
+    messages = answers_blocks.provenance_mismatches(RESULTS)
     assert not messages, "\n".join(messages)
 
 
@@ -110,22 +111,22 @@ def test_no_G_is_quoted_where_the_gap_is_not_resolved():
     """CIFAR-10's "favor+luo_rpe matches softmax+ape (G 1.01 ...)" quoted a G the rule leaves undefined."""
     a = measured([0.90, 0.97, 0.83], [0.880, 0.882, 0.884], [0.970, 0.971, 0.972], [0.975, 0.976, 0.977])
     assert a.gap.state == "not resolved" and a.closures["rope"].effect == "raises"
-    sentence = answers.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
+    sentence = answers_wording.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
     assert "G " not in sentence and sentence.startswith("rope: raises favor+ape")
-    assert "so G is not defined" in answers.gap_sentence(a.gap, "favor", "draw mean")
+    assert "so G is not defined" in answers_wording.gap_sentence(a.gap, "favor", "draw mean")
 
 
 def test_G_is_quoted_where_the_gap_is_resolved():
     a = measured([0.950, 0.951, 0.952], [0.800, 0.801, 0.802], [0.870, 0.871, 0.872], [0.960, 0.961, 0.962])
     assert a.gap.state == "resolved"
-    sentence = answers.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
+    sentence = answers_wording.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
     assert "narrows the gap (not fully: G below 1 at its Holm level)" in sentence and "G 0.467" in sentence and "at its Holm level" in sentence
 
 
 def test_an_unresolved_effect_is_never_worded_as_one():
     """results/README.md once said "luo_rpe raises relu+ape" of an effect its Holm interval did not resolve."""
     a = measured([0.90, 0.95, 0.85], [0.89, 0.84, 0.92], [0.90, 0.86, 0.93], [0.91, 0.95, 0.86])
-    sentence = answers.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
+    sentence = answers_wording.encoding_sentence("rope", a.closures["rope"], a.gap, "favor")
     assert "not resolved with 3" in sentence and not re.search(r"\b(raises|lowers|widens|closes)\b", sentence)
     assert "not resolved: rope (n=3,3)" in answers.grouped_effects(a, "favor")
 
@@ -142,10 +143,10 @@ def study(results: Path, name: str, declared: bool) -> Path:
 
 def test_without_a_declared_study_every_answer_is_exploratory(tmp_path):
     study(tmp_path / "results", "old", declared=False)
-    sources = answers.Sources(tmp_path / "results")
+    sources = answers_sources.Sources(tmp_path / "results")
     (line,) = answers.declared_section(sources, detail=True)
     assert line.startswith("No published study declared its comparisons")
-    assert "`old` declared no comparisons" in answers.exploratory(["old"], sources.results_dir)
+    assert "`old` declared no comparisons" in answers_wording.exploratory(["old"], sources.results_dir)
     assert confirmatory.exploratory_note([tmp_path / "results" / "old"]).startswith("_Exploratory: no study")
 
 
@@ -153,7 +154,7 @@ def test_a_declared_study_gets_its_confirmatory_section_when_it_lands(tmp_path):
     """The MNIST rerun and the CIFAR-10 ladder will land with a declaration.json: the answers pick each up."""
     results = tmp_path / "results"
     study(results, "headline", declared=True)
-    text = "\n".join(answers.declared_section(answers.Sources(results), detail=True))
+    text = "\n".join(answers.declared_section(answers_sources.Sources(results), detail=True))
     assert "`headline` (confirmatory" in text
     assert "`headline` (confirmatory): " in text and "n = 3 declared seeds per cell" in text
     assert "  - gap, k = 2: resolved: softmax+ape − favor+ape 10 [" in text  # one line per family
@@ -199,8 +200,9 @@ def test_a_study_both_running_and_published_is_refused_in_one_line(tmp_path):
     results/in_progress/, and the answers listed it as both published and running, with no error."""
     results = tmp_path / "results"
     study(results, "headline", declared=True)
-    study(results / answers.IN_PROGRESS, "headline", declared=True)
-    with pytest.raises(answers.AnswersError, match="both hold the declared study 'headline'; allowed: one of them"):
+    study(results / answers_sources.IN_PROGRESS, "headline", declared=True)
+    with pytest.raises(answers_sources.AnswersError,
+                       match="both hold the declared study 'headline'; allowed: one of them"):
         answers.running_lines(results)
 
 
@@ -208,15 +210,16 @@ def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
     """results/in_progress/<study>/ holds a running study's rows so far (committed at each stop): its
     declared comparisons are not judged, and the README's front door gets one line, not one per pair."""
     results = tmp_path / "results"
-    study(results / answers.IN_PROGRESS, "headline", declared=True)
-    assert answers.confirmatory_studies(results) == []
-    assert answers.confirmatory_studies(results, running=True) == [results / answers.IN_PROGRESS / "headline"]
-    lines = answers.declared_section(answers.Sources(results), detail=True)
+    study(results / answers_sources.IN_PROGRESS, "headline", declared=True)
+    assert answers_sources.confirmatory_studies(results) == []
+    assert answers_sources.confirmatory_studies(results, running=True) == [
+        results / answers_sources.IN_PROGRESS / "headline"]
+    lines = answers.declared_section(answers_sources.Sources(results), detail=True)
     assert lines[0].startswith("No published study declared its comparisons")
     (running,) = [line for line in lines if "in_progress/headline" in line]
     assert running.startswith("- Running, declared before its first trial:")
     # its items complete so far are judged in its own confirmatory.md, and the line says how many and where
-    decl, _, families, _ = confirmatory.judge(results / answers.IN_PROGRESS / "headline")
+    decl, _, families, _ = confirmatory.judge(results / answers_sources.IN_PROGRESS / "headline")
     complete = sum(o.complete for _, outcomes in families for o in outcomes)
     assert complete == 2 and "2 of the 2 are judged so far, in `in_progress/headline/confirmatory.md`" in running
     assert not any(line.startswith("  - ") or "resolved" in line for line in lines)  # no comparison lines
@@ -224,7 +227,7 @@ def test_a_declared_study_still_running_gets_one_line_and_no_verdict(tmp_path):
 
 def test_a_running_study_line_counts_only_the_items_whose_cells_are_complete(tmp_path):
     results = tmp_path / "results"
-    folder = results / answers.IN_PROGRESS / "ladder"
+    folder = results / answers_sources.IN_PROGRESS / "ladder"
     folder.mkdir(parents=True)
     declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "ladder", [r for r in rows(time.time() + 10) if (r["pe"], r["seed"]) != ("rope", 2)])
@@ -238,7 +241,7 @@ def test_every_exploratory_line_a_declared_study_answers_ends_with_its_declared_
     per family; a pair no declared study names is left out, and so is a study of another dataset."""
     results = tmp_path / "results"
     study(results, "headline", declared=True)
-    sources = answers.Sources(results)
+    sources = answers_sources.Sources(results)
     decl, _, families, _ = confirmatory.judge(results / "headline")
     (name, (ape, rope)), = families
     assert ape.resolved and ape.holm.point > 0 and rope.complete  # the rows of tests.test_declaration
@@ -269,12 +272,12 @@ def test_a_published_declared_ladder_gets_its_ranking_line_labelled_exploratory(
     folder.mkdir(parents=True)
     declaration.record(folder, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "ladder", [{**r, "started_at": time.time() + 10} for r in ladder_rows()])
-    (line,) = answers.ladder_lines(answers.Sources(results))
+    (line,) = answers.ladder_lines(answers_sources.Sources(results))
     assert line.startswith("- Budget ladder (`ladder`; exploratory, beside its declared comparisons): Kendall's tau")
     assert "5 → 20 epochs 0.667 [" in line and line.endswith("(`python analysis/budget_ladder.py results/ladder`).")
-    assert answers.ladder_section(answers.Sources(results))[0] == "## Budget ladders (exploratory)"
+    assert answers.ladder_section(answers_sources.Sources(results))[0] == "## Budget ladders (exploratory)"
     study(results, "headline", declared=True)  # one budget: not a ladder
-    assert len(answers.ladder_lines(answers.Sources(results))) == 1
+    assert len(answers.ladder_lines(answers_sources.Sources(results))) == 1
 
 
 def test_a_declared_question_and_family_name_reach_markdown_inert(tmp_path):
@@ -288,7 +291,7 @@ def test_a_declared_question_and_family_name_reach_markdown_inert(tmp_path):
                "families": [{**DECLARE["families"][0], "name": "gap ![i](http://e.example/i.png) <b>"}]}
     declaration.record(folder, parse(hostile, "x"), rows_exist=False, redeclare=False)
     write_sweep(folder, "headline", rows(time.time() + 10))
-    text = "\n".join(answers.declared_section(answers.Sources(results), detail=True))
+    text = "\n".join(answers.declared_section(answers_sources.Sources(results), detail=True))
     assert "&lt;img src=x onerror=alert(1)&gt; \\[click\\](http\\://e.example) \\`x\\`" in text
     assert "  - gap !\\[i\\](http\\://e.example/i.png) &lt;b&gt;, k = 2: resolved" in text
     assert "<img" not in text and "<b>" not in text and "[click]" not in text and "![i]" not in text
@@ -299,11 +302,11 @@ def test_results_readme_says_which_studies_are_confirmatory_from_their_declarati
     lands, then stale. The sentence is generated from the declaration.json files."""
     results = tmp_path / "results"
     study(results, "old", declared=False)
-    study(results / answers.IN_PROGRESS, "ladder", declared=True)
-    text = answers.declared_studies_block(answers.Sources(results))
+    study(results / answers_sources.IN_PROGRESS, "ladder", declared=True)
+    text = answers_blocks.declared_studies_block(answers_sources.Sources(results))
     assert text.startswith("None of the studies here declared") and text.endswith(": `in_progress/ladder`.")
     study(results, "headline", declared=True)
-    text = answers.declared_studies_block(answers.Sources(results))
+    text = answers_blocks.declared_studies_block(answers_sources.Sources(results))
     assert text.startswith("Declared its comparisons before it ran, so confirmatory") and ": `headline`. " in text
     assert "None of" not in text and "`old`" not in text and "Running, declared" in text
 
@@ -315,8 +318,8 @@ def test_only_declared_studies_are_labelled_confirmatory(tmp_path):
         (results / name / "trials.parquet").write_bytes(b"")  # confirmatory_studies looks for the file only
         if declared:
             declaration.record(results / name, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
-    assert answers.confirmatory_studies(results) == [results / "headline"]
-    label = answers.exploratory(["headline", "old"], results)
+    assert answers_sources.confirmatory_studies(results) == [results / "headline"]
+    label = answers_wording.exploratory(["headline", "old"], results)
     assert "`old` declared no comparisons" in label and "declared comparisons of `headline`" in label
     assert "Declared before their runs: headline" in confirmatory.exploratory_note([results / "headline"])
 
@@ -326,9 +329,9 @@ def test_a_typed_count_that_disagrees_with_the_parquet_is_named(tmp_path):
     write_sweep(results / "s", "s", [config_row(dataset="digits", seed=seed) | {"test_acc": 0.5} for seed in (0, 1)])
     readme = results / "README.md"
     readme.write_text("| folder | what |\n|---|---|\n| `s/` | 2 ok, 0 failed |\n")
-    assert answers.provenance_mismatches(results) == []
+    assert answers_blocks.provenance_mismatches(results) == []
     readme.write_text("| folder | what |\n|---|---|\n| `s/` | 3 ok, 0 failed |\n")
-    (message,) = answers.provenance_mismatches(results)
+    (message,) = answers_blocks.provenance_mismatches(results)
     assert "`s/` says '3 ok', but its Parquet holds 2 ok" in message
 
 
@@ -340,7 +343,7 @@ def test_studies_still_running_stay_out_of_the_provenance_table(tmp_path):
     row = config_row(dataset="digits", seed=0) | {"test_acc": 0.5}
     write_sweep(results / "in_progress" / "running", "running", [row])
     write_sweep(results / "pilots" / "done", "done", [row])
-    assert [r["folder"] for r in answers.folder_rows(results)] == ["pilots/done"]
+    assert [r["folder"] for r in answers_blocks.folder_rows(results)] == ["pilots/done"]
 
 
 def test_a_folder_name_reaches_the_provenance_table_inert(tmp_path):
@@ -349,7 +352,7 @@ def test_a_folder_name_reaches_the_provenance_table_inert(tmp_path):
     results = tmp_path / "results"
     row = config_row(dataset="digits", seed=0) | {"test_acc": 0.5}
     write_sweep(results / "pilots" / "x<img src=x>[l](https:", "s", [row])
-    table = answers.rows_block(answers.Sources(results))
+    table = answers_blocks.rows_block(answers_sources.Sources(results))
     span = "`pilots/x<img src=x>[l](https:`"  # inside a code span nothing is markup or HTML
     assert span in table and "<img" not in table.replace(span, "")
 
@@ -360,12 +363,12 @@ def test_a_knob_field_the_published_rows_predate_is_read_as_its_default_and_said
     import pandas as pd
 
     frame = pd.DataFrame({"lr": [1e-3, 2e-3, 2e-3], "grad_clip": [1.0, 1.0, 1.0]})
-    filled, unrecorded = answers.with_defaults_for_unrecorded(frame, ("lr", "init", "grad_clip"))
+    filled, unrecorded = answers_validation.with_defaults_for_unrecorded(frame, ("lr", "init", "grad_clip"))
     assert unrecorded == ["init"] and set(filled["init"]) == {"trunc_normal"} and "init" not in frame
     partly = frame.assign(init=["torch_default", None, None])
-    filled, unrecorded = answers.with_defaults_for_unrecorded(partly, ("lr", "init", "grad_clip"))
+    filled, unrecorded = answers_validation.with_defaults_for_unrecorded(partly, ("lr", "init", "grad_clip"))
     assert unrecorded == ["init"] and list(filled["init"]) == ["torch_default", "trunc_normal", "trunc_normal"]
-    assert answers.with_defaults_for_unrecorded(partly.fillna("x"), ("lr", "init"))[1] == []
+    assert answers_validation.with_defaults_for_unrecorded(partly.fillna("x"), ("lr", "init"))[1] == []
 
 
 def test_an_exploratory_line_superseded_names_the_settings_that_differ():
@@ -404,15 +407,16 @@ def test_every_resolved_same_encoding_gap_is_said_on_both_accuracies():
     """Each configuration's Holm family holds a same-encoding gap per encoding on each accuracy; a reviewer found
     resolved training-draw gaps (cifar10_cpu, circulant_string under FAVOR+) never shown. Every resolved one
     reaches the configuration's lines with its figures."""
-    sources = answers.Sources(Path(__file__).resolve().parents[1] / "results")
+    sources = answers_sources.Sources(Path(__file__).resolve().parents[1] / "results")
     checked = 0
-    for config in sources.assessed[answers.DRAW_MEAN]:
-        text = "\n".join(answers.configuration_lines(sources, config))
-        for metric in (answers.DRAW_MEAN, answers.TRAIN_DRAW):
+    for config in sources.assessed[gap_closure.DRAW_MEAN]:
+        text = "\n".join(answers_wording.configuration_lines(sources, config))
+        for metric in (gap_closure.DRAW_MEAN, gap_closure.TRAIN_DRAW):
             for pe, c in sources.assessed[metric][config].closures.items():
                 if c.same_holm is not None and c.same_holm.resolved:
                     checked += 1
-                    assert f"softmax+{pe} − {config[1]}+{pe} {answers.claim(c.same_holm)}" in text, (config, metric, pe)
+                    assert f"softmax+{pe} − {config[1]}+{pe} {answers_wording.claim(c.same_holm)}" in text, (
+                        config, metric, pe)
     assert checked
 
 
@@ -446,27 +450,28 @@ def test_names_read_from_files_reach_the_generated_blocks_as_text(tmp_path):
     import json
 
     results = tmp_path / "results"
-    pilots = results / answers.PILOTS
+    pilots = results / answers_blocks.PILOTS
     pilots.mkdir(parents=True)
     (pilots / "cifar10_cpu_5ep_seed0_x.json").write_text(json.dumps(
         {"epochs": 5, "attention": "<script>alert(1)</script>", "pe": "[x](javascript:alert(1))", "test_acc": 0.5}))
     write_sweep(pilots / "cifar10_cpu_10ep_start", "cifar10_cpu_10ep_start",
                 [{**config_row(dataset="cifar10", seed=0), "test_acc": 0.3}])
-    text = answers.pilots_block(answers.Sources(results))
+    text = answers_blocks.pilots_block(answers_sources.Sources(results))
     assert "<script>" not in text and "[x](" not in text and "&lt;/script&gt;+\\[x\\](javascript" in text
-    packing = results / answers.GPU_FOLDER / answers.GPU_PACKING
+    packing = results / answers_blocks.GPU_FOLDER / answers_blocks.GPU_PACKING
     packing.mkdir(parents=True)
     phase = {"train_s_per_epoch": [1.5, 1.25], "train_images_per_s": 100.0, "peak_mem_mb": [10.0]}
     good = {"single": phase, "packed": phase, "ratio_train_phase": 1.1, "ratio_end_to_end": 1.05}
     (packing / "run<img src=x onerror=alert(1)>.json").write_text(json.dumps(good))
-    text = answers.gpu_packing_block(answers.Sources(results))
+    text = answers_blocks.gpu_packing_block(answers_sources.Sources(results))
     assert "<img" not in text and "run&lt;img" in text and "| 1.5, 1.25 |" in text
     bad = {**good, "packed": {**phase, "train_s_per_epoch": ["<img src=x onerror=alert(2)>"]}}
     (packing / "other.json").write_text(json.dumps(bad))
-    with pytest.raises(answers.AnswersError, match=r"other\.json is not a benchmarks/gpu_packing\.py result"):
-        answers.gpu_packing_block(answers.Sources(results))
+    with pytest.raises(answers_sources.AnswersError, match=r"other\.json is not a benchmarks/gpu_packing\.py result"):
+        answers_blocks.gpu_packing_block(answers_sources.Sources(results))
     # a backtick in a folder name cannot close its code span early
-    assert answers.exploratory(["a`<b>"], results) == "_Exploratory: ``a`<b>`` declared no comparisons before it ran._"
+    assert answers_wording.exploratory(["a`<b>"], results) == (
+        "_Exploratory: ``a`<b>`` declared no comparisons before it ran._")
 
 
 def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin_fits_out_of_its_spans():
@@ -479,21 +484,21 @@ def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin
                           "against": ["softmax+ape", "softmax+luo_rpe", "softmax+luo_rpe"],
                           "how": ["measured", "not reached", "not reached"], "ratio at largest N": [0.2, 1.4, 1.79],
                           "largest N": [4096, 4096, 4096]})
-    assert answers.not_overtaking_text(cross) == ("still slower than softmax+luo_rpe at the largest N where both ran "
-                                                  "(favor+luo_rpe (dense) 1.4, relu+luo_rpe (fft) 1.79 times its step "
-                                                  "at N = 4,096)")
+    assert answers_cost.not_overtaking_text(cross) == (
+        "still slower than softmax+luo_rpe at the largest N where both ran "
+        "(favor+luo_rpe (dense) 1.4, relu+luo_rpe (fft) 1.79 times its step at N = 4,096)")
     # where the counterpart did not fit at a larger N, the line says so (only the linear one runs there)
     oom = cross.assign(**{"counterpart out of memory at N": ["—", "16384", "9216, 16384"]})
-    assert answers.not_overtaking_text(oom).endswith("at N = 4,096; softmax+luo_rpe did not fit in memory at "
+    assert answers_cost.not_overtaking_text(oom).endswith("at N = 4,096; softmax+luo_rpe did not fit in memory at "
                                                      "N = 9216, 16384)")
-    assert answers.not_overtaking_text(cross[cross["how"] == "measured"]) == ""
-    sources = answers.Sources(RESULTS)
-    facts = answers.scaling_facts(sources)
+    assert answers_cost.not_overtaking_text(cross[cross["how"] == "measured"]) == ""
+    sources = answers_sources.Sources(RESULTS)
+    facts = answers_cost.scaling_facts(sources)
     exps = token_scaling.exponents(sources.scaling)
-    thin = exps[exps["sizes in the fit"] < answers.MIN_FIT_SIZES]
+    thin = exps[exps["sizes in the fit"] < answers_cost.MIN_FIT_SIZES]
     assert len(facts["thin fits"]) == len(thin)
     linear = exps[~exps["variant"].str.startswith("softmax") & ~exps["variant"].str.contains(r"\(dense\)")]
-    kept = linear[linear["sizes in the fit"] >= answers.MIN_FIT_SIZES]["train step ms / image exponent"]
+    kept = linear[linear["sizes in the fit"] >= answers_cost.MIN_FIT_SIZES]["train step ms / image exponent"]
     low, high = facts["linear time"].split("–")
     assert (low, high) == (fmt(kept.min(), 3), fmt(kept.max(), 3))
     assert low != fmt(linear["train step ms / image exponent"].min(), 3)  # the thin fit's 0.924 is out
@@ -504,23 +509,23 @@ def test_the_cost_summary_names_the_variants_that_never_overtake_and_leaves_thin
     slower = facts["crossovers"]
     for variant in slower.loc[slower["how"] == "not reached", "variant"]:
         assert variant in summary.split("except these, ")[1]
-    assert answers.REDRAW_NOT_TIMED in text
+    assert answers_cost.REDRAW_NOT_TIMED in text
 
 
 def test_every_published_timing_table_says_its_device_and_whether_it_ran_alone():
     """The project standard: a timing table's lead line names the device its rows ran on (common.devices_text)
     and whether the times were alone or contended, as the rows or files know it."""
-    sources = answers.Sources(RESULTS)
-    bench = answers.gpu_bench_block(sources).splitlines()[0]
+    sources = answers_sources.Sources(RESULTS)
+    bench = answers_blocks.gpu_bench_block(sources).splitlines()[0]
     assert bench.startswith("Each bench trial alone; device: NVIDIA H100")
-    times = answers.gpu_times_block(sources).splitlines()[0]
+    times = answers_blocks.gpu_times_block(sources).splitlines()[0]
     assert "device: NVIDIA H100" in times and "contended" in times
-    packing = answers.gpu_packing_block(sources).splitlines()[0]
+    packing = answers_blocks.gpu_packing_block(sources).splitlines()[0]
     assert "Device as these files record it: cuda (the GPU model is not recorded" in packing
-    pilots = answers.pilots_block(sources).splitlines()[0]
+    pilots = answers_blocks.pilots_block(sources).splitlines()[0]
     assert pilots.startswith("Rows: device: cpu:") and "possibly contended" in pilots
-    assert "each alone; device: cpu:" in answers.step_times_block(sources)
-    ratios = [line for line in answers.cost_section(sources) if line.startswith("Training step relative")]
+    assert "each alone; device: cpu:" in answers_blocks.step_times_block(sources)
+    ratios = [line for line in answers_cost.cost_section(sources) if line.startswith("Training step relative")]
     assert ratios and all("each bench trial alone" in line and "device: " in line for line in ratios)
     for dataset in sources.strings:
         assert any(line.startswith("Cost: bench trials each alone, device: ")
@@ -533,20 +538,20 @@ def test_a_device_read_from_a_pilot_or_packing_file_reaches_markdown_inert(tmp_p
     import json
 
     results = tmp_path / "results"
-    pilots = results / answers.PILOTS
+    pilots = results / answers_blocks.PILOTS
     pilots.mkdir(parents=True)
     (pilots / "cifar10_cpu_5ep_seed0_x.json").write_text(json.dumps(
         {"epochs": 5, "attention": "softmax", "pe": "ape", "test_acc": 0.5, "device_name": "<b>[x](javascript:1)"}))
     write_sweep(pilots / "cifar10_cpu_10ep_start", "cifar10_cpu_10ep_start",
                 [{**config_row(dataset="cifar10", seed=0), "test_acc": 0.3}])
-    lead = answers.pilots_block(answers.Sources(results)).splitlines()[0]
+    lead = answers_blocks.pilots_block(answers_sources.Sources(results)).splitlines()[0]
     assert "<b>" not in lead and "](" not in lead.replace("\\](", "") and "device: &lt;b&gt;" in lead
-    packing = results / answers.GPU_FOLDER / answers.GPU_PACKING
+    packing = results / answers_blocks.GPU_FOLDER / answers_blocks.GPU_PACKING
     packing.mkdir(parents=True)
     phase = {"train_s_per_epoch": [1.5], "train_images_per_s": 100.0, "peak_mem_mb": [10.0]}
     (packing / "run.json").write_text(json.dumps({"device": "<i>cuda", "single": phase, "packed": phase,
                                                   "ratio_train_phase": 1.1, "ratio_end_to_end": 1.05}))
-    lead = answers.gpu_packing_block(answers.Sources(results)).splitlines()[0]
+    lead = answers_blocks.gpu_packing_block(answers_sources.Sources(results)).splitlines()[0]
     assert "<i>" not in lead and "&lt;i&gt;cuda" in lead
 
 
@@ -561,10 +566,10 @@ def test_most_at_once_is_the_largest_count_of_intervals_holding_one_instant():
         end = start + rng.integers(1, 20, n)
         grid = np.arange(0, 80, 0.5)
         brute = max(int(((start <= t) & (t < end)).sum()) for t in grid)
-        assert answers.most_at_once(start, end) == brute
+        assert answers_blocks.most_at_once(start, end) == brute
     long_and_short = (np.array([0.0, 0, 10, 20, 30]), np.array([40.0, 10, 20, 30, 40]))
-    assert answers.most_at_once(*long_and_short) == 2
-    assert answers.most_at_once(np.array([]), np.array([])) == 0
+    assert answers_blocks.most_at_once(*long_and_short) == 2
+    assert answers_blocks.most_at_once(np.array([]), np.array([])) == 0
 
 
 def test_the_sweep_paragraph_is_computed_from_its_rows(tmp_path):
@@ -584,7 +589,7 @@ def test_the_sweep_paragraph_is_computed_from_its_rows(tmp_path):
     folder = write_sweep(tmp_path / "s", "s", rows, failed=[(failed, "boom")])
     keys = [trial_key(r) for r in [*rows, failed]]
     (folder / SPACE_FILE).write_text(json.dumps({"name": "s", "source": "x.yaml", "trial_keys": keys}))
-    text = answers.sweep_run_text(folder)
+    text = answers_blocks.sweep_run_text(folder)
     assert text.startswith("3 ok rows of the 4 trials its space.json lists, at most 2 running at once")
     assert "0.006 M training images" in text and "in 100 s: **60 training images/s**" in text
     assert "2 epochs, warm-up 0.5 epoch (25 %)" in text and "2.00–2.10 M parameters" in text
@@ -609,11 +614,12 @@ def test_the_provenance_table_types_no_wall_time_the_rows_record():
     for trials that ran 14.8 h from first start to last finish, 12.6 h of it with a trial running): the study-rows
     block now gives each folder's span, hours with a trial running and resumed trials from the rows."""
     text = (RESULTS / "README.md").read_text(encoding="utf-8")
-    table = "\n".join(m.group(0) for m in answers.PROVENANCE_ROW.finditer(text.split("<!-- BEGIN GENERATED study-rows")[0]))
+    table = "\n".join(m.group(0) for m in
+                      answers_blocks.PROVENANCE_ROW.finditer(text.split("<!-- BEGIN GENERATED study-rows")[0]))
     assert table.count("\n") > 20
     typed = re.findall(r"\d[\d.,]*\s*(?:s|h|min)(?: of)? wall|\d+ trials resumed|\(\d+ rows\)|\d{4}-\d\d-\d\d \d\d:\d\d",
                        table)
     assert not typed, f"typed by hand in the provenance table: {typed}; the study-rows block has them"
-    block = answers.rows_block(answers.Sources(RESULTS))
+    block = answers_blocks.rows_block(answers_sources.Sources(RESULTS))
     row = next(line for line in block.splitlines() if line.startswith("| `cifar10_cpu` |"))
     assert "| 2026-11-22 19:25 → 11-23 10:15 | 12.6 |" in row and "| 6 |" in row

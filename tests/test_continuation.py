@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpevit.analysis import answers, continuation
+from rpevit.analysis import answers_blocks, answers_sources, continuation
 from rpevit.sweep import declaration
 from rpevit.sweep.plan import write_space_file
 from rpevit.sweep.protocol import SUMMARY, Report
@@ -181,12 +181,12 @@ def test_a_space_file_edited_since_the_rows_gives_no_command(tmp_path):
 
 def test_results_readme_gives_the_commands_for_a_published_study_and_none_for_a_running_one(tmp_path):
     published(tmp_path)
-    block = answers.declared_studies_block(answers.Sources(tmp_path / "results"))
+    block = answers_blocks.declared_studies_block(answers_sources.Sources(tmp_path / "results"))
     assert block.count("Published before every declared item was complete: `tiny_ladder`") == 1
     assert "\n\n    [ -e ../studies/tiny_ladder ]" in block
-    (tmp_path / "results" / answers.IN_PROGRESS).mkdir()
-    (tmp_path / "results" / "tiny_ladder").rename(tmp_path / "results" / answers.IN_PROGRESS / "tiny_ladder")
-    block = answers.declared_studies_block(answers.Sources(tmp_path / "results"))
+    (tmp_path / "results" / answers_sources.IN_PROGRESS).mkdir()
+    (tmp_path / "results" / "tiny_ladder").rename(tmp_path / "results" / answers_sources.IN_PROGRESS / "tiny_ladder")
+    block = answers_blocks.declared_studies_block(answers_sources.Sources(tmp_path / "results"))
     assert "Published before" not in block and "Running, declared before its first trial" in block
 
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpevit.analysis import answers, confirmatory
+from rpevit.analysis import answers, answers_blocks, answers_sources, answers_wording, confirmatory
 from rpevit.checkpoint import CHECKPOINT_NAME
 from rpevit.sweep import declaration, session, store
 from rpevit.sweep.declaration import DECLARATION_FILE, DeclarationError, parse
@@ -153,8 +153,8 @@ def test_the_answers_stop_in_one_line_on_a_hand_edited_declaration(tmp_path):
         answers.main([str(tmp_path / "results"), "--check"])
     assert str(err.value).startswith("error: ") and "declarations[0].sha256 has value" in str(err.value)
     assert "\n" not in str(err.value)
-    with pytest.raises(answers.AnswersError, match="sha256 has value"):
-        answers.exploratory(["headline"], tmp_path / "results")
+    with pytest.raises(answers_sources.AnswersError, match="sha256 has value"):
+        answers_wording.exploratory(["headline"], tmp_path / "results")
 
 
 @pytest.mark.parametrize("change, match", [
@@ -226,25 +226,26 @@ def test_a_redeclared_study_says_so_with_what_changed_and_when_in_every_text(tmp
     table = confirmatory.build(folder)  # confirmatory.md
     assert table.startswith(f"**Redeclared.** The study was {said}. The declaration in force")
     for detail in (True, False):  # ANSWERS.md's section; the README's block
-        text = "\n".join(answers.declared_section(answers.Sources(results), detail=detail))
+        text = "\n".join(answers.declared_section(answers_sources.Sources(results), detail=detail))
         assert f"- `headline` (confirmatory over the rows that started after its last declaration; {said}): " in text
-    block = answers.declared_studies_block(answers.Sources(results))  # results/README.md
+    block = answers_blocks.declared_studies_block(answers_sources.Sources(results))  # results/README.md
     assert f"Declared, then redeclared, so confirmatory only over the rows that started after its last declaration " \
            f"(every earlier row is exploratory; its `confirmatory.md` says what changed): `headline` ({said})." in block
     assert "Declared its comparisons before it ran" not in block
-    assert "`headline` was redeclared (`sweep.py --redeclare`" in answers.exploratory(["headline"], results)
+    assert "`headline` was redeclared (`sweep.py --redeclare`" in answers_wording.exploratory(["headline"], results)
     note = confirmatory.exploratory_note([folder])  # report.md
     assert f"headline ({said})" in note and "Declared before their runs" not in note
-    everything = "\n".join([table, block, note, *answers.declared_section(answers.Sources(results), detail=True)])
+    everything = "\n".join([table, block, note,
+                            *answers.declared_section(answers_sources.Sources(results), detail=True)])
     assert "<b>" not in everything and "[x]" not in everything
 
 
 def test_a_redeclared_study_still_running_says_so(tmp_path):
     results = tmp_path / "results"
-    redeclared_study(results / answers.IN_PROGRESS / "ladder")
+    redeclared_study(results / answers_sources.IN_PROGRESS / "ladder")
     (line,) = answers.running_lines(results)
     assert line.startswith("- Running, redeclared with `sweep.py --redeclare`: first declared ")
     assert "seeds 0, 1 → 0, 1, 2 (added 2)" in line
-    block = answers.declared_studies_block(answers.Sources(results))
+    block = answers_blocks.declared_studies_block(answers_sources.Sources(results))
     assert "Running, redeclared (rows so far, judged once complete and published): `in_progress/ladder` (" in block
     assert "Running, declared before its first trial" not in block

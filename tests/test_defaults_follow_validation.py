@@ -11,7 +11,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from rpevit.analysis.answers import current_validation_folders, is_published
+from rpevit.analysis.answers_sources import is_published
+from rpevit.analysis.answers_validation import current_validation_folders
 from rpevit.analysis.validation_choice import JOINT, chosen_for_every_variant
 from rpevit.config import FIRST_DEFAULTS, TrialConfig, recorded_values
 from rpevit.data import DATASET_SPECS

@@ -25,7 +25,8 @@ import cmarkgfm  # GitHub's renderer: a dev dependency (pyproject.toml), so no r
 import pandas as pd
 import pytest
 
-from rpevit.analysis import answers, budget_ladder, common, report, token_scaling
+from rpevit.analysis import (answers_cost, answers_sources, answers_validation, answers_wording, budget_ladder, common,
+                             report, token_scaling)
 from rpevit.analysis.common import code_span, md_text
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import DECLARATION_FILE, parse
@@ -221,16 +222,16 @@ def test_a_study_named_with_markup_is_shown_and_found_by_its_own_name(tmp_path):
     name = "odd[x]"
     write_sweep(results / name, name, [config_row(dataset="digits", pe="luo_rpe", seed=s) | {"test_acc": 0.5}
                                        for s in (0, 1)])
-    sources = answers.Sources(results)
+    sources = answers_sources.Sources(results)
     assert sources.train.frame["sweep"].unique().tolist() == ["odd\\[x\\]"]  # inert in the frame, as before
     assert sources.sweeps("digits") == [name]
-    label = answers.exploratory(sources.sweeps("digits"), results)
+    label = answers_wording.exploratory(sources.sweeps("digits"), results)
     assert "`odd[x]` declared no comparisons" in label and "\\[" not in label
     declaration.record(results / name, parse(DECLARE, "x"), rows_exist=False, redeclare=False)
     assert (results / name / DECLARATION_FILE).is_file()
-    label = answers.exploratory(sources.sweeps("digits"), results)
+    label = answers_wording.exploratory(sources.sweeps("digits"), results)
     assert "declared comparisons of `odd[x]`" in label
-    ran = answers.ran_with(sources, ("luo_scale",), "digits")
+    ran = answers_validation.ran_with(sources, ("luo_scale",), "digits")
     assert "(`odd[x]`)" in ran and "\\[" not in ran, ran
     if cmarkgfm is not None:
         assert "<code>odd[x]</code>" in gfm(label), gfm(label)
@@ -258,12 +259,12 @@ def test_a_bench_study_folder_is_named_by_its_own_name(monkeypatch):
     facts = {"linear time": "1", "linear memory": "1", "softmax time": "2", "softmax memory": "2", "paths": {},
              "thin fits": [], "crossovers": pd.DataFrame(columns=["how", "against", "variant", "overtakes from N",
                                                                   "ratio at largest N", "largest N"])}
-    monkeypatch.setattr(answers, "scaling_facts", lambda sources: facts)
-    monkeypatch.setattr(answers, "bench_protocol", lambda folder: "one CPU")
+    monkeypatch.setattr(answers_cost, "scaling_facts", lambda sources: facts)
+    monkeypatch.setattr(answers_cost, "bench_protocol", lambda folder: "one CPU")
     costs = pd.DataFrame({"sweep": md_text("a`b[c]"), "dataset": "cifar10", "qk_norm": "none",
                           "attention": ["softmax", "favor"], "pe": "ape", "redraw": "—",
                           "train x softmax+ape": [1.0, 0.5], "N": 64, "batch": 32})
-    lines = answers.cost_section(SimpleNamespace(results_dir=Path("results"), bench_costs=costs))
+    lines = answers_cost.cost_section(SimpleNamespace(results_dir=Path("results"), bench_costs=costs))
     (line,) = [x for x in lines if "each bench trial alone" in x]
     assert "model (``results/a`b[c]/``, each bench trial alone" in line, line
     if cmarkgfm is not None:

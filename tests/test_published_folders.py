@@ -1,7 +1,7 @@
 """README command 1, then README command 2, in one clone (issue 59): command 1 (`python sweep.py --space
 search_spaces/smoke.yaml`) writes results/smoke/, and the tests of command 2 must stay green after it. The
 generated text (results/ANSWERS.md, the blocks of README.md, results/README.md and docs/) reads only the
-published study folders (rpevit.analysis.answers.published_folders: what results/.gitignore re-includes and
+published study folders (rpevit.analysis.answers_sources.published_folders: what results/.gitignore re-includes and
 results/STUDIES lists), never a user's own folder, whatever it holds: rows, a declaration.json, `_val_` in
 its name.
 
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rpevit.analysis import answers
+from rpevit.analysis import answers, answers_blocks, answers_sources, answers_validation
 from rpevit.analysis.generated import stale
 from rpevit.sweep import declaration
 from rpevit.sweep.declaration import parse
@@ -105,19 +105,19 @@ def clone(tmp_path: Path) -> Path:
 def test_the_published_folders_are_what_gitignore_re_includes_and_studies_lists(tmp_path):
     (tmp_path / ".gitignore").write_text("# comment\n/*/\n!/kept/\n!kept_too/\n!/in_progress/\n/not_me/\n")
     (tmp_path / "STUDIES").write_text("listed\n")
-    assert answers.published_folders(tmp_path) == {"kept", "kept_too", "in_progress", "listed"}
-    assert answers.is_published(tmp_path, tmp_path / "kept" / "sweep") and not answers.is_published(tmp_path,
-                                                                                                      tmp_path / "smoke")
+    assert answers_sources.published_folders(tmp_path) == {"kept", "kept_too", "in_progress", "listed"}
+    assert answers_sources.is_published(tmp_path, tmp_path / "kept" / "sweep") and not answers_sources.is_published(
+        tmp_path, tmp_path / "smoke")
     (tmp_path / ".gitignore").unlink()
-    assert answers.published_folders(tmp_path) == {"listed"}
+    assert answers_sources.published_folders(tmp_path) == {"listed"}
     (tmp_path / "STUDIES").unlink()
-    assert answers.published_folders(tmp_path) is None  # a results folder of one's own: every folder is read
-    assert answers.is_published(tmp_path, tmp_path / "smoke")
+    assert answers_sources.published_folders(tmp_path) is None  # a results folder of one's own: every folder is read
+    assert answers_sources.is_published(tmp_path, tmp_path / "smoke")
 
 
 def test_every_committed_study_folder_is_published():
     """Each folder git tracks under results/ (a `!/<folder>/` of results/.gitignore) is read, as before the rule."""
-    published = answers.published_folders(RESULTS)
+    published = answers_sources.published_folders(RESULTS)
     folders = tracked_folders()  # not every folder here: README command 1's results/smoke/ is no study
     assert folders and folders - published == set(), "add !/<folder>/ to results/.gitignore to publish it"
 
@@ -127,24 +127,24 @@ def test_every_published_folder_has_its_row_in_the_results_readme():
     results/README.md's table of folders (what ran, from which commits, on which machines, the command that
     reproduces it). in_progress/ is the running studies' folder, named in the declared-studies block."""
     text = (RESULTS / "README.md").read_text(encoding="utf-8")
-    missing = sorted(folder for folder in answers.published_folders(RESULTS) - {answers.IN_PROGRESS}
+    missing = sorted(folder for folder in answers_sources.published_folders(RESULTS) - {answers_sources.IN_PROGRESS}
                      if f"| `{folder}/" not in text)
     assert not missing, f"no row in results/README.md's table of folders for: {', '.join(missing)}"
-    assert f"`{answers.IN_PROGRESS}/" in text
+    assert f"`{answers_sources.IN_PROGRESS}/" in text
 
 
 def test_a_users_own_folders_reach_no_folder_list_of_the_generated_text(tmp_path):
     """Before the fix, the study-rows table listed `smoke` (`+| smoke | train | 4 | ...`), the declared sections
     a user's declared study and the validation section a user's `*_val_*` folder."""
     results = clone(tmp_path) / "results"
-    before = ([r["folder"] for r in answers.folder_rows(results)], answers.confirmatory_studies(results),
-              answers.validation_folders(results))
+    before = ([r["folder"] for r in answers_blocks.folder_rows(results)], answers_sources.confirmatory_studies(results),
+              answers_validation.validation_folders(results))
     for folder in own_folders(results):
         assert (folder / "trials.parquet").is_file()
-    after = ([r["folder"] for r in answers.folder_rows(results)], answers.confirmatory_studies(results),
-             answers.validation_folders(results))
+    after = ([r["folder"] for r in answers_blocks.folder_rows(results)], answers_sources.confirmatory_studies(results),
+             answers_validation.validation_folders(results))
     assert after == before and "smoke" not in after[0] and after[0]
-    assert answers.provenance_mismatches(results) == []
+    assert answers_blocks.provenance_mismatches(results) == []
 
 
 @pytest.mark.slow

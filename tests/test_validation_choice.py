@@ -192,7 +192,7 @@ def test_a_knob_chosen_again_compares_with_the_first_studys_choice_and_supersede
     """luo_scale chosen again on digits at its validated recipe (validation_choice.RECHOSEN): the later study's
     earlier choice is the first study's 1000, not the 10 made on test; the first study stays published, and
     the dataset's default follows the later one only once the later one is published too."""
-    from rpevit.analysis import answers
+    from rpevit.analysis import answers_validation
 
     first, later = "luo_scale_val_digits", "luo_scale_val_digits_recipe"
     assert validation_choice.RECHOSEN[later]["supersedes"] == first
@@ -210,32 +210,33 @@ def test_a_knob_chosen_again_compares_with_the_first_studys_choice_and_supersede
 
     write_sweep(tmp_path / first, first, rows())
     (tmp_path / ".gitignore").write_text(f"/*/\n!/{first}/\n")  # the later study not published: the first is current
-    assert [f.name for f in answers.current_validation_folders(tmp_path)] == [first]
-    assert answers.superseded_by(tmp_path, tmp_path / first) is None
+    assert [f.name for f in answers_validation.current_validation_folders(tmp_path)] == [first]
+    assert answers_validation.superseded_by(tmp_path, tmp_path / first) is None
     (tmp_path / ".gitignore").write_text(f"/*/\n!/{first}/\n!/{later}/\n")
-    assert [f.name for f in answers.current_validation_folders(tmp_path)] == [later]
-    assert [f.name for f in answers.validation_folders(tmp_path)] == [first, later]  # both stay published
-    assert answers.superseded_by(tmp_path, tmp_path / first) == later
+    assert [f.name for f in answers_validation.current_validation_folders(tmp_path)] == [later]
+    assert [f.name for f in answers_validation.validation_folders(tmp_path)] == [first, later]  # both stay published
+    assert answers_validation.superseded_by(tmp_path, tmp_path / first) == later
 
 
 def test_an_earlier_choice_that_failed_on_every_seed_is_said_so_not_called_unresolved(tmp_path):
     """favor's earlier 10 diverges on every seed (luo_scale_val_digits_recipe: favor at 1000): there is no margin
     to judge, and the line says why instead of "not resolved with 3 and 0 seeds"."""
-    from rpevit.analysis import answers
+    from rpevit.analysis import answers_validation
 
     kept = [r for r in rows() if not (r["attention"] == "favor" and r["luo_scale"] == 10.0)]
     diverged = [(config_row(attention="favor", pe="luo_rpe", luo_scale=10.0, seed=seed, dataset="digits",
                             redraw_interval=100), "rpevit.tasks.train.DivergedError: training loss is nan at epoch 4")
                 for seed in range(3)]
     folder = write_sweep(tmp_path / "luo", "luo", kept, failed=diverged)
-    favor = next(line for line in answers.validation_lines(folder) if line.startswith("digits / favor"))
+    favor = next(line for line in answers_validation.validation_lines(folder) if line.startswith("digits / favor"))
     assert favor == "digits / favor / luo_rpe: validation chooses luo_scale = 3 over the earlier 10, which failed in " \
                     "3 of 3 seeds: no margin; the smallest value tried, so not bracketed"  # 3 of {3, 10}
-    short = next(line for line in answers.validation_lines(folder, short=True) if line.startswith("digits / favor"))
+    short = next(line for line in answers_validation.validation_lines(folder, short=True)
+                 if line.startswith("digits / favor"))
     assert short == "digits / favor / luo_rpe: 3 over 10, which failed in 3 of 3 seeds: no margin; the smallest " \
                     "value tried, so not bracketed" \
         and "not resolved" not in short
-    assert answers.possessive("digits") == "digits'" and answers.possessive("mnist") == "mnist's"
+    assert answers_validation.possessive("digits") == "digits'" and answers_validation.possessive("mnist") == "mnist's"
 
 
 def paired_rows(chosen_seeds=(0, 1, 2)) -> list[dict]:
@@ -288,20 +289,21 @@ def test_the_joint_choice_is_called_the_setting_used_only_where_a_published_stud
     """ANSWERS.md labelled every joint choice "(the setting used)", digits' too, beside "no published study ran
     digits with it": the label now says which, from the rows (the dataset's default, the validation study itself
     not counted), and "the setting used" once a study ran it on the dataset."""
-    from rpevit.analysis import answers
+    from rpevit.analysis import answers_validation
 
     folder = write_sweep(tmp_path / "recipe_val_mnist", "recipe_val_mnist", recipe_rows())
-    joint = answers.validation_lines(folder)[-1]
+    joint = answers_validation.validation_lines(folder)[-1]
     assert joint.startswith("every variant alike (mnist's default, which no published study has run): 0.002, "
                             "torch_default, 1 for every variant") and "the setting used" not in joint
     study = {**config_row(attention="softmax", pe="ape", dataset="mnist", seed=0), "test_acc": 0.9,
              "final_val_acc": 0.9, "val_acc_draw_mean": float("nan"), "test_acc_draw_mean": float("nan")}
     write_sweep(tmp_path / "other", "other", [{**study, "lr": 2e-3, "init": "trunc_normal", "grad_clip": 1.0},
                                               {**study, "dataset": "cifar10", "lr": 2e-3, "init": "torch_default"}])
-    assert "the setting used" not in answers.validation_lines(folder)[-1]  # the earlier recipe, or another dataset
+    # the earlier recipe, or another dataset
+    assert "the setting used" not in answers_validation.validation_lines(folder)[-1]
     write_sweep(tmp_path / "study", "study", [{**study, "lr": 2e-3, "init": "torch_default", "grad_clip": 1.0}])
-    assert answers.validation_lines(folder, short=True)[-1].startswith("every variant alike (the setting used): 0.002, "
-                                                                        "torch_default, 1")
+    assert answers_validation.validation_lines(folder, short=True)[-1].startswith(
+        "every variant alike (the setting used): 0.002, torch_default, 1")
 
 
 # seed -> validation accuracy: a large seed effect (0.78 to 0.92) shared by both candidates and a small, steady

@@ -55,7 +55,7 @@ JOINT = (RECIPE, REDRAW, ("luo_scale",))
 # A knob chosen again on a dataset after the settings its first study ran at moved (the recipe: luo_scale's bias
 # moves with Adam's lr, so the two are not independent). The later study's earlier choice is the first study's, not
 # the value made on test; once the later study is published, the dataset's default follows it and the first study
-# stays published, read as superseded (rpevit.analysis.answers.current_validation_folders).
+# stays published, read as superseded (rpevit.analysis.answers_validation.current_validation_folders).
 RECHOSEN = {"luo_scale_val_digits_recipe": {
     "supersedes": "luo_scale_val_digits", "earlier": (1000.0,),
     "how": "luo_scale_val_digits' choice, made at digits' recipe before recipe_val_digits chose it"}}
