@@ -91,6 +91,33 @@ def test_a_failed_trials_error_is_its_whole_message_in_one_line(tmp_path):
     assert row["error_traceback"] == DOWNLOAD_FAILURE  # the traceback itself stays whole
 
 
+def test_the_summary_of_a_sweep_with_a_failed_trial_gives_the_command_that_reruns_it(tmp_path, capsys):
+    """A plain --resume counts a failed trial as done ("1 already done, 0 to run"): the summary names the
+    --retry-failed command, with the sweep's own folders and trial-selecting flags."""
+    from rpevit.sweep.summary import ResumeInfo, compute_summary, print_summary
+    from rpevit.sweep.writer import ParquetResults
+
+    space = expand_space(SPACE, source="space.yaml")
+    key = space.keys[0]
+    writer = ParquetResults(tmp_path / "out" / space.name, space.name, {key: space.trials[0]}, {key: 0})
+    writer.on_trial_error(0, [], failed_trial(tmp_path, key))
+    writer.on_experiment_end([])
+    summary = compute_summary(tmp_path / "out" / space.name, space, wall_s=1.0,
+                              resume=ResumeInfo(tmp_path / "out", "DATA", ("--only", "attention=softmax")))
+    assert summary.retry_command == (f"python sweep.py --space space.yaml --name newcomer --results-dir {tmp_path / 'out'} "
+                                     f"--data-dir DATA --only attention=softmax --retry-failed --resume")
+    print_summary(summary)
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(summary.retry_command) and "does not run it again" in err
+
+
+def test_the_summary_of_a_sweep_without_failures_gives_no_retry_command(tmp_path):
+    from rpevit.sweep.summary import compute_summary
+
+    space = expand_space(SPACE, source="space.yaml")
+    assert compute_summary(tmp_path / "empty", space, wall_s=0.0).retry_command == ""
+
+
 def test_the_console_gets_one_line_per_failed_try(tmp_path, capsys):
     from rpevit.sweep.tune_run import Progress
 

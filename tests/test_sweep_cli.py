@@ -110,6 +110,7 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
     again, lines = start_sweep(space, tmp_path, "--resume")
     assert again.wait(timeout=120) == 1
     assert "0 to run" in lines.whole()
+    assert "--retry-failed --resume" in lines.whole()  # the summary names the command that reruns it
     pd.testing.assert_frame_equal(pd.read_parquet(results / "trials.parquet"), trials)
 
     # --resume --retry-failed runs the failed trial again on purpose, and only it: it diverges again (the
@@ -126,6 +127,24 @@ def test_failed_trial_is_recorded_the_rest_finish_and_dashboard_answers(tmp_path
     assert "DivergedError: training loss is nan" in failed_again["error"].item()
     log = (results / "trials" / failed["trial_key"].item() / "log.txt").read_text()
     assert log.count("not retried") == 2, log  # the trial's log is appended to: its first run and this one
+
+
+def test_a_trial_whose_checkpoint_is_damaged_fails_once_naming_it_and_is_not_retried(tmp_path):
+    """A damaged checkpoint.pt (here: not a checkpoint at all) is refused with CheckpointError at every try: Tune's
+    retry (--max-failures 1) would only read it again, so the trial fails once, its row naming the file."""
+    from rpevit.sweep.space import expand_space
+
+    space = {"name": "damaged", "fixed": TINY, "grid": {"attention": ["softmax"]}}
+    key = expand_space(space, source="damaged.yaml").keys[0]
+    folder = tmp_path / "results" / "damaged" / "trials" / key
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.pt").write_bytes(b"PK\x03\x04 truncated")  # a zip header and nothing after it
+    proc, lines = start_sweep(space, tmp_path, "--no-dashboard", "--resume")
+    assert proc.wait(timeout=180) == 1, lines.whole()[-3000:]
+    failed = pd.read_parquet(tmp_path / "results" / "damaged" / "trials.parquet")
+    assert failed["status"].tolist() == ["failed"] and failed["attempts"].tolist() == [1], failed.T
+    assert "CheckpointError" in failed["error"].item() and "checkpoint.pt" in failed["error"].item()
+    assert "not retried: a retry reads the same checkpoint" in (folder / "log.txt").read_text()
 
 
 def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninterrupted_run(tmp_path):

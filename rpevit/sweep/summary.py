@@ -101,6 +101,7 @@ class SweepSummary:
     counts: tuple[int, int, int] = (0, 0, 0)  # ok, failed, not run
     files: list[str] = field(default_factory=list)
     failures: list[tuple[str, str]] = field(default_factory=list)  # (trial label, error)
+    retry_command: str = ""  # with failures: the --resume --retry-failed command (a plain --resume keeps them)
     deadline_line: str = ""
     continue_command: str = ""  # "" when nothing is left to run
     continue_note: str = ""
@@ -148,6 +149,9 @@ def _compute_summary(out_dir: Path, space: Space, wall_s: float, slots: int, sta
         counts=(int((table["status"] == OK).sum()), len(failed), len(not_run)),
         files=[str(out_dir / name) for name in (TRIALS_FILE, EPOCHS_FILE) if (out_dir / name).exists()],
         failures=[(labels.get(r.trial_key, r.trial_key), str(r.error)) for r in failed.itertuples(index=False)])
+    if len(failed):  # a plain --resume counts a failed trial as done: say what reruns it
+        summary.retry_command = deadlines.resume_command(space.source, space.name, resume.results_dir, resume.data_dir,
+                                                         (*resume.resume_flags, "--retry-failed"))
     if "test_acc" in table.columns or "final_val_acc" in table.columns:
         summary.metric_title, summary.table = variant_table(table, space)
     else:
@@ -283,6 +287,9 @@ def print_summary(summary: SweepSummary, deadline: bool = False) -> None:
         print("failures:", file=sys.stderr)
         for label, error in summary.failures:
             print(f"  {label}: {error}", file=sys.stderr)
+        if summary.retry_command:
+            print(f"a --resume keeps a failed trial's row and does not run it again; to rerun the failed trials (each "
+                  f"from its last epoch checkpoint): {summary.retry_command}", file=sys.stderr)
     if summary.next_steps:
         print("next:")
         for command, what in summary.next_steps:

@@ -118,7 +118,13 @@ def run_single(spec: TrialSpec, member: Member) -> None:
     cfg = TrialConfig.from_dict(member.cfg, source=f"trial {key}")
     ckpt_dir = trial_folder(Path(spec.checkpoint_root), key)
     with checkpoint.claimed(ckpt_dir):
-        history = checkpointed_history(ckpt_dir, cfg)
+        try:
+            history = checkpointed_history(ckpt_dir, cfg)
+        except checkpoint.CheckpointError as err:  # every try reads the same file: a Tune retry would fail again
+            with trial_log(ckpt_dir) as log:
+                log(f"failed: {err} (not retried: a retry reads the same checkpoint)")
+            report_failure(member, err)
+            return
         with epoch_reporter(spec, member) as report:
             for row in history:  # epochs finished before a kill / retry
                 report(row)
@@ -131,6 +137,10 @@ def run_single(spec: TrialSpec, member: Member) -> None:
                                                        on_epoch=lambda row, _dir=None: report(row), **ladder)
                 except DivergedError as err:  # replays identically from its checkpoint: a Tune retry would only
                     log(f"failed: {err} (not retried: a resumed run replays the same steps)")  # diverge again
+                    report_failure(member, err)
+                    return
+                except checkpoint.CheckpointError as err:  # a checkpoint the task refuses: the same at every try
+                    log(f"failed: {err} (not retried: a retry reads the same checkpoint)")
                     report_failure(member, err)
                     return
                 except TrunkPaused as paused:  # --rungs-first: no row yet; the driver's next round continues it
