@@ -5,6 +5,7 @@ import pytest
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -145,6 +146,36 @@ def test_a_trial_whose_checkpoint_is_damaged_fails_once_naming_it_and_is_not_ret
     assert failed["status"].tolist() == ["failed"] and failed["attempts"].tolist() == [1], failed.T
     assert "CheckpointError" in failed["error"].item() and "checkpoint.pt" in failed["error"].item()
     assert "not retried: a retry reads the same checkpoint" in (folder / "log.txt").read_text()
+
+
+def test_a_trial_whose_worker_is_killed_is_retried_from_its_checkpoint_and_its_row_counts_the_tries(tmp_path):
+    """SIGKILL of the Ray worker running a trial (as an OOM killer or a lost node does): under --max-failures 1 Tune
+    retries it, the retry resumes from the checkpoint, and the ok row says it took 2 tries (`attempts`; ok rows had
+    none, so a retried trial looked like any other but for resumed_from_epoch)."""
+    fixed = {**TINY, "dim": 32, "depth": 2, "heads": 4, "train_subset": 600, "epochs": 12}
+    space = {"name": "retried", "fixed": fixed, "grid": {"pe": ["ape"]}, "resources": {"cpus_per_trial": 1}}
+    proc, lines = start_sweep(space, tmp_path, "--no-dashboard", "--max-failures", "1")
+    folder, killed, deadline = None, None, time.time() + 300
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        for log in (tmp_path / "results" / "retried" / "trials").glob("*/log.txt"):
+            try:
+                epoch = torch.load(log.parent / "checkpoint.pt", weights_only=True)["epoch"]
+            except Exception:  # noqa: BLE001 - not written yet, or being replaced this instant
+                continue
+            if 2 <= epoch <= fixed["epochs"] - 4:
+                pid = int(re.findall(r"\(node \w+, pid (\d+),", log.read_text())[-1])
+                os.kill(pid, signal.SIGKILL)  # the worker process that runs the trial
+                folder, killed = log.parent, epoch
+                break
+        time.sleep(0.05)
+    assert killed is not None, lines.whole()[-3000:]
+    assert proc.wait(timeout=300) == 0, lines.whole()[-3000:]
+    trials = pd.read_parquet(tmp_path / "results" / "retried" / "trials.parquet")
+    epochs = pd.read_parquet(tmp_path / "results" / "retried" / "epochs.parquet")
+    assert trials["status"].tolist() == ["ok"] and trials["attempts"].tolist() == [2], trials.T
+    assert trials["resumed_from_epoch"].item() >= killed, (trials["resumed_from_epoch"].item(), killed)
+    assert sorted(epochs["epoch"]) == list(range(1, 13))  # no epoch lost or reported twice by the retry
+    assert f"after epoch {trials['resumed_from_epoch'].item()}" in (folder / "log.txt").read_text()
 
 
 def test_resume_after_sigkill_finishes_without_duplicates_and_matches_an_uninterrupted_run(tmp_path):

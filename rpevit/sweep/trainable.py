@@ -122,8 +122,7 @@ def run_single(spec: TrialSpec, member: Member) -> None:
             history = checkpointed_history(ckpt_dir, cfg)
         except checkpoint.CheckpointError as err:  # every try reads the same file: a Tune retry would fail again
             with trial_log(ckpt_dir) as log:
-                log(f"failed: {err} (not retried: a retry reads the same checkpoint)")
-            report_failure(member, err)
+                fail_once(member, err, log)
             return
         with epoch_reporter(spec, member) as report:
             for row in history:  # epochs finished before a kill / retry
@@ -135,19 +134,24 @@ def run_single(spec: TrialSpec, member: Member) -> None:
                 try:
                     summary = registry.TASKS[cfg.task](cfg, checkpoint_dir=ckpt_dir, log=log,
                                                        on_epoch=lambda row, _dir=None: report(row), **ladder)
-                except DivergedError as err:  # replays identically from its checkpoint: a Tune retry would only
-                    log(f"failed: {err} (not retried: a resumed run replays the same steps)")  # diverge again
-                    report_failure(member, err)
-                    return
-                except checkpoint.CheckpointError as err:  # a checkpoint the task refuses: the same at every try
-                    log(f"failed: {err} (not retried: a retry reads the same checkpoint)")
-                    report_failure(member, err)
+                except (DivergedError, checkpoint.CheckpointError) as err:
+                    fail_once(member, err, log)
                     return
                 except TrunkPaused as paused:  # --rungs-first: no row yet; the driver's next round continues it
                     report_paused(member, paused)
                     return
     report_summary(member, {**summary, **placement, "resumed_from_epoch": len(history),
                             "started_at": started_at, "finished_at": time.time()})
+
+
+def fail_once(member: Member, err: Exception, log: Callable[[str], None]) -> None:
+    """A failure that every try would repeat, reported as the trial's row (a VARIANT_FAILED report, which Tune
+    does not retry) and logged with why: a diverged run resumed from its checkpoint replays the same steps and
+    diverges again (resume is exact); a refused checkpoint (CheckpointError) is the same file at every try."""
+    why = ("a resumed run replays the same steps" if isinstance(err, DivergedError)
+           else "a retry reads the same checkpoint")
+    log(f"failed: {err} (not retried: {why})")
+    report_failure(member, err)
 
 
 def branches_of(spec: TrialSpec) -> list[Branch]:

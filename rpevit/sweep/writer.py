@@ -141,10 +141,11 @@ class ParquetResults(Callback):
                 self.flush()
         elif report.kind == SUMMARY:
             self._add_trial({"sweep": self.sweep, **row, "trial_key": key, "status": OK, "error": "",
-                             "error_traceback": "", "tune_trial_id": trial.trial_id})
+                             "error_traceback": "", "tune_trial_id": trial.trial_id,
+                             "attempts": tries(trial)})
             self.flush()
         elif report.kind == VARIANT_FAILED:  # a fused or interleaved member, or a diverged trial (not retried)
-            self.record_failure(key, report.error, report.traceback, trial.trial_id, 1)
+            self.record_failure(key, report.error, report.traceback, trial.trial_id, tries(trial))
             self.flush()
 
     def on_trial_error(self, iteration, trials, trial, **info) -> None:
@@ -231,6 +232,13 @@ ERROR_CHARS = 2000  # a trial row's `error`: the whole message of the exception 
 # (Ray's `ray.exceptions.RayTaskError(DataError): ray::ImplicitFunc.train() ...` too; continuation lines of a
 # message, `Tried https://...`, `<urlopen error ...>`, `); put mnist.npz ...`, do not match)
 _EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?:\([\w.]+\))?: \S")
+
+
+def tries(trial) -> int:
+    """How many times Tune ran the trial: its failed tries (Tune's `num_failures`, counted before each retry under
+    --max-failures) plus the one that reported. An ok row of a trial retried after a killed worker or a lost node
+    says so here, not only through `resumed_from_epoch` (which a --resume of a stopped sweep sets too)."""
+    return int(getattr(trial, "num_failures", 0) or 0) + 1
 
 
 def trial_traceback(trial) -> str:
