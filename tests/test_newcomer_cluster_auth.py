@@ -39,8 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 class StandInHead:
     """A gRPC server answering Ray's GCS cluster-id call, with token auth when `token` is set."""
 
-    def __init__(self, token: str | None) -> None:
+    def __init__(self, token: str | None, late_s: float = 0.0, late_calls: int = 0) -> None:
         self.token = token
+        self.late_s, self.late_calls = late_s, late_calls  # the first late_calls answers late_s late (loaded cores)
         self.calls: list[str | None] = []
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         self.server.add_generic_rpc_handlers((self,))
@@ -58,6 +59,8 @@ class StandInHead:
         def answer(request: bytes, context) -> bytes:
             sent = dict(context.invocation_metadata()).get("authorization")
             self.calls.append(sent)
+            if len(self.calls) <= self.late_calls:
+                time.sleep(self.late_s)
             if self.token is not None and sent != f"Bearer {self.token}":
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken: Authentication token is missing "
                                                                "or incorrect")
@@ -102,6 +105,32 @@ def test_a_token_auth_head_is_joined_with_the_token_of_this_machine(private_env)
     assert os.environ["RAY_AUTH_MODE"] == "token"  # what Ray reads when it is imported for the join
     assert "token auth" in line and str(private_env / ".ray" / "auth_token") in line
     assert head.calls == [None, f"Bearer {token}"]  # asked without, then checked that the token opens it
+
+
+def test_a_head_that_answers_late_is_asked_once_more_before_the_join_is_left_to_ray(private_env, monkeypatch):
+    """CI, 2026-12-02, two training trials beside it: the stand-in head's answer came after the probe's 5 s,
+    the head read as "unknown" and the join was left to Ray (which fails on a token-auth head)."""
+    monkeypatch.setattr(session, "PROBE_TIMEOUT_S", 0.2)
+    token = secrets.token_hex(32)
+    write_token(private_env, token)
+    head = StandInHead(token, late_s=1.0, late_calls=1)
+    try:
+        line = session.prepare_join(head.address)
+    finally:
+        head.stop()
+    assert line is not None and os.environ["RAY_AUTH_MODE"] == "token"
+    assert head.calls == [None, None, f"Bearer {token}"]  # late, asked again, then the token checked
+
+
+def test_a_head_that_never_answers_is_left_to_ray_after_both_tries(private_env, monkeypatch):
+    monkeypatch.setattr(session, "PROBE_TIMEOUT_S", 0.1)
+    monkeypatch.setattr(session, "PROBE_RETRY_TIMEOUT_S", 0.3)
+    head = StandInHead(secrets.token_hex(32), late_s=2.0, late_calls=99)
+    try:  # None, not "no token": neither late "unauthenticated" was waited for (0.1 + 0.3 s, not 2 s)
+        assert session.prepare_join(head.address) is None  # "unknown": Ray's own join decides
+    finally:
+        head.stop()
+    assert "RAY_AUTH_MODE" not in os.environ and head.calls == [None, None]
 
 
 def test_a_token_in_the_environment_is_what_ray_sends_first(private_env, monkeypatch):

@@ -66,6 +66,9 @@ ADDRESS_ALLOWED = ("auto (the Ray cluster `ray start --head` started on this mac
                    "Ray head (the address `ray start --head` prints; ray://host:port for Ray Client)")
 _ADDRESS = re.compile(r"(?:ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9][A-Za-z0-9.-]*):(\d{1,5})")
 PROBE_TIMEOUT_S = 5.0  # a Ray head answers a TCP connect at once; Ray itself retries a dead address for minutes
+PROBE_RETRY_TIMEOUT_S = 20.0  # the auth probe once more after no answer in PROBE_TIMEOUT_S: a head or driver on
+# loaded cores can answer late (CI beside two training trials, 2026-12-02), and a late answer read as none
+# left a token-auth head to a join that fails after ~20 s of InvalidAuthToken lines
 
 
 def address_source(address: str | None) -> str:
@@ -138,12 +141,13 @@ def local_token() -> tuple[str | None, str]:
     return None, f"neither $RAY_AUTH_TOKEN nor {where}"
 
 
-def head_answers(target: tuple[str, int], token: str | None, timeout_s: float = PROBE_TIMEOUT_S) -> str:
+def head_answers(target: tuple[str, int], token: str | None) -> str:
     """How the Ray head's GCS at target answers one read-only gRPC call, sent with `token` (or
     none): "ok", "unauthenticated" (it runs with token auth and the token is missing or not its
-    own), or "unknown" (no answer in time, not a Ray head, or another Ray version's API: Ray's own
-    join then decides). The call is what a Ray driver's first call is (the cluster id) on gRPC's
-    wire format alone: no Ray import, so RAY_AUTH_MODE can still be set for the join after it."""
+    own), or "unknown" (no answer in PROBE_TIMEOUT_S and then, asked once more, in
+    PROBE_RETRY_TIMEOUT_S; not a Ray head; or another Ray version's API: Ray's own join then
+    decides). The call is what a Ray driver's first call is (the cluster id) on gRPC's wire format
+    alone: no Ray import, so RAY_AUTH_MODE can still be set for the join after it."""
     try:
         import grpc
     except ImportError:
@@ -151,15 +155,19 @@ def head_answers(target: tuple[str, int], token: str | None, timeout_s: float = 
     host, port = target
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     metadata = [("authorization", f"Bearer {token}")] if token else None
-    try:
-        with grpc.insecure_channel(where) as channel:
-            channel.unary_unary(AUTH_PROBE_METHOD)(b"", timeout=timeout_s, metadata=metadata)
-        return "ok"
-    except grpc.RpcError as err:
-        code = err.code() if hasattr(err, "code") else None
-        return "unauthenticated" if code == grpc.StatusCode.UNAUTHENTICATED else "unknown"
-    except Exception:  # noqa: BLE001 - a probe only: anything odd leaves the decision to Ray's own join
-        return "unknown"
+    for timeout_s in (PROBE_TIMEOUT_S, PROBE_RETRY_TIMEOUT_S):
+        try:
+            with grpc.insecure_channel(where) as channel:
+                channel.unary_unary(AUTH_PROBE_METHOD)(b"", timeout=timeout_s, metadata=metadata)
+            return "ok"
+        except grpc.RpcError as err:
+            code = err.code() if hasattr(err, "code") else None
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                continue  # late, not refused: once more, longer
+            return "unauthenticated" if code == grpc.StatusCode.UNAUTHENTICATED else "unknown"
+        except Exception:  # noqa: BLE001 - a probe only: anything odd leaves the decision to Ray's own join
+            return "unknown"
+    return "unknown"
 
 
 def prepare_join(address: str | None) -> str | None:
