@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent import futures
 from pathlib import Path
@@ -43,6 +44,7 @@ class StandInHead:
         self.token = token
         self.late_s, self.late_calls = late_s, late_calls  # the first late_calls answers late_s late (loaded cores)
         self.calls: list[str | None] = []
+        self.stopped = threading.Event()  # a late answer's wait ends at stop(): no handler thread outlives the test
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         self.server.add_generic_rpc_handlers((self,))
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -60,7 +62,7 @@ class StandInHead:
             sent = dict(context.invocation_metadata()).get("authorization")
             self.calls.append(sent)
             if len(self.calls) <= self.late_calls:
-                time.sleep(self.late_s)
+                self.stopped.wait(self.late_s)
             if self.token is not None and sent != f"Bearer {self.token}":
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "InvalidAuthToken: Authentication token is missing "
                                                                "or incorrect")
@@ -69,6 +71,7 @@ class StandInHead:
         return grpc.unary_unary_rpc_method_handler(answer)
 
     def stop(self) -> None:
+        self.stopped.set()
         self.server.stop(None)
 
 
@@ -109,28 +112,40 @@ def test_a_token_auth_head_is_joined_with_the_token_of_this_machine(private_env)
 
 def test_a_head_that_answers_late_is_asked_once_more_before_the_join_is_left_to_ray(private_env, monkeypatch):
     """CI, 2026-12-02, two training trials beside it: the stand-in head's answer came after the probe's 5 s,
-    the head read as "unknown" and the join was left to Ray (which fails on a token-auth head)."""
-    monkeypatch.setattr(session, "PROBE_TIMEOUT_S", 0.2)
+    the head read as "unknown" and the join was left to Ray (which fails on a token-auth head).
+    The first call that reaches the head is answered 4 s late, past the first deadline (1 s), so only the
+    second try can read "unauthenticated" (a probe without it reads "unknown" and sets nothing). Whether
+    the first try reached the head at all is the network's timing: on loaded cores (`.ci/run` beside two
+    training trials, 2026-12-03) its connection could outlast the deadline, so the head saw 2 calls or 3."""
+    monkeypatch.setattr(session, "PROBE_TIMEOUT_S", 1.0)
     token = secrets.token_hex(32)
     write_token(private_env, token)
-    head = StandInHead(token, late_s=1.0, late_calls=1)
+    head = StandInHead(token, late_s=4.0, late_calls=1)
     try:
         line = session.prepare_join(head.address)
     finally:
         head.stop()
     assert line is not None and os.environ["RAY_AUTH_MODE"] == "token"
-    assert head.calls == [None, None, f"Bearer {token}"]  # late, asked again, then the token checked
+    # asked without the token (late, then once more), then the token checked
+    assert head.calls[-1] == f"Bearer {token}" and head.calls[:-1] in ([None], [None, None])
 
 
 def test_a_head_that_never_answers_is_left_to_ray_after_both_tries(private_env, monkeypatch):
-    monkeypatch.setattr(session, "PROBE_TIMEOUT_S", 0.1)
-    monkeypatch.setattr(session, "PROBE_RETRY_TIMEOUT_S", 0.3)
-    head = StandInHead(secrets.token_hex(32), late_s=2.0, late_calls=99)
-    try:  # None, not "no token": neither late "unauthenticated" was waited for (0.1 + 0.3 s, not 2 s)
+    """The head holds each call 60 s (until stop()). Both tries are read from the time taken: each waits
+    out its deadline (1 s, then 2 s), so one try alone returns in under 2.5 s and a probe that waited for
+    an answer takes 60 s. Not from the calls the head saw: on loaded cores (`.ci/run` beside two training
+    trials, 2026-12-03) a connection could outlast a short deadline and the call never reached the head."""
+    monkeypatch.setattr(session, "PROBE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(session, "PROBE_RETRY_TIMEOUT_S", 2.0)
+    head = StandInHead(secrets.token_hex(32), late_s=60.0, late_calls=99)
+    started = time.monotonic()
+    try:  # None, not "no token": neither late "unauthenticated" was waited for
         assert session.prepare_join(head.address) is None  # "unknown": Ray's own join decides
+        took_s = time.monotonic() - started
     finally:
         head.stop()
-    assert "RAY_AUTH_MODE" not in os.environ and head.calls == [None, None]
+    assert 2.5 <= took_s < 30.0, took_s
+    assert "RAY_AUTH_MODE" not in os.environ and head.calls in ([], [None], [None, None])
 
 
 def test_a_token_in_the_environment_is_what_ray_sends_first(private_env, monkeypatch):
