@@ -139,6 +139,32 @@ def test_analysis_outputs_are_atomic_and_refuse_links(tmp_path):
     assert (tmp_path / "fine.md").read_text() == "# fine\n" and not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_long_title_is_wrapped_to_the_figure_and_clears_the_panels(tmp_path):
+    """The headline figure of cifar10_ladder40_cpu (a study on four machines: its title names four devices) was
+    saved 2,672 pixels wide, its two panels a strip in the middle (bbox "tight" widens the image to the title),
+    and once wrapped after the caller's tight_layout, the title's lines ran into the panels' titles."""
+    import struct
+
+    plt = common.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax in axes:
+        ax.plot([1, 2], [1, 2])
+        ax.set_title("softmax − FAVOR+, each with the same encoding", fontsize=10)
+    fig.suptitle("CIFAR-10: the gap per encoding against budget (4 devices: " + "; ".join(
+        f"cpu:x86_64 AMD EPYC (AVX512) x1 threads ({n} rows)" for n in (20, 44, 45, 51)) + ")", fontsize=10)
+    fig.tight_layout()  # as the headline does: a one-off layout before save_figure wraps the title
+    title = fig._suptitle
+    common.save_figure(fig, tmp_path / "figure.png")
+    width, _ = struct.unpack(">II", (tmp_path / "figure.png").read_bytes()[16:24])
+    assert width <= 10 * 110 + 40, width  # the figure's own width at save_figure's 110 dpi, not the title's
+    assert title.get_text().count("\n") >= 2
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()  # save_figure closed the figure: its canvas is gone
+    bottom = title.get_window_extent(renderer).y0
+    assert all(ax.title.get_window_extent(renderer).y1 <= bottom for ax in axes)  # above the panels' titles
+
+
 def test_values_from_files_are_inert_markdown():
     assert common.md_text("sparse_cayley_string (f=0.05)") == "sparse_cayley_string (f=0.05)"  # ordinary: as is
     assert common.md_text("<script>alert(1)</script>") == "&lt;script&gt;alert(1)&lt;/script&gt;"

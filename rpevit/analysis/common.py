@@ -30,6 +30,7 @@ import functools
 import math
 import re
 import sys
+import textwrap
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -668,6 +669,25 @@ def pyplot():
     return plt
 
 
+def wrap_titles(fig) -> bool:
+    """Break the figure's title and each axes' title into lines no wider than the figure. Why: bbox "tight"
+    widens the saved image to a title's full length, so a long one (a study resumed on four machines names
+    four devices) shrank the panels to a strip in the middle of an image 2,700 pixels wide. True where a title
+    changed (its layout is then made again)."""
+    changed = False
+    width_pt = fig.get_figwidth() * 72.0
+    texts = [getattr(fig, "_suptitle", None)] + [ax.title for ax in fig.get_axes()]
+    for text in texts:
+        if text is None or not text.get_text():
+            continue
+        per_line = max(20, int(width_pt / (0.55 * text.get_fontsize())))  # a character: about 0.55 em wide
+        lines = [textwrap.fill(line, per_line, break_on_hyphens=False) for line in text.get_text().split("\n")]
+        if "\n".join(lines) != text.get_text():
+            text.set_text("\n".join(lines))
+            changed = True
+    return changed
+
+
 def save_figure(fig, path: Path) -> Path:
     """Saved with everything drawn in it, legends placed outside the axes included (bbox "tight"):
     tight_layout cannot make room for a long outside legend, and warns so; the crop does it. A figure
@@ -675,9 +695,14 @@ def save_figure(fig, path: Path) -> Path:
     output_file (atomic, never through a link)."""
     path = Path(path)
     try:
+        from matplotlib.layout_engine import PlaceHolderLayoutEngine
+
+        wrapped = wrap_titles(fig)
+        engine = fig.get_layout_engine()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
-            if fig.get_layout_engine() is None:
+            # a one-off tight_layout of the caller leaves a placeholder engine: made again for wrapped titles
+            if engine is None or (wrapped and isinstance(engine, PlaceHolderLayoutEngine)):
                 fig.tight_layout()
         with output_file(path) as handle:
             fig.savefig(handle, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight")
