@@ -59,14 +59,10 @@ def pages() -> dict[str, tuple[Callable[[], str], str]]:
         lambda: study("The rotation study", rotation.build(RESULTS / "rotation_mnist_cpu",
                                                            [RESULTS / "bench_rotation_mnist_cpu"])),
         "python analysis/rotation.py results/rotation_mnist_cpu --bench results/bench_rotation_mnist_cpu")
-    out["results/cifar10_ladder_cpu/budget_ladder.md"] = (
-        lambda: study("Budget ladder: accuracy against training budget",
-                      budget_ladder.build(RESULTS / "cifar10_ladder_cpu")),
-        "python analysis/budget_ladder.py results/cifar10_ladder_cpu")
-    out["results/cifar10_ladder40_cpu/budget_ladder.md"] = (
-        lambda: study("Budget ladder: accuracy against training budget",
-                      budget_ladder.build(RESULTS / "cifar10_ladder40_cpu")),
-        "python analysis/budget_ladder.py results/cifar10_ladder40_cpu")
+    for name in ("cifar10_ladder_cpu", "cifar10_ladder40_cpu"):
+        out[f"results/{name}/budget_ladder.md"] = (
+            lambda n=name: study("Budget ladder: accuracy against training budget", budget_ladder.build(RESULTS / n)),
+            f"python analysis/budget_ladder.py results/{name}")
     for name in ("cifar10_ladder_cpu", "mnist_headline_cpu", "cifar10_ladder40_cpu"):
         out[f"results/{name}/confirmatory.md"] = (
             lambda n=name: study("Declared comparisons (confirmatory)", confirmatory.build(RESULTS / n)),
