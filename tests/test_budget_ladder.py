@@ -65,6 +65,9 @@ def test_a_branched_rung_equals_a_separate_run(attention, pe, tmp_path):
     assert any("resumed from" in line and "after epoch 4" in line for line in resumed)
     assert row_differences(separate, branched) == []
     assert branched["test_acc"] == separate["test_acc"] and branched["epochs_done"] == 5
+    curves = [checkpoint.load(tmp_path / run / checkpoint.CHECKPOINT_NAME)["history"] for run in ("separate", "rung")]
+    assert [len(curve) for curve in curves] == [5, 5]  # the epoch curve: 4 epochs of the trunk's, then its own
+    assert [row_differences(a, b) for a, b in zip(*curves)] == [[]] * 5
 
 
 @pytest.mark.slow

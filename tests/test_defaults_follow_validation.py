@@ -109,3 +109,22 @@ def test_the_cifar10_ladder_waits_for_its_luo_scale_and_then_runs_it():
             "the ladder ran before luo_scale was chosen on CIFAR-10's validation split"
     else:
         assert scales == {default_values("cifar10", ("luo_scale",))[0]}, scales
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in RESULTS.glob("*/declaration.json")
+                                          if is_published(RESULTS, p.parent)))
+def test_every_declared_study_runs_its_datasets_validated_settings(folder):
+    """A declared study writes its recipe, redraw schedule and luo_scale out in its space (a moved default must not
+    move a running study's keys), so each written value must be what its dataset's validation study chose: every
+    trial of the space that ran equals the same trial with those fields left to the defaults (which
+    test_every_default_is_its_datasets_published_validation_choice ties to the validation rows)."""
+    listed = json.loads((RESULTS / folder / "space.json").read_text())
+    fields = [name for knob in JOINT for name in knob]
+    trials = load_space(ROOT / listed["source"]).trials
+    assert trials, folder
+    for trial in trials:
+        ran = TrialConfig.from_dict(trial).resolved()
+        left = TrialConfig.from_dict({k: v for k, v in trial.items() if k not in fields}).resolved()
+        written = {name: getattr(ran, name) for name in fields}
+        assert written == pytest.approx({name: getattr(left, name) for name in fields}), (folder, trial["attention"],
+                                                                                          trial["pe"], written)
