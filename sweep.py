@@ -30,6 +30,7 @@ from rpevit.sweep.session import check_address  # noqa: E402
 from rpevit.sweep.space import DEFAULT_MAX_TRIALS, Space, check_name, load_space, parse_overrides  # noqa: E402
 
 INTERRUPTED_EXIT = 130  # 128 + SIGINT (rpevit.sweep.summary.INTERRUPTED_EXIT; not imported: it loads pandas)
+DEFAULT_MAX_FAILURES = 1  # retries per trial unless --max-failures says otherwise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-trial", type=float, default=None, help="fractions share a GPU (0.25: 4 per GPU)")
     p.add_argument("--cpus-per-trial", type=float, default=None)
     p.add_argument("--max-concurrent", type=int, default=None, help="0 = as many as the resources fit")
-    p.add_argument("--max-failures", type=int, default=1,
+    p.add_argument("--max-failures", type=int, default=DEFAULT_MAX_FAILURES,
                    help="retries per trial, from its checkpoint (a diverged trial, NaN loss, is never retried: it "
                         "would replay the same steps)")
     p.add_argument("--reuse", action=argparse.BooleanOptionalAction, default=True,
@@ -148,14 +149,28 @@ def check_results_dir(results_dir: str, name: str) -> None:
 
 
 def resume_flags(args: argparse.Namespace) -> tuple[str, ...]:
-    """The flags that decide which trials the space holds (and --rungs-first, the order they run in), repeated in
-    the printed --resume command."""
+    """The flags repeated in the printed --resume and --retry-failed commands: those that decide which trials the
+    space holds (--set, --only, --max-trials) and the order they run in (--rungs-first), then those that say where
+    and how they run (--address, the per-trial resources, --max-concurrent, --max-failures, --no-reuse,
+    --no-dashboard), so that the command pasted on a cluster's head joins the same cluster with the same
+    retries. Not repeated: --deadline and --deadline-estimate (the deadline variant asks for a new deadline;
+    an estimate belongs to the run it was given for), --redeclare and --dry-run."""
     flags = [*(f for item in args.overrides for f in ("--set", item)),
              *(f for item in args.only for f in ("--only", item))]
     if args.rungs_first:
         flags.append("--rungs-first")
     if args.max_trials != DEFAULT_MAX_TRIALS:
         flags += ["--max-trials", str(args.max_trials)]
+    if args.address is not None:
+        flags += ["--address", args.address]
+    for flag, value in (("--cpus-per-trial", args.cpus_per_trial), ("--gpus-per-trial", args.gpus_per_trial)):
+        if value is not None:
+            flags += [flag, f"{value:g}"]
+    if args.max_concurrent is not None:
+        flags += ["--max-concurrent", str(args.max_concurrent)]
+    if args.max_failures != DEFAULT_MAX_FAILURES:
+        flags += ["--max-failures", str(args.max_failures)]
+    flags += [flag for flag, on in (("--no-reuse", args.reuse), ("--no-dashboard", args.dashboard)) if not on]
     return tuple(flags)
 
 

@@ -39,7 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from rpevit.config import ConfigError, TrialConfig, recorded_values, resolve_values
-from rpevit.durable import fsync_fd
+from rpevit.durable import flock_refused, fsync_fd, held_elsewhere
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FINGERPRINT_VERSION = 1
@@ -320,7 +320,9 @@ def claimed(folder: str | os.PathLike, *, wait_s: float | None = None) -> Iterat
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
-            except BlockingIOError:
+            except OSError as err:
+                if not held_elsewhere(err):  # the file system refused the lock: nobody to wait for
+                    raise CheckpointError(flock_refused(folder / CLAIM_NAME, err)) from err
                 if time.monotonic() >= deadline:
                     holder = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "another process"
                     raise CheckpointError(

@@ -191,8 +191,8 @@ class _CoreFields:
     compile: str = _field("off", "runtime", "torch.compile the training step's forward + loss (fullgraph): on = "
                           "inductor, cudagraphs = inductor with CUDA graphs; on the CPU it pays for some variants and "
                           "slows others (results/compile_cpu_1thread/); graph = the whole step (inputs, forward, "
-                          "backward, clipping, AdamW) in one compiled function, one CUDA graph per batch shape, its "
-                          "randomness drawn per epoch (rpevit/tasks/whole_step.py)",
+                          "backward, clipping, AdamW) in one compiled function, one CUDA graph (an epoch's short last "
+                          "batch padded to the batch size), its randomness drawn per epoch (rpevit/tasks/whole_step.py)",
                           choices=("off", "on", "cudagraphs", "graph"))
 
     # bench task

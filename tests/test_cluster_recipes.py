@@ -128,10 +128,8 @@ STAND_INS = {
 }
 
 
-@pytest.mark.slow
-def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_time(tmp_path):
-    script = RECIPES / "slurm_sweep.sh"
-    subprocess.run(["bash", "-n", str(script)], check=True)
+def stand_ins(tmp_path: Path) -> tuple[Path, Path]:
+    """A bin folder of STAND_INS and the folder they log to."""
     bin_dir, log = tmp_path / "bin", tmp_path / "log"
     bin_dir.mkdir()
     log.mkdir()
@@ -139,18 +137,45 @@ def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_ti
         path = bin_dir / name
         path.write_text(f"#!/bin/bash\n{body}\n")
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return bin_dir, log
+
+
+def test_the_slurm_script_refuses_a_gpu_count_it_cannot_read_before_starting_anything(tmp_path):
+    bin_dir, log = stand_ins(tmp_path)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log), "FAKE_END": "", "SLURM_JOB_ID": "1",
+           "SLURM_JOB_NODELIST": "gpu07", "SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_PER_TASK": "4",
+           "SLURM_GPUS_ON_NODE": "gpu:a100", "HOME": str(tmp_path / "home")}
+    env.pop("SLURM_GPUS_PER_TASK", None)
+    env.pop("GPUS", None)
+    out = subprocess.run(["bash", str(RECIPES / "slurm_sweep.sh")], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and not (log / "srun").exists(), out.stdout + out.stderr
+    assert out.stderr.strip() == ("error: GPUs per node has value 'a100' (from GPUS, SLURM_GPUS_PER_TASK or "
+                                  "SLURM_GPUS_ON_NODE); allowed: a whole number (GPUS=4 sbatch "
+                                  "docs/cluster/slurm_sweep.sh)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gpu_env, num_gpus", [({"SLURM_GPUS_PER_TASK": "1"}, "1"),  # --gpus-per-task=1
+                                               ({"SLURM_GPUS_ON_NODE": "4"}, "4"),  # --gres=gpu:4: no PER_TASK
+                                               ({"SLURM_GPUS_PER_TASK": "a100:2"}, "2")])  # a typed request
+def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_time(tmp_path, gpu_env, num_gpus):
+    script = RECIPES / "slurm_sweep.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    bin_dir, log = stand_ins(tmp_path)
     end = (dt.datetime.now() + dt.timedelta(hours=4)).replace(second=0, microsecond=0)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "LOG": str(log),
            "FAKE_END": end.strftime("%Y-%m-%dT%H:%M:%S"), "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]",
-           "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "16", "SLURM_GPUS_PER_TASK": "1",
+           "SLURM_JOB_NUM_NODES": "2", "SLURM_CPUS_PER_TASK": "16", **gpu_env,
            "SPACE": "search_spaces/smoke.yaml", "RESULTS": str(tmp_path / "results"), "PYTHON": sys.executable,
            "PYTHONPATH": str(ROOT), "HOME": str(tmp_path / "home")}
-    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "GPUS",
+                 *{"SLURM_GPUS_PER_TASK", "SLURM_GPUS_ON_NODE"} - set(gpu_env)):
         env.pop(name, None)
     out = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert (log / "srun").read_text().split() == ["--nodes=2", "--ntasks=2", "ray", "symmetric-run", "--address",
-                                                  "gpu07:6379", "--min-nodes", "2", "--num-cpus=16", "--num-gpus=1",
+                                                  "gpu07:6379", "--min-nodes", "2", "--num-cpus=16", f"--num-gpus={num_gpus}",
                                                   "--", sys.executable, "-u", "sweep.py", "--space",
                                                   "search_spaces/smoke.yaml", "--address", "gpu07:6379",
                                                   "--results-dir", str(tmp_path / "results"), "--max-failures", "3",

@@ -72,3 +72,36 @@ def test_the_lock_has_one_taker_and_is_released_after_a_refusal(tmp_path, victim
                 pass
     with sweep_lock(folder):  # released by the refusal and by the end of the first block
         pass
+
+
+@pytest.mark.parametrize("code", ["ENOLCK", "EOPNOTSUPP", "ENOSYS"])
+def test_a_file_system_without_locks_is_named_as_such_not_as_another_driver(tmp_path, monkeypatch, code) -> None:
+    """NFS without its lock service, Lustre without -o flock: the flock fails with ENOLCK / EOPNOTSUPP, not
+    EWOULDBLOCK. The sweep lock and a trial's checkpoint claim say the storage cannot lock (one line, the errno,
+    what storage works) instead of 'in use by another driver' (nobody to look for) or a traceback."""
+    import errno
+    import fcntl
+
+    from rpevit.checkpoint import CheckpointError, claimed
+
+    def refuse(fd, operation):
+        raise OSError(getattr(errno, code), os.strerror(getattr(errno, code)))
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    with pytest.raises(SpaceError) as err:
+        with sweep_lock(tmp_path / "results" / "s"):
+            pass
+    assert not isinstance(err.value, SweepBusy) and "another" not in str(err.value)
+    name = errno.errorcode[getattr(errno, code)]  # EOPNOTSUPP is ENOTSUP on Linux
+    assert f"cannot be locked ({name}:" in str(err.value) and "file locks" in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CheckpointError, match=rf"\.trial\.lock cannot be locked \({name}:.*allowed: a results folder"):
+        with claimed(tmp_path / "ckpt", wait_s=5):
+            pass
+
+
+def test_a_lock_held_by_another_open_file_is_still_another_driver(tmp_path) -> None:
+    folder = tmp_path / "results" / "s"
+    with sweep_lock(folder):
+        with pytest.raises(SweepBusy, match="in use by another driver"):
+            with sweep_lock(folder):
+                pass

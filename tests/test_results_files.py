@@ -398,7 +398,7 @@ def test_a_full_disk_stops_the_sweep_in_one_line_and_resume_finishes_it(tmp_path
     assert len(errors) == 1 and "Traceback" not in out + err, err
     assert f"cannot write the results of this sweep to {folder} (ENOSPC: No space left on device)" in errors[0]
     assert errors[0].endswith(f"continue with python sweep.py --space {yaml} --name full --results-dir "
-                              f"{tmp_path / 'res'} --resume"), errors[0]
+                              f"{tmp_path / 'res'} --no-dashboard --resume"), errors[0]
     assert len(list((folder / "trials").iterdir())) == 1  # no further trial started
     assert not list(folder.glob(".*.tmp")) + list(folder.glob("parts/.*.tmp"))  # no torn temp file left behind
 

@@ -51,6 +51,9 @@ def test_wall_clock_times_are_local_unless_they_carry_an_offset():
     assert dl.parse_deadline("2026-11-24 02:00", now=NOW).at == dt.datetime(2026, 11, 24, 2).timestamp()
     utc = dt.datetime(2026, 11, 23, 18, 0, tzinfo=dt.timezone.utc).timestamp()
     assert dl.parse_deadline("2026-11-23T18:00Z", now=NOW).at == utc
+    # Python 3.10's fromisoformat refuses a Z (3.11 reads it): the text reaches it as +00:00 on every Python
+    assert dl.iso_offset("2026-11-23T18:00Z") == "2026-11-23T18:00+00:00" == dl.iso_offset("2026-11-23T18:00+00:00")
+    assert dl.iso_offset("Z") == "Z" and dl.iso_offset("2026-11-23T18:00") == "2026-11-23T18:00"
     assert dl.parse_deadline("2026-11-23T19:00+01:00", now=NOW).at == utc
     assert "2026-11-23 18:00:00" in dl.parse_deadline("18:00", now=NOW).describe(now=NOW)
 
@@ -89,6 +92,21 @@ def test_the_command_line_refuses_before_ray_starts(tmp_path, capsys):
     assert not ray.is_initialized() and not (tmp_path / "results").exists()  # stopped before the lock and Ray
     assert sweep.main(base + ["--deadline", "90m", "--dry-run"]) == 0
     assert "deadline 20" in capsys.readouterr().out
+
+
+def test_the_resume_flags_repeat_where_and_how_the_sweep_ran():
+    """Pasted on a cluster's head, the printed command joins the same cluster with the same resources and retries
+    (a dropped --address started a local Ray there instead); a flag left at its default is not repeated."""
+    import sweep
+
+    args = sweep.build_parser().parse_args(
+        ["--space", "s.yaml", "--set", "lr=0.002", "--only", "pe=rope", "--rungs-first", "--address", "10.0.0.5:6379",
+         "--cpus-per-trial", "2", "--gpus-per-trial", "0.25", "--max-concurrent", "8", "--max-failures", "3",
+         "--no-reuse", "--no-dashboard", "--deadline", "2h", "--deadline-estimate", "30", "--redeclare"])
+    assert sweep.resume_flags(args) == (
+        "--set", "lr=0.002", "--only", "pe=rope", "--rungs-first", "--address", "10.0.0.5:6379", "--cpus-per-trial",
+        "2", "--gpus-per-trial", "0.25", "--max-concurrent", "8", "--max-failures", "3", "--no-reuse", "--no-dashboard")
+    assert sweep.resume_flags(sweep.build_parser().parse_args(["--space", "s.yaml"])) == ()
 
 
 def test_resume_command_repeats_what_selects_the_trials():
@@ -351,12 +369,13 @@ def test_the_command_line_prints_the_resume_command_that_continues_the_sweep(tmp
     line = next(ln for ln in first.stdout.splitlines() if ln.startswith("continue with: "))
     argv = shlex.split(line.removeprefix("continue with: "))
     assert argv == ["python", "sweep.py", "--space", str(path), "--name", "mine", "--results-dir", str(results),
-                    "--set", "lr=0.002", "--resume", "--deadline", dl.NEW_DEADLINE]
+                    "--set", "lr=0.002", "--max-concurrent", "1", "--no-dashboard", "--resume", "--deadline",
+                    dl.NEW_DEADLINE]  # how it ran too (sweep.resume_flags), the estimate not: it was for that run
     before = pd.read_parquet(results / "mine" / TRIALS_FILE)
     assert len(before) == 2 and set(before["epochs"]) == {2} and set(before["lr"]) == {0.002}
     # 5 minutes: a 10000-epoch trial is predicted at 5000x a measured 2-epoch row (over a tenth of a second
     # on any machine), so it does not fit, and the command ends without starting Ray
-    argv = [sys.executable, *argv[1:-1], "5m", "--no-dashboard"]
+    argv = [sys.executable, *argv[1:-1], "5m"]
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
     assert "set aside" not in again.stdout and "2 already done, 2 to run" in again.stdout  # the same trials

@@ -36,6 +36,16 @@ end=$(squeue --noheader --jobs "$SLURM_JOB_ID" --format=%e)
 if [[ "$end" =~ ^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]+$ ]]; then
   deadline=(--deadline "$(date --date "${end/T/ } $MARGIN_MIN minutes ago" +%Y-%m-%dT%H:%M)")
 fi
+# GPUs per node, for Ray: --gpus-per-task sets SLURM_GPUS_PER_TASK; --gres=gpu:N and --gpus-per-node set only
+# SLURM_GPUS_ON_NODE (Ray told 0 GPUs there would leave every GPU trial waiting until the job's end); either may
+# name a type (a100:1). GPUS=N, given to sbatch's environment, overrides both.
+gpus=${GPUS:-${SLURM_GPUS_PER_TASK:-${SLURM_GPUS_ON_NODE:-0}}}
+gpus=${gpus##*:}
+if [[ ! "$gpus" =~ ^[0-9]+$ ]]; then
+  echo "error: GPUs per node has value '$gpus' (from GPUS, SLURM_GPUS_PER_TASK or SLURM_GPUS_ON_NODE); allowed:" \
+       "a whole number (GPUS=4 sbatch docs/cluster/slurm_sweep.sh)" >&2
+  exit 2
+fi
 data=()
 if [[ -n "$DATA" ]]; then
   data=(--data-dir "$DATA")
@@ -50,10 +60,10 @@ if [[ -z "${RAY_AUTH_TOKEN:-}" && ! -s "$token_file" ]]; then
 fi
 RAY_AUTH_TOKEN=${RAY_AUTH_TOKEN:-$(<"$token_file")}
 export RAY_AUTH_MODE=token RAY_AUTH_TOKEN
-echo "ray head at $address on $SLURM_JOB_NUM_NODES node(s); job ends ${end:-?}; ${deadline[*]:-no deadline}"
+echo "ray head at $address on $SLURM_JOB_NUM_NODES node(s), $gpus GPU(s) each; job ends ${end:-?}; ${deadline[*]:-no deadline}"
 
 srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" \
   ray symmetric-run --address "$address" --min-nodes "$SLURM_JOB_NUM_NODES" \
-    --num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus="${SLURM_GPUS_PER_TASK:-0}" \
+    --num-cpus="$SLURM_CPUS_PER_TASK" --num-gpus="$gpus" \
   -- "$PYTHON" -u sweep.py --space "$SPACE" --address "$address" --results-dir "$RESULTS" "${data[@]}" \
     --max-failures 3 --resume "${deadline[@]}"

@@ -5,7 +5,7 @@
 
 For each m, `repeats` independent sets of m Gaussian draws go through
 `random_projection_features` (float64); the deviation from the exact p over all pairs of grid
-positions is summarised by its max and RMS. Beside them (README_STRING.md derives both):
+positions is summarised by its max and RMS. Beside them (docs/string_and_rotinv.md derives both):
 - rms_exact: sqrt(mean over pairs of Var X / m), the exact expected RMS (an identity, not a bound);
 - hoeffding: a 1 - delta bound on the max deviation (Hoeffding after truncating |w|^2 <= R);
 - chebyshev: a 1 - delta bound on the max deviation (Chebyshev + union over offsets).

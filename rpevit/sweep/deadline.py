@@ -157,7 +157,7 @@ def parse_deadline(text: str, now: float | None = None) -> Deadline:
                          f"; for tomorrow give the date: {tomorrow}")
         return Deadline(at, text)
     try:
-        when = dt.datetime.fromisoformat(text)
+        when = dt.datetime.fromisoformat(iso_offset(text))
     except ValueError:
         raise refuse(", which is neither a time nor a duration") from None
     try:
@@ -169,6 +169,12 @@ def parse_deadline(text: str, now: float | None = None) -> Deadline:
     if at - now > MAX_MINUTES * 60:
         raise refuse(f", which is {span(at - now)} ahead")
     return Deadline(at, text)
+
+
+def iso_offset(text: str) -> str:
+    """An ISO 8601 time as every supported Python reads it: a trailing `Z` (UTC) spelled `+00:00`, which
+    `datetime.fromisoformat` accepts only from Python 3.11 (3.10 refused `2026-12-03T18:00Z`)."""
+    return f"{text[:-1]}+00:00" if len(text) > 1 and text.endswith("Z") else text
 
 
 def as_deadline(value: float | str | Deadline | None) -> Deadline | None:
@@ -467,8 +473,9 @@ def plan_units(units: Sequence[Unit], estimator: Estimator, *, slots: int, now: 
 
 def resume_command(source: str, name: str, results_dir: Any, data_dir: str | None, flags: Sequence[str] = (),
                    deadline: bool = False) -> str:
-    """The command line that continues this sweep: same space, name, folders and trial-selecting
-    flags (--set, --only, --max-trials), --resume; with `deadline`, a --deadline placeholder."""
+    """The command line that continues this sweep: same space, name, folders and `flags` (sweep.py's
+    resume_flags: what selects the trials, where and how they run), --resume; with `deadline`, a --deadline
+    placeholder."""
     parts = ["python", "sweep.py", "--space", str(source), "--name", name, "--results-dir", str(results_dir)]
     if data_dir is not None:
         parts += ["--data-dir", str(data_dir)]

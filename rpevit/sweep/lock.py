@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from rpevit.durable import flock_refused, held_elsewhere
 from rpevit.sweep.space import SpaceError
 from rpevit.sweep.store import PARTS_DIR
 
@@ -67,7 +68,10 @@ def sweep_lock(out_dir: Path) -> Iterator[None]:
     except SpaceError:
         handle.close()
         raise
-    except OSError:
+    except OSError as err:
+        if not held_elsewhere(err):  # the file system refused the lock: no other driver to name
+            handle.close()
+            raise SpaceError(flock_refused(out_dir / LOCK_FILE, err)) from err
         handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()

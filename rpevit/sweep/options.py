@@ -28,7 +28,7 @@ class SweepOptions:
     deadline: "deadlines.Deadline | float | str | None" = None  # start only what ends before it (deadline.py): a
     # Deadline, a Unix time or a --deadline text (parsed when the run starts)
     deadline_estimate: float | None = None  # seconds per epoch of one Tune trial when no row says (deadline.py)
-    resume_flags: tuple[str, ...] = ()  # flags that select the space's trials (--set, --only), for the resume line
+    resume_flags: tuple[str, ...] = ()  # sweep.py's flags repeated in the resume line (sweep.resume_flags)
     redeclare: bool = False  # record a changed `declare:` block although rows exist (they become exploratory)
     rungs_first: bool = False  # budget ladders: trunks pause at their last branch until every shorter trial ran
 
