@@ -188,3 +188,18 @@ def test_the_slurm_script_starts_ray_everywhere_and_the_sweep_inside_the_jobs_ti
     assert re.fullmatch(r"[0-9a-f]{64}", token.read_text()) and stat.S_IMODE(token.stat().st_mode) == 0o600
     assert (log / "srun_env").read_text().split() == ["token", token.read_text()]
     assert "data: read on the cluster's nodes" in out.stdout  # --address: the nodes' data, not this machine's
+
+
+def test_a_joined_cluster_no_node_of_which_can_hold_a_trial_is_said_at_once(monkeypatch):
+    """A SLURM job whose GPUs Ray was not told of: every GPU trial would wait in silence until the job's end. On a
+    joined cluster (nodes may still come) that is a one-line warning naming the largest node, not a refusal."""
+    from rpevit.sweep import session
+
+    nodes = [{"CPU": 16.0, "memory": 1e11}, {"CPU": 32.0, "GPU": 0.0}]
+    monkeypatch.setattr(session, "live_nodes", lambda: nodes)
+    waits = session.check_fits(4, 0.25, fixed_cluster=False)
+    assert waits is not None and "\n" not in waits and waits.startswith("warning: no node of the cluster can hold")
+    assert "gpus_per_trial 0.25" in waits and "2 live node(s), the largest 32 CPUs and 0 GPUs" in waits
+    assert session.check_fits(4, 0, fixed_cluster=False) is None  # CPU trials fit there
+    nodes.append({"CPU": 8.0, "GPU": 1.0})
+    assert session.check_fits(4, 0.25, fixed_cluster=False) is None  # one node that fits is enough

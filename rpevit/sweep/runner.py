@@ -19,6 +19,7 @@ on 127.0.0.1 only and its processes end with the driver (session.py, reaper.py).
 """
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -101,7 +102,9 @@ def execute_sweep(space: Space, opts: SweepOptions) -> SweepOutcome:
         try:
             with session.ray_session(opts.address, opts.dashboard, res.gpus_per_trial) as started_ray:
                 fixed_cluster = started_ray and not session.cluster_address(opts.address)
-                session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)
+                waits = session.check_fits(res.cpus_per_trial, res.gpus_per_trial, fixed_cluster=fixed_cluster)
+                if waits:
+                    print(waits, file=sys.stderr, flush=True)
                 if deadline is None:
                     slots, t0 = run_sweep_trials(space, plan, opts, out_dir)
                 else:

@@ -445,16 +445,30 @@ def private_token_file(path: Path = RAY_TOKEN_FILE) -> Path:
     return path
 
 
-def check_fits(cpus: float, gpus: float, fixed_cluster: bool) -> None:
-    """On the embedded (non-autoscaling) Ray, a trial bigger than the machine would wait forever."""
+def check_fits(cpus: float, gpus: float, fixed_cluster: bool) -> str | None:
+    """On the embedded (non-autoscaling) Ray, a trial bigger than the machine would wait forever: refused. On a
+    joined cluster nodes may still come (an autoscaler, a worker starting late), so a trial no live node can hold
+    is not refused, but said at once (the returned warning line), rather than left to wait in silence until the
+    job's time ends (a SLURM allocation whose GPUs Ray was not told of). None: it fits, or nothing to say."""
+    if not fixed_cluster:
+        nodes = live_nodes()
+        if not nodes or any(n.get("CPU", 0.0) >= cpus and n.get("GPU", 0.0) >= gpus for n in nodes):
+            return None
+        largest = max(nodes, key=lambda n: (n.get("GPU", 0.0), n.get("CPU", 0.0)))
+        return (f"warning: no node of the cluster can hold one trial now (cpus_per_trial {cpus:g}, gpus_per_trial "
+                f"{gpus:g}; its {len(nodes)} live node(s), the largest {largest.get('CPU', 0.0):g} CPUs and "
+                f"{largest.get('GPU', 0.0):g} GPUs): its trials wait until such a node joins. If none will (no "
+                f"autoscaler), stop with Ctrl-C (rows kept) and give Ray the nodes' GPUs (ray start --num-gpus) or "
+                f"lower --gpus-per-trial / --cpus-per-trial")
     import ray
 
     have = ray.cluster_resources()
     for name, need in (("cpus_per_trial", cpus), ("gpus_per_trial", gpus)):
         avail = have.get(name.split("s_")[0].upper(), 0.0)
-        if fixed_cluster and need > avail:
+        if need > avail:
             raise SpaceError(f"{name} has value {need:g} but this machine has {avail:g}; allowed: <= {avail:g} "
                              f"(--{name.replace('_', '-')}, or join a bigger cluster with --address)")
+    return None
 
 
 def live_nodes() -> list[dict[str, float]]:
