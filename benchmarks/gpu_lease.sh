@@ -28,10 +28,14 @@
 #            groups per GPU, plan.py picks the epochs from call 1's packed rate, --deadline starts only
 #            whole groups that fit; SIGTERM at the sweep's end; its rows (parts/ too: rpevit.sweep.snapshot:
 #            trials.parquet, epochs.parquet), space.json, sweep.log, lease_plan.txt, curves.png, smi.txt
-#            back. Where the plan admits no group, one fused group runs instead (as `group`).
+#            back. Where the plan admits no group, or the sweep's own planner (PLAN_S later) admits none, one
+#            fused group runs instead (as `group`). On a fresh machine call 1's rate is not there: the plan
+#            uses the committed one (LEASE_RUNG_THROUGHPUT), and says so.
 #   LEASE_LEFT_S caps every part of a call after the first at the device time really left (the machine's
-#   start may have taken more than the budget assumed); .lease carried again costs seconds and saves call 2 if
+#   start may have taken more than the budget assumed); on a fresh machine (the 30-s window missed) START_S
+#   more, since its start came before the command. .lease carried again costs seconds and saves call 2 if
 #   the machine went cold (a fresh one unpacks it: without it the call ends at once, its start spent).
+#   Every log back is its last 2 MB; smi.txt is left out of a call that already returns 8 files.
 #   then give the machine back. `group [SWEEP FLAGS]`: one fused group (MNIST favor + luo_rpe, 2 epochs if
 #   its time allows, else 1) through sweep.py instead of the main job.
 # `longseq [SWEEP FLAGS]` (issue 60, item 5; carry=[.lease], no data): the data-free long-sequence bench,
@@ -184,13 +188,22 @@ if [[ $LEASE_KIND == short && $1 == study ]]; then
 fi
 
 mkdir -p "$L/site" "$L/results" "$L/data" "$OUT"
+LOG_BYTES=2000000   # every log back is its last 2 MB (a call returns files of at most 16 MiB)
+RETURN_FILES=8      # a call returns at most 8 files
 export PYTHONPATH=$L/site:$PWD PYTHONUNBUFFERED=1 RPEVIT_DATA=$L/data
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-2}  # several compiling processes at once
 
 # t0: `first` starts the lease; a later call on this machine keeps its t0, a call on a fresh one starts its own
 STARTED=$(date +%s)   # this call's start (LEASE_LEFT_S counts from it)
 new_t0() { echo "$STARTED" > "$L/t0"; T0=$(cat "$L/t0"); }   # a call that starts t0 starts it at its own start
-keep_t0() { [[ -f $L/t0 ]] || echo "$STARTED" > "$L/t0"; T0=$(cat "$L/t0"); }
+FRESH=0   # 1: a call after the first found a bare machine (no t0 of an earlier call here): its start came first
+keep_t0() {
+  [[ -f $L/t0 ]] || { echo "$STARTED" > "$L/t0"; FRESH=1; }
+  T0=$(cat "$L/t0")
+  (( FRESH )) && [[ -n ${LEASE_LEFT_S:-} ]] && echo "lease: a fresh machine (no earlier call's t0 here): its start," \
+      "~${START_S} s of device time, came out of LEASE_LEFT_S ($LEASE_LEFT_S s) before this call began"
+  return 0
+}
 since_t0() { echo $(( $(date +%s) - T0 )); }
 # this call's end from t0: CALL_END_S after its start, and never after the budget's end less the return, nor
 # (LEASE_LEFT_S given) after the device time really left less the return
@@ -198,7 +211,7 @@ call_end() {
   local end=$(( $(since_t0) + CALL_END_S ))
   (( end > BUDGET_S - RETURN_S )) && end=$(( BUDGET_S - RETURN_S ))
   if [[ -n ${LEASE_LEFT_S:-} ]]; then
-    local left=$(( STARTED - T0 + LEASE_LEFT_S - RETURN_S ))
+    local left=$(( STARTED - T0 + LEASE_LEFT_S - RETURN_S - FRESH * START_S ))
     (( end > left )) && end=$left
   fi
   echo "$end"
@@ -259,7 +272,8 @@ gpu_tests() {
   echo "collected $(wc -l < "$OUT/pytest_gpu.collected") GPU tests ($(tail -1 "$L/collect.log"))"
   capped "$end" INT "$GRACE_S" "$PY" -m pytest -q -m gpu "${GPU_TESTS[@]}" -n "$WORKERS" -p no:cacheprovider -rfE \
       --timeout "$TEST_TIMEOUT_S" --timeout-method thread --junitxml "$OUT/pytest_gpu.xml" 2>&1 \
-      | tee "$OUT/pytest_gpu.log" | tail -40
+      | tee "$L/pytest_gpu.log" | tail -40
+  tail -c "$LOG_BYTES" "$L/pytest_gpu.log" > "$OUT/pytest_gpu.log"   # a file over the return's 16 MiB never comes back
 }
 
 # the throughput benchmark until t0 + $1; $2 short: the short lease's question first (4 packed processes of fused
@@ -277,7 +291,8 @@ run_bench() {
     args=(--models gpu --fused 3 5 --packed 4 --samples 3 --steps 10 --warmup 3 --profile-steps 5)
   fi
   capped "$end" TERM "$GRACE_S" "$PY" benchmarks/throughput.py "${args[@]}" --json "$OUT/throughput.json" 2>&1 \
-      | grep --line-buffered -v Warning | tee "$OUT/throughput.log"
+      | grep --line-buffered -v Warning | tee "$L/throughput.log"
+  tail -c "$LOG_BYTES" "$L/throughput.log" > "$OUT/throughput.log"
   cp "$OUT/throughput.json" "$L/throughput.json" 2> /dev/null
   return 0
 }
@@ -288,7 +303,13 @@ minutes() { printf '%d.%02dm' $(( $1 / 60 )) $(( $1 % 60 * 100 / 60 )); }   # --
 # the sweep's stop signal, then sweep.py with that --deadline; where no group fits, one group instead
 run_main() {
   local end=$1; shift
-  local flags=("${MAIN_FLAGS[@]}" "$@") deadline=$(( end - GRACE_S - $(since_t0) )) rate=$L/throughput.json
+  # plan.py plans PLAN_S before sweep.py does (sweep.py's imports and its own planning come after): it is given
+  # that much less, so that it never admits a group the sweep's planner then finds too late
+  local flags=("${MAIN_FLAGS[@]}" "$@") deadline=$(( end - GRACE_S - PLAN_S - $(since_t0) )) rate=$L/throughput.json
+  if [[ ! -f $rate ]]; then   # a fresh machine: call 1's rate stayed on the machine that measured it
+    rate=$RUNG_RATE
+    echo "lease: no rate of this lease on this machine (a fresh one): planning with the committed $rate"
+  fi
   [[ $REHEARSAL == 1 ]] && { deadline=${LEASE_MAIN_SWEEP_S:-$deadline}; rate=$REHEARSAL_RATE; }  # the lease's own
   capped $(( $(since_t0) + PLAN_S )) TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/plan.py --deadline-s "$deadline" \
       --throughput "$rate" "${flags[@]}" > "$L/plan.txt" 2>&1
@@ -309,6 +330,14 @@ run_main() {
   echo "lease: sweep.py ${flags[*]} ${run[*]} --deadline $(minutes "$deadline") at t0+$(since_t0) s"
   capped "$end" TERM "$GRACE_S" "$PY" sweep.py --space $SPACE --results-dir "$L/results" --no-dashboard "${flags[@]}" \
       "${run[@]}" --deadline "$(minutes "$deadline")" > "$L/sweep.log" 2>&1
+  local rc=$?
+  if grep -q "ran 0 trial(s)" "$L/sweep.log" 2> /dev/null; then   # its planner admitted none after all
+    cp "$L/sweep.log" "$L/sweep_main.log"
+    echo "lease: the sweep's planner admitted no group by t0+$end s: one fused group instead"
+    run_group "$end"
+    return
+  fi
+  return $rc
 }
 
 # one fused all12 group through sweep.py until t0 + $1 (SIGTERM before it): by default MNIST favor + luo_rpe,
@@ -336,15 +365,17 @@ device_label() {   # the figure's device where the rows do not name it
 collect() {
   local end=$1 name=${2:-all12}
   local folder=$L/results/$name snap=$L/snapshot/$name
-  [[ -f $L/sweep.log ]] && tail -c 2000000 "$L/sweep.log" > "$OUT/sweep.log"
+  [[ -f $L/sweep.log ]] && tail -c "$LOG_BYTES" "$L/sweep.log" > "$OUT/sweep.log"
   rm -rf "$L/snapshot"
   if [[ -d $folder ]] && capped "$end" TERM "$QUICK_GRACE_S" "$PY" -m rpevit.sweep.snapshot "$folder" "$snap"; then
     for f in trials.parquet epochs.parquet space.json declaration.json; do [[ -f $snap/$f ]] && cp "$snap/$f" "$OUT/$f"; done
     [[ -f $snap/epochs.parquet ]] && capped "$end" TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/curves.py "$snap" \
         "$OUT/curves.png" "$(device_label)"
   fi
-  command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi --query-gpu=name,utilization.gpu,memory.used \
-      --format=csv > "$OUT/smi.txt" 2>&1
+  if (( $(find "$OUT" -maxdepth 1 -type f | wc -l) < RETURN_FILES )); then   # the rows first: smi.txt only where
+    command -v nvidia-smi > /dev/null && timeout 20 nvidia-smi --query-gpu=name,utilization.gpu,memory.used \
+        --format=csv > "$OUT/smi.txt" 2>&1                               # a call returns fewer than 8 files
+  fi
   return 0
 }
 sweep_running() { [[ -f $L/sweep.pid ]] && kill -0 "$(cat "$L/sweep.pid")" 2> /dev/null; }
@@ -373,7 +404,7 @@ check_rung_args() {
 # deadline (every group of the rung must fit, else nothing starts), then sweep.py with that --deadline
 run_rung() {
   local end=$1 epochs=$2; shift 2
-  local flags=(--only "epochs=$epochs" "$@") deadline=$(( end - GRACE_S - $(since_t0) ))
+  local flags=(--only "epochs=$epochs" "$@") deadline=$(( end - GRACE_S - PLAN_S - $(since_t0) ))   # PLAN_S: run_main
   [[ $REHEARSAL == 1 ]] && deadline=${LEASE_RUNG_SWEEP_S:-$deadline}   # the lease's own (cifar_pack.py plan)
   capped $(( $(since_t0) + PLAN_S )) TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/plan.py --space $RUNG_SPACE --exact \
       --deadline-s "$deadline" --throughput "$RUNG_RATE" "${flags[@]}" > "$L/plan.txt" 2>&1

@@ -24,7 +24,7 @@
 #    short (REHEARSAL_BUDGET_S, under 1500): call 1 `first; bench`: every import sweep.py needs,
 #    tests/test_gpu.py collected (pytest_gpu.collected) and run with pytest-timeout as on the device (its
 #    tests skip without CUDA; the XML must hold every collected one), the benchmark in the short lease's
-#    order (fused, the whole step in one graph, then packed; the tiny model under aot_eager: it checks
+#    order (packed, then fused and the whole step in one graph; the tiny model under aot_eager: it checks
 #    the script, not the CPU's speed), and summary.py on what came back; call 2 `main`: the deadline
 #    planner with the lease's own deadline and the last lease's packed rate (it must admit whole
 #    groups), then a CPU-sized sweep.py run of one fused group through Ray, its rows (a snapshot) and

@@ -43,6 +43,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -215,15 +216,39 @@ def measure_whole(cfg: TrialConfig, models: list, data, schedule, device: torch.
     return {**row, "profile": profiled} if profiled else row
 
 
+BARRIER_ABORT = "abort"  # written into the barrier folder by the parent when a packed process has failed
+
+
 def wait_for_others(folder: str, count: int, timeout_s: float = 600.0) -> bool:
-    """Mark this process warm in `folder`, then wait until `count` processes are: True if they all were."""
+    """Mark this process warm in `folder`, then wait until `count` processes are: True if they all were; False
+    at the timeout, or at once when the parent wrote BARRIER_ABORT (a sibling failed: it will never be warm, and
+    waiting for it would spend the rest of a lease's benchmark)."""
     Path(folder, str(os.getpid())).touch()
     deadline = time.time() + timeout_s
-    while len(list(Path(folder).iterdir())) < count:
-        if time.time() > deadline:
+    while len([p for p in Path(folder).iterdir() if p.name != BARRIER_ABORT]) < count:
+        if time.time() > deadline or Path(folder, BARRIER_ABORT).exists():
             return False
         time.sleep(0.2)
     return True
+
+
+def run_packed_children(cmd: list[str], processes: int, env: dict[str, str], barrier: str) -> tuple[list, list]:
+    """`processes` copies of `cmd`, their stdout collected; the moment one exits with an error, BARRIER_ABORT
+    tells the others to stop waiting for it. Returns (children, their stdout lines)."""
+    children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(processes)]
+    outputs: list[list[str]] = [[] for _ in children]
+
+    def read(i: int) -> None:
+        outputs[i] = children[i].communicate()[0].strip().splitlines()
+
+    readers = [threading.Thread(target=read, args=(i,), daemon=True) for i in range(processes)]
+    for reader in readers:
+        reader.start()
+    while any(reader.is_alive() for reader in readers):
+        if any(child.poll() not in (None, 0) for child in children):
+            Path(barrier, BARRIER_ABORT).touch()
+        time.sleep(0.2)
+    return children, outputs
 
 
 @contextmanager
@@ -258,8 +283,7 @@ def packed(model_key: str, processes: int, k: int, compile_mode: str, device: to
                "--warmup", str(warmup), "--samples", str(samples), "--barrier", barrier, "--threads", str(threads),
                "--fused", str(k), "--compile", compile_mode, "--packed", str(processes),
                "--backend", training.COMPILE_BACKEND]
-        children = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(processes)]
-        outputs = [child.communicate()[0].strip().splitlines() for child in children]
+        children, outputs = run_packed_children(cmd, processes, env, barrier)
         failed = [i for i, (child, out) in enumerate(zip(children, outputs)) if child.returncode or not out]
         if failed:
             raise RuntimeError(f"packed process(es) {failed} of {processes} failed (exit "

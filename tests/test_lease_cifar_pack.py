@@ -13,7 +13,9 @@ import math
 import hashlib
 import json
 import lzma
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -328,3 +330,20 @@ def test_the_rebuild_never_writes_through_a_link(tmp_path, capsys, planted):
         assert code == 0 and (data / "cifar10.npz").read_bytes() == PAYLOAD and not (data / planted).is_symlink()
     else:
         assert code == 1 and err.count("\n") == 0 and "is a symbolic link" in err and planted in err, err
+
+
+def test_rungs_says_plan_py_could_not_run_instead_of_calling_every_rung_too_long(tmp_path):
+    """The lease review: `cifar-plan` under an interpreter without rpevit's environment (the default python3 here
+    has no torch) printed 'does NOT fit one call, even as halves' for every rung: plan.py's crash read as its
+    answer. Now one line says plan.py could not run, and with which interpreter."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch' (stand-in)\")\n")
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "lease" / "cifar_pack.py"), "rungs", "--space",
+                           str(ROOT / "search_spaces" / "cifar10_rungs_gpu.yaml"), "--deadline-s", "430",
+                           "--throughput", str(ROOT / "results" / "gpu_h100" / "lease_2026-11-26" / "throughput_packed.json")],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2 and "does NOT fit" not in done.stdout, done.stdout + done.stderr
+    assert done.stderr.strip().startswith("error: benchmarks/lease/plan.py could not run under ")
+    assert "No module named 'torch' (stand-in)" in done.stderr and "LEASE_PYTHON=" in done.stderr

@@ -9,8 +9,10 @@ fvcore counts 1: utilisation was 2x too low.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,3 +187,41 @@ def test_the_step_profile_counts_each_steps_ops_and_regions():
     assert set(p["region_cpu_ms_per_step"]) == {"step_inputs", "train_step"}
     assert p["launches_per_step"] == 0 and p["aten_ops_per_step"] >= 3 and "device_busy_fraction" not in p
     assert "launches" in format_profile(p)
+
+
+CHILD = """
+import os, sys, time
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import throughput
+barrier = sys.argv[1]
+try:
+    os.mkdir(Path(barrier).parent / "first")  # the first child to get here fails, as a compile error would
+except FileExistsError:
+    start = time.time()
+    print(throughput.wait_for_others(barrier, 2, timeout_s=120), round(time.time() - start))
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+@pytest.mark.slow
+def test_a_packed_process_that_fails_stops_the_others_waiting_at_once(tmp_path):
+    """Issue 60 (the lease review): a packed process that died while compiling left the others in wait_for_others
+    until its 600-s timeout, past the benchmark's end: no mode got a rate. The parent now tells them at once."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import throughput
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(bench=str(ROOT / "benchmarks")))
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    start = time.monotonic()
+    children, outputs = throughput.run_packed_children([sys.executable, str(script), str(barrier)], 2, dict(os.environ),
+                                                       str(barrier))
+    assert time.monotonic() - start < 60
+    assert sorted(child.returncode for child in children) == [0, 3]
+    survivor = next(out for child, out in zip(children, outputs) if child.returncode == 0)
+    assert survivor[-1].split()[0] == "False", survivor

@@ -561,6 +561,10 @@ def ask_plan(space: Path, deadline_s: int, throughput: str, only: list[str]) -> 
         command += ["--only", pair]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     lines = (done.stdout + done.stderr).splitlines()
+    if done.returncode not in (0, 2):  # 2: its answer, "does not fit"; anything else: plan.py itself failed
+        raise PackError(f"benchmarks/lease/plan.py could not run under {sys.executable} (exit {done.returncode}: "
+                        f"{lines[-1] if lines else 'no output'}); allowed: rpevit's environment, e.g. "
+                        f"LEASE_PYTHON=.venv/bin/python bash benchmarks/gpu_lease.sh cifar-plan")
     plan = next((line for line in lines if line.startswith("lease plan:")), "")
     error = next((line for line in lines if line.startswith("error:")), "")
     return done.returncode == 0, plan if done.returncode == 0 else (error or plan or " ".join(lines[-2:]))

@@ -36,6 +36,8 @@ CALL_MARGIN_S = 45  # kept inside each call: the tool's start and return, a part
 CALL_END_S = CALL_LIMIT_S - CALL_MARGIN_S  # every call's parts end by this, from the call's start
 GAP_S = 30  # from a call's end to the next one's start: files back, the next call sent (the machine waits 30 s)
 RETURN_S = 30  # after the last call: its files back and the machine given back
+START_S = 90  # a fresh machine's start, as the lend counts it (~90 s on the leases so far): a call after the first
+#               that finds a bare machine (its 30-s window missed) spent this out of LEASE_LEFT_S before it began
 MIN_BUDGET_S, LONG_FROM_S, MAX_BUDGET_S = 540, 1500, 1800
 
 UNPACK_S = 45  # .lease checked and unpacked (~45 MB xz), image.txt, the imports of sweep.py and Ray Tune
@@ -161,7 +163,8 @@ def short_lease(budget: int, tests_by_hand: int | None = None, bench_by_hand: in
     if main_seconds(budget, UNPACK_S + tests_s + bench_s) >= MAIN_MIN_S:
         one = call1(tests_s, bench_s, first)
         start = one.end + GAP_S
-        two = main_call(2, start, start + main_seconds(budget, one.end), f"{export}bash benchmarks/gpu_lease.sh main")
+        two = main_call(2, start, start + main_seconds(budget, one.end),
+                        f"{exports(budget, tests_by_hand, bench_by_hand, left=True)}bash benchmarks/gpu_lease.sh main")
         calls, second = (one, two), "main"
     else:  # one call: the tests and the benchmark share what the call and the budget allow
         calls, second = (call1(*one_call_parts(budget, tests_by_hand, bench_by_hand), first),), "none"
@@ -187,10 +190,14 @@ def one_call_parts(budget: int, tests_by_hand: int | None, bench_by_hand: int | 
     return tests_s, room - tests_s
 
 
-def exports(budget: int, tests_by_hand: int | None = None, bench_by_hand: int | None = None) -> str:
-    """The `export ...; ` a call's command starts with: every value the plan was made from."""
+LEFT_PLACEHOLDER = "LEASE_LEFT_S=<budget_left_s of the last reply, less the seconds until this call is sent>"
+
+
+def exports(budget: int, tests_by_hand: int | None = None, bench_by_hand: int | None = None, left: bool = False) -> str:
+    """The `export ...; ` a call's command starts with: every value the plan was made from, and for a call after
+    the first (`left`) the LEASE_LEFT_S the operator fills in from the last reply (the plan cannot know it)."""
     chosen = [f"LEASE_TESTS_S={tests_by_hand}"] * (tests_by_hand is not None) + \
-        [f"LEASE_BENCH_S={bench_by_hand}"] * (bench_by_hand is not None)
+        [f"LEASE_BENCH_S={bench_by_hand}"] * (bench_by_hand is not None) + [LEFT_PLACEHOLDER] * left
     return f"export {' '.join([f'LEASE_BUDGET_S={budget}', *chosen])}; "
 
 
@@ -211,11 +218,11 @@ def long_lease(budget: int) -> Timeline:
     plan = Part("plan", bench.end, bench.end + PLAN_S, "benchmarks/lease/plan.py")
     wait = Part("sweep", plan.end, start + CALL_END_S - COLLECT_S,
                 f"sweep.py in the background, --deadline t0+{study_end}; this call waits")
-    two = Call(2, f"{export}bash benchmarks/gpu_lease.sh study",
+    two = Call(2, f"{exports(budget, left=True)}bash benchmarks/gpu_lease.sh study",
                (bench, plan, wait, Part("collect", wait.end, start + CALL_END_S, "rows so far")))
     start = two.end + GAP_S
     end = min(start + CALL_END_S, budget - RETURN_S)
-    three = Call(3, f"{export}bash benchmarks/gpu_lease.sh finish",
+    three = Call(3, f"{exports(budget, left=True)}bash benchmarks/gpu_lease.sh finish",
                  (Part("wait", start, end - COLLECT_S, "the sweep runs on"),
                   Part("collect", end - COLLECT_S, end, "rows, curves, figure")))
     shell = {"LEASE_KIND": "long", "CALL2": "study", "UNPACK_END": unpack.end, "TESTS_END": tests.end,
@@ -250,7 +257,8 @@ def shell_values(plan: Timeline, scale: float) -> dict[str, int | str]:
     def at(t: int) -> int:
         return max(1, round(t * scale))
 
-    constants = {"BUDGET_S": plan.budget, "CALL_END_S": CALL_END_S, "RETURN_S": RETURN_S, "UNPACK_S": UNPACK_S,
+    constants = {"BUDGET_S": plan.budget, "CALL_END_S": CALL_END_S, "RETURN_S": RETURN_S, "START_S": START_S,
+                 "UNPACK_S": UNPACK_S,
                  "PLAN_S": PLAN_S, "COLLECT_S": COLLECT_S, "GRACE_S": GRACE_S, "QUICK_GRACE_S": QUICK_GRACE_S, "TEST_TIMEOUT_S": TEST_TIMEOUT_S,
                  "TEST_COLLECT_S": TEST_COLLECT_S,
                  "GROUP_TWO_EPOCHS_S": GROUP_TWO_EPOCHS_S}
