@@ -28,7 +28,7 @@
 #            groups per GPU, plan.py picks the epochs from call 1's packed rate, --deadline starts only
 #            whole groups that fit; SIGTERM at the sweep's end; its rows (parts/ too: rpevit.sweep.snapshot:
 #            trials.parquet, epochs.parquet), space.json, sweep.log, lease_plan.txt, curves.png, smi.txt
-#            back. Where the plan admits no group, or the sweep's own planner (PLAN_S later) admits none, one
+#            back. Where the plan admits no group, or the sweep's own planner (seconds later) admits none, one
 #            fused group runs instead (as `group`). On a fresh machine call 1's rate is not there: the plan
 #            uses the committed one (LEASE_RUNG_THROUGHPUT), and says so.
 #   LEASE_LEFT_S caps every part of a call after the first at the device time really left (the machine's
@@ -303,9 +303,10 @@ minutes() { printf '%d.%02dm' $(( $1 / 60 )) $(( $1 % 60 * 100 / 60 )); }   # --
 # the sweep's stop signal, then sweep.py with that --deadline; where no group fits, one group instead
 run_main() {
   local end=$1; shift
-  # plan.py plans PLAN_S before sweep.py does (sweep.py's imports and its own planning come after): it is given
-  # that much less, so that it never admits a group the sweep's planner then finds too late
-  local flags=("${MAIN_FLAGS[@]}" "$@") deadline=$(( end - GRACE_S - PLAN_S - $(since_t0) )) rate=$L/throughput.json
+  # plan.py plans some seconds before sweep.py does (sweep.py's imports and its own planning come after), so the
+  # sweep's planner may admit fewer groups, or none: then one group runs instead (below). Not given less time
+  # here: at the H100's measured rate 4 groups fit the 810-s lease's 195 s and none fit 175 s
+  local flags=("${MAIN_FLAGS[@]}" "$@") deadline=$(( end - GRACE_S - $(since_t0) )) rate=$L/throughput.json
   if [[ ! -f $rate ]]; then   # a fresh machine: call 1's rate stayed on the machine that measured it
     rate=$RUNG_RATE
     echo "lease: no rate of this lease on this machine (a fresh one): planning with the committed $rate"
@@ -404,7 +405,10 @@ check_rung_args() {
 # deadline (every group of the rung must fit, else nothing starts), then sweep.py with that --deadline
 run_rung() {
   local end=$1 epochs=$2; shift 2
-  local flags=(--only "epochs=$epochs" "$@") deadline=$(( end - GRACE_S - PLAN_S - $(since_t0) ))   # PLAN_S: run_main
+  # plan.py --exact is given PLAN_S less than the sweep, which plans after its own imports: a rung it admits is
+  # admitted whole by the sweep too (a rung cut short is an incomplete declared cell; the rungs of
+  # cifar10_rungs_gpu.yaml end by ~380 s of the rung call's 430, so PLAN_S costs none of them)
+  local flags=(--only "epochs=$epochs" "$@") deadline=$(( end - GRACE_S - PLAN_S - $(since_t0) ))
   [[ $REHEARSAL == 1 ]] && deadline=${LEASE_RUNG_SWEEP_S:-$deadline}   # the lease's own (cifar_pack.py plan)
   capped $(( $(since_t0) + PLAN_S )) TERM "$QUICK_GRACE_S" "$PY" benchmarks/lease/plan.py --space $RUNG_SPACE --exact \
       --deadline-s "$deadline" --throughput "$RUNG_RATE" "${flags[@]}" > "$L/plan.txt" 2>&1
